@@ -1,0 +1,41 @@
+# The README's two commands: `make demo` and `make test`. Both install into .venv first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch/torchvision are installed first and pinned: this machine serves exactly these from disk.
+# On your own machine override, e.g. `make test TORCH_SPEC="torch torchvision"`.
+TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
+
+.PHONY: install data demo test lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+# Fashion-MNIST for the mnist_fashion dataset: a Debian package (skipped when not root).
+data:
+	@if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		(apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1)) \
+		|| echo "note: could not install dataset-fashion-mnist; its tests will be skipped"; \
+	fi
+
+demo: install
+	$(PY) -m raycl.tune searches/quickstart.yaml
+
+test: install data
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+lint: install
+	$(PY) -m ruff check .
+
+bench: install
+	$(PY) benchmarks/throughput.py
+
+clean:
+	rm -rf ray_results mlflow.db mlartifacts .pytest_cache

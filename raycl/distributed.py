@@ -1,0 +1,91 @@
+"""Small helpers around ``torch.distributed`` that degrade to no-ops in a single process.
+
+Every helper works the same whether it runs under Ray Train / DDP (process group initialised,
+several ranks) or in a plain script or test (no process group): in the latter case the gathers
+return their input and ``world_size() == 1``.
+
+All gathers concatenate along dim 0 in rank order and require the tensor to have the **same
+shape on every rank** (``torch.distributed.all_gather`` does not pad). Data loaders must
+therefore drop the last incomplete batch (or pad it) when training distributed.
+
+Gradient convention of :func:`gather_with_grad`: its backward *sums* the gradients that every
+rank computes for a shard into that shard's owner. If each rank minimises the mean over its
+local anchors, the gradient on the local inputs is ``world_size`` times the gradient of the
+global mean, and DDP's averaging of parameter gradients over ranks divides it back out, so the
+parameters receive exactly the gradient of the global-batch mean loss.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.nn.functional import all_gather as _all_gather_with_grad
+
+
+def is_distributed() -> bool:
+    """Returns True when a process group is initialised (available and ``init_process_group``
+    has been called)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_size() -> int:
+    """Returns the number of processes in the default group, 1 when not distributed."""
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def rank() -> int:
+    """Returns the rank of this process in the default group, 0 when not distributed."""
+    return dist.get_rank() if is_distributed() else 0
+
+
+def gather_with_grad(t: Tensor) -> Tensor:
+    """All-gathers ``t`` from every rank, keeping the autograd graph.
+
+    Gradients that any rank computes for the slice owned by rank ``r`` are summed and flow back
+    into rank ``r``'s ``t`` (see the module docstring for the resulting scaling).
+
+    Args:
+        t: tensor of identical shape on all ranks, (B_local, ...).
+
+    Returns:
+        Tensor (world_size * B_local, ...) with the slices in rank order; ``t`` itself when not
+        distributed or when the world size is 1.
+    """
+    if world_size() == 1:
+        return t
+    return torch.cat(_all_gather_with_grad(t), dim=0)
+
+
+@torch.no_grad()
+def gather_no_grad(t: Tensor) -> Tensor:
+    """All-gathers ``t`` from every rank without gradients (labels, indices, queue entries).
+
+    Args:
+        t: tensor of identical shape on all ranks, (B_local, ...).
+
+    Returns:
+        Tensor (world_size * B_local, ...) in rank order; ``t`` itself when not distributed.
+    """
+    if world_size() == 1:
+        return t
+    shards = [torch.empty_like(t) for _ in range(world_size())]
+    dist.all_gather(shards, t.contiguous())
+    return torch.cat(shards, dim=0)
+
+
+@torch.no_grad()
+def all_reduce_mean(t: Tensor) -> Tensor:
+    """Averages ``t`` over all ranks (e.g. metrics or global batch statistics).
+
+    Args:
+        t: tensor of identical shape on all ranks; floating point.
+
+    Returns:
+        A new tensor holding the mean over ranks; ``t`` itself when not distributed.
+    """
+    if world_size() == 1:
+        return t
+    reduced = t.detach().clone()
+    dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+    return reduced / world_size()

@@ -1,0 +1,253 @@
+"""Linear-probe evaluation of frozen features (one probe per labelled attribute)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Literal
+
+import numpy as np
+import torch
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import StandardScaler
+
+ArrayLike = np.ndarray | torch.Tensor
+
+
+def to_numpy(array: ArrayLike) -> np.ndarray:
+    """Return a numpy view/copy of a numpy array or (any-device) torch tensor."""
+    if isinstance(array, torch.Tensor):
+        return array.detach().cpu().numpy()
+    return np.asarray(array)
+
+
+def check_probe_inputs(
+    train_x: ArrayLike, train_y: ArrayLike, test_x: ArrayLike, test_y: ArrayLike
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Validate and convert the inputs shared by every probe.
+
+    Args:
+        train_x: (N, D) training features.
+        train_y: (N,) integer training labels.
+        test_x: (M, D) test features.
+        test_y: (M,) integer test labels.
+
+    Returns:
+        The four inputs as numpy arrays (features float, labels int64).
+    """
+    train_x, test_x = to_numpy(train_x), to_numpy(test_x)
+    train_y, test_y = to_numpy(train_y), to_numpy(test_y)
+    for name, features, labels in (("train", train_x, train_y), ("test", test_x, test_y)):
+        if features.ndim != 2:
+            raise ValueError(f"{name} features must be 2-D (N, D), got shape {features.shape}")
+        if labels.ndim != 1 or labels.shape[0] != features.shape[0]:
+            raise ValueError(
+                f"{name} labels must be 1-D with {features.shape[0]} entries, "
+                f"got shape {labels.shape}"
+            )
+        if features.shape[0] == 0:
+            raise ValueError(f"{name} set is empty")
+        if not np.issubdtype(labels.dtype, np.integer):
+            raise ValueError(f"{name} labels must be integers, got dtype {labels.dtype}")
+        if not np.issubdtype(features.dtype, np.number) or not np.all(np.isfinite(features)):
+            raise ValueError(f"{name} features must be finite numbers")
+    if train_x.shape[1] != test_x.shape[1]:
+        raise ValueError(
+            f"train and test feature dims differ: {train_x.shape[1]} vs {test_x.shape[1]}"
+        )
+    return train_x, train_y.astype(np.int64), test_x, test_y.astype(np.int64)
+
+
+def linear_probe_accuracy(
+    train_x: ArrayLike,
+    train_y: ArrayLike,
+    test_x: ArrayLike,
+    test_y: ArrayLike,
+    max_iter: int = 200,
+    seed: int = 0,
+) -> float:
+    """Top-1 test accuracy of a multinomial logistic regression on frozen features.
+
+    Features are standardised with statistics fitted on the training set only.
+
+    Args:
+        train_x: (N, D) training features.
+        train_y: (N,) integer labels.
+        test_x: (M, D) test features.
+        test_y: (M,) integer labels.
+        max_iter: lbfgs iteration cap.
+        seed: random_state of the classifier.
+
+    Returns:
+        Accuracy in [0, 1].
+    """
+    train_x, train_y, test_x, test_y = check_probe_inputs(train_x, train_y, test_x, test_y)
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+    classes = np.unique(train_y)
+    if len(classes) == 1:
+        # LogisticRegression refuses a single class; the only possible prediction is it.
+        return float(np.mean(test_y == classes[0]))
+    scaler = StandardScaler().fit(train_x)
+    # lbfgs fits the multinomial (softmax) model for multi-class targets.
+    classifier = LogisticRegression(solver="lbfgs", max_iter=max_iter, random_state=seed)
+    with warnings.catch_warnings():
+        # A capped iteration budget is part of the protocol, not an error worth logging.
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        classifier.fit(scaler.transform(train_x), train_y)
+    predictions = classifier.predict(scaler.transform(test_x))
+    return float(np.mean(predictions == test_y))
+
+
+def _resolve_device(features: ArrayLike, device: str | torch.device | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    if isinstance(features, torch.Tensor):
+        return features.device
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def torch_linear_probe_accuracy(
+    train_x: ArrayLike,
+    train_y: ArrayLike,
+    test_x: ArrayLike,
+    test_y: ArrayLike,
+    epochs: int = 100,
+    lr: float = 1e-2,
+    weight_decay: float = 0.0,
+    batch_size: int = 4096,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+) -> float:
+    """Top-1 test accuracy of a softmax linear head trained with Adam (for large sets).
+
+    Full-batch when the training set fits in one `batch_size`, mini-batch otherwise.
+    Features are standardised with training statistics; the head starts at zero (the
+    problem is convex, so no random init is needed and the result is deterministic).
+
+    Args:
+        train_x: (N, D) training features.
+        train_y: (N,) integer labels.
+        test_x: (M, D) test features.
+        test_y: (M,) integer labels.
+        epochs: passes over the training set.
+        lr: Adam learning rate.
+        weight_decay: Adam L2 penalty.
+        batch_size: mini-batch size.
+        seed: seeds the mini-batch order.
+        device: where to train; default: the device of `train_x` if it is a tensor, else
+            CUDA when available.
+
+    Returns:
+        Accuracy in [0, 1].
+    """
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    if lr <= 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    target_device = _resolve_device(train_x, device)
+    train_np, train_labels, test_np, test_labels = check_probe_inputs(
+        train_x, train_y, test_x, test_y
+    )
+    classes = np.unique(train_labels)
+    # Map labels to 0..C-1; test labels unseen in training can never be predicted.
+    train_targets = torch.as_tensor(np.searchsorted(classes, train_labels), device=target_device)
+
+    train_feats = torch.as_tensor(train_np, dtype=torch.float32, device=target_device)
+    test_feats = torch.as_tensor(test_np, dtype=torch.float32, device=target_device)
+    mean = train_feats.mean(dim=0)
+    std = train_feats.std(dim=0, unbiased=False).clamp_min(1e-6)
+    train_feats = (train_feats - mean) / std
+    test_feats = (test_feats - mean) / std
+
+    head = torch.nn.Linear(train_feats.shape[1], len(classes)).to(target_device)
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.zeros_(head.bias)
+    optimizer = torch.optim.Adam(head.parameters(), lr=lr, weight_decay=weight_decay)
+    generator = torch.Generator().manual_seed(seed)
+    num_train = train_feats.shape[0]
+    with torch.enable_grad():
+        for _ in range(epochs):
+            order = torch.randperm(num_train, generator=generator).to(target_device)
+            for start in range(0, num_train, batch_size):
+                rows = order[start : start + batch_size]
+                logits = head(train_feats[rows])
+                loss = torch.nn.functional.cross_entropy(logits, train_targets[rows])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+    with torch.no_grad():
+        predicted = head(test_feats).argmax(dim=1).cpu().numpy()
+    return float(np.mean(classes[predicted] == test_labels))
+
+
+def evaluate_linear(
+    train_feats: ArrayLike,
+    train_labels: Mapping[str, ArrayLike],
+    test_feats: ArrayLike,
+    test_labels: Mapping[str, ArrayLike],
+    max_iter: int = 200,
+    seed: int = 0,
+    backend: Literal["sklearn", "torch"] = "sklearn",
+    device: str | torch.device | None = None,
+) -> dict[str, float]:
+    """Linear-probe accuracy for every labelled attribute of a dataset.
+
+    Args:
+        train_feats: (N, D) training features.
+        train_labels: attribute name -> (N,) integer labels.
+        test_feats: (M, D) test features.
+        test_labels: attribute name -> (M,) labels; same keys as `train_labels`.
+        max_iter: lbfgs iterations (sklearn) or epochs (torch).
+        seed: probe seed.
+        backend: "sklearn" (exact lbfgs, small sets) or "torch" (Adam, large sets / GPU).
+        device: torch backend only; see `torch_linear_probe_accuracy`.
+
+    Returns:
+        {attribute: accuracy, ..., "mean": mean over attributes}.
+    """
+    attributes = check_attributes(train_labels, test_labels)
+    if backend not in ("sklearn", "torch"):
+        raise ValueError(f"backend must be 'sklearn' or 'torch', got {backend!r}")
+    results: dict[str, float] = {}
+    for attribute in attributes:
+        if backend == "sklearn":
+            results[attribute] = linear_probe_accuracy(
+                train_feats,
+                train_labels[attribute],
+                test_feats,
+                test_labels[attribute],
+                max_iter=max_iter,
+                seed=seed,
+            )
+        else:
+            results[attribute] = torch_linear_probe_accuracy(
+                train_feats,
+                train_labels[attribute],
+                test_feats,
+                test_labels[attribute],
+                epochs=max_iter,
+                seed=seed,
+                device=device,
+            )
+    results["mean"] = float(np.mean([results[attribute] for attribute in attributes]))
+    return results
+
+
+def check_attributes(
+    train_labels: Mapping[str, ArrayLike], test_labels: Mapping[str, ArrayLike]
+) -> list[str]:
+    """Return the attribute names (train order) after checking both dicts agree."""
+    attributes = list(train_labels)
+    if not attributes:
+        raise ValueError("no attributes to evaluate (empty label dict)")
+    if set(attributes) != set(test_labels):
+        raise ValueError(
+            f"train and test attributes differ: {sorted(train_labels)} vs {sorted(test_labels)}"
+        )
+    if "mean" in attributes:
+        raise ValueError("an attribute may not be called 'mean' (reserved for the average)")
+    return attributes

@@ -1,0 +1,132 @@
+"""The method contract: what every self-supervised method implements.
+
+A method is an ``nn.Module`` that owns its networks (``self.backbone`` at least) and turns a
+:class:`Batch` into a loss. The training loop knows nothing else about it. The hooks below
+are what the planned methods need; keep them generic:
+
+- **State lives in the module.** Momentum encoders, queues and support sets (MoCo, All4One's
+  nearest-neighbour queue) are registered as submodules or buffers (``register_buffer``), so
+  ``state_dict()`` checkpoints them and DDP broadcasts them; they are updated in
+  :meth:`Method.on_train_step_end` (EMA with a schedule over ``step / total_steps``) or inside
+  ``forward`` under ``torch.no_grad()``.
+- **Global-batch statistics** (queue updates, batch-level whitening or filters such as HSCL's
+  ``Bmat``) use :mod:`raycl.distributed` (``gather_no_grad``, ``all_reduce_mean``, or
+  ``gather_with_grad`` when gradients must flow), which are no-ops in a single process.
+- **Parameter groups.** :meth:`Method.param_groups` returns optimizer groups; a group may carry
+  ``"lr_scale"`` (multiplied into the base learning rate by the trainer), e.g. a predictor
+  trained at 10x lr, or ``"weight_decay"`` overrides. Frozen parameters are left out.
+- **Phases.** A method that trains in several phases (FGVR pre-trains its decoder before the
+  min-max stage) lists them in :meth:`Method.phases`; the trainer calls
+  :meth:`Method.set_phase` before each phase. The default is the single phase ``"train"``.
+- **Multi-modal batches.** Image-text methods (MCL on CLIP) subclass :class:`Batch` and add a
+  ``texts`` field; everything else stays the same.
+- **MCL** is not a method: it wraps a base method and supplies ``Batch.pseudo_labels``; a
+  method that supports it restricts its negatives to samples with the same pseudo label.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from raycl.config import SearchConfig
+
+
+@dataclass
+class Batch:
+    """One training batch, already on the training device.
+
+    Attributes:
+        images: clean images, normalised float (B, C, H, W).
+        views: augmented views, each like ``images``.
+        index: int64 (B,) dataset indices of the samples.
+        pseudo_labels: int64 (B,) MCL group codes, or None; when given, an anchor's negatives
+            are restricted to samples with the same code.
+    """
+
+    images: Tensor
+    views: list[Tensor]
+    index: Tensor
+    pseudo_labels: Tensor | None = None
+
+
+class Method(nn.Module):
+    """Base class of all self-supervised methods; see the module docstring for the hooks.
+
+    Subclasses set ``self.backbone`` (the encoder used for evaluation) and implement
+    :meth:`forward` and :meth:`from_config`.
+    """
+
+    backbone: nn.Module
+
+    def forward(self, batch: Batch) -> dict[str, Tensor]:
+        """Computes the training loss.
+
+        Args:
+            batch: the current batch.
+
+        Returns:
+            ``{"loss": differentiable scalar, ...}`` plus detached scalars worth logging.
+        """
+        raise NotImplementedError
+
+    def embed(self, images: Tensor) -> Tensor:
+        """Backbone features for evaluation (no projector).
+
+        Args:
+            images: normalised float (B, C, H, W).
+
+        Returns:
+            (B, feature_dim) features.
+        """
+        return self.backbone(images)
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Optimizer parameter groups.
+
+        Returns:
+            A list of groups ``{"params": [...], "name": str, optional "lr_scale": float}``;
+            by default a single group with every trainable parameter.
+        """
+        params = [param for param in self.parameters() if param.requires_grad]
+        return [{"params": params, "name": "default"}]
+
+    def on_train_step_end(self, step: int, total_steps: int) -> None:
+        """Called after every optimizer step (EMA updates, schedules); no-op by default.
+
+        Args:
+            step: number of optimizer steps taken so far (1 after the first).
+            total_steps: total number of optimizer steps of the run.
+        """
+
+    def phases(self) -> list[str]:
+        """Names of the training phases, run in order; a single "train" phase by default."""
+        return ["train"]
+
+    def set_phase(self, name: str) -> None:
+        """Switches to phase ``name`` (e.g. freezing or unfreezing modules).
+
+        Args:
+            name: one of :meth:`phases`.
+
+        Raises:
+            ValueError: if ``name`` is not one of :meth:`phases`.
+        """
+        if name not in self.phases():
+            raise ValueError(f"unknown phase {name!r}; phases of this method: {self.phases()}")
+
+    @classmethod
+    def from_config(cls, cfg: SearchConfig, in_channels: int) -> Method:
+        """Builds the method from a search configuration.
+
+        Args:
+            cfg: the run configuration.
+            in_channels: number of image channels of the dataset.
+
+        Returns:
+            A new, randomly initialised method.
+        """
+        raise NotImplementedError

@@ -1,0 +1,273 @@
+"""MLflow: one parent run per sweep, one nested child run per trial.
+
+:class:`MLflowSweepCallback` runs in the Tune driver. It creates the runs, logs every reported
+metric with ``step = training_iteration``, and closes each child with a status that tells how the
+trial ended: FINISHED, KILLED (stopped early by the scheduler, or skipped) or FAILED. Because it
+lives in the driver, trials stopped by ASHA or killed by a node failure are still logged.
+
+Trials themselves only add artifacts and end-of-trial metrics (plots, AMI) through
+:func:`log_to_trial_run`, which finds the child run by its ``raycl.trial_id`` tag.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from ray.tune import Callback
+
+import raycl
+from raycl.config import SearchConfig, apply_overrides, flatten
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from ray.tune.experiment import Trial
+
+logger = logging.getLogger(__name__)
+
+TRIAL_TAG = "raycl.trial_id"
+ROLE_TAG = "raycl.role"
+SWEEP_TAG = "raycl.sweep"
+PARENT_TAG = "mlflow.parentRunId"
+# MLflow rejects a param value longer than this (6000 in MLflow 3).
+_MAX_PARAM_LENGTH = 6000
+
+
+def resolve_tracking_uri(uri: str) -> str:
+    """Make a relative ``sqlite:///x.db`` absolute: trials run in their own working directory."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
+
+
+def git_commit() -> str | None:
+    """The commit of the raycl checkout, when raycl runs from one."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(raycl.__file__).parent,
+                             capture_output=True, text=True, timeout=5, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def experiment_name(config: SearchConfig) -> str:
+    return config.mlflow.experiment or config.name
+
+
+def _client(tracking_uri: str) -> MlflowClient:
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def get_or_create_experiment(client: MlflowClient, name: str, tracking_uri: str) -> str:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    artifact_location = None
+    if tracking_uri.startswith("sqlite:///"):
+        # Artifacts beside the database, as an absolute path: trial processes have another cwd.
+        database = Path(tracking_uri[len("sqlite:///"):])
+        artifact_location = (database.parent / "mlartifacts" / name).resolve().as_uri()
+    return client.create_experiment(name, artifact_location=artifact_location)
+
+
+def _params(flat: dict[str, Any]) -> dict[str, str]:
+    return {key: str(value)[:_MAX_PARAM_LENGTH] for key, value in flat.items()}
+
+
+def _numeric_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """Our metrics are paths (``train/loss``); Ray's bookkeeping keys have no slash."""
+    metrics = {}
+    for key, value in result.items():
+        if "/" not in key or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if math.isfinite(value):
+            metrics[key] = float(value)
+    return metrics
+
+
+class MLflowSweepCallback(Callback):
+    """Tune callback that mirrors a sweep into MLflow (parent run + nested child per trial)."""
+
+    def __init__(self, config: SearchConfig, search_file: str | None = None) -> None:
+        self.config = config
+        self.tracking_uri = resolve_tracking_uri(config.mlflow.tracking_uri)
+        self.search_file = search_file
+        self.parent_run_id: str | None = None
+        self.experiment_id: str | None = None
+        self._children: dict[str, str] = {}
+        self._client_instance: MlflowClient | None = None
+
+    # The client holds a database engine: rebuild it after Tune pickles the callback.
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_client_instance"] = None
+        return state
+
+    @property
+    def client(self) -> MlflowClient:
+        if self._client_instance is None:
+            self._client_instance = _client(self.tracking_uri)
+        return self._client_instance
+
+    def setup(self, **info: Any) -> None:
+        self.experiment_id = get_or_create_experiment(
+            self.client, experiment_name(self.config), self.tracking_uri)
+        if self.parent_run_id is None:
+            self.parent_run_id = self._find_parent() or self._create_parent()
+        else:
+            self.client.update_run(self.parent_run_id, status="RUNNING")
+
+    def _find_parent(self) -> str | None:
+        """A resumed sweep (same name) continues its parent run instead of starting another."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{ROLE_TAG}` = 'sweep' and tags.`{SWEEP_TAG}` = "
+                          f"'{self.config.name}' and attributes.status != 'FINISHED'",
+            order_by=["attributes.start_time DESC"], max_results=1)
+        return runs[0].info.run_id if runs else None
+
+    def _create_parent(self) -> str:
+        commit = git_commit()
+        tags = {ROLE_TAG: "sweep", SWEEP_TAG: self.config.name, "mlflow.runName": self.config.name,
+                "raycl.version": raycl.__version__, "raycl.metric": self.config.tune.metric,
+                "raycl.mode": self.config.tune.mode}
+        if commit:
+            tags["mlflow.source.git.commit"] = commit
+        run = self.client.create_run(self.experiment_id, tags=tags)
+        run_id = run.info.run_id
+        flat = flatten(self.config.to_dict())
+        self._log_params(run_id, flat)
+        with tempfile.TemporaryDirectory() as directory:
+            path = Path(directory) / "search.yaml"
+            path.write_text(yaml.safe_dump(self.config.to_dict(), sort_keys=False))
+            self.client.log_artifact(run_id, str(path))
+            if self.search_file and Path(self.search_file).is_file():
+                self.client.log_artifact(run_id, self.search_file, artifact_path="source")
+        return run_id
+
+    def _log_params(self, run_id: str, flat: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        params = [Param(key, value) for key, value in _params(flat).items()]
+        for start in range(0, len(params), 100):
+            self.client.log_batch(run_id, params=params[start:start + 100])
+
+    def _child(self, trial: Trial) -> str:
+        run_id = self._children.get(trial.trial_id)
+        if run_id is not None:
+            return run_id
+        existing = find_trial_run(self.client, self.experiment_id, trial.trial_id)
+        if existing is not None:  # a restored sweep re-attaches to the trial's run
+            self._children[trial.trial_id] = existing
+            self.client.update_run(existing, status="RUNNING")
+            return existing
+        run = self.client.create_run(self.experiment_id, run_name=str(trial), tags={
+            PARENT_TAG: self.parent_run_id, TRIAL_TAG: trial.trial_id, ROLE_TAG: "trial",
+            SWEEP_TAG: self.config.name, "raycl.version": raycl.__version__})
+        run_id = run.info.run_id
+        self._children[trial.trial_id] = run_id
+        resolved = apply_overrides(self.config, trial.config)
+        flat = flatten(resolved.to_dict())
+        flat.pop("tune.search_space", None)
+        self._log_params(run_id, flat)
+        self.client.set_tag(run_id, "raycl.searched", ", ".join(
+            f"{key}={value}" for key, value in trial.config.items()))
+        with tempfile.TemporaryDirectory() as directory:
+            path = Path(directory) / "config.yaml"
+            path.write_text(yaml.safe_dump(resolved.to_dict(), sort_keys=False))
+            self.client.log_artifact(run_id, str(path))
+        return run_id
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
+        self._child(trial)
+
+    def on_trial_result(
+        self, iteration: int, trials: list, trial: Trial, result: dict, **info: Any
+    ) -> None:
+        from mlflow.entities import Metric
+
+        run_id = self._child(trial)
+        step = int(result.get("training_iteration", 0))
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, value, now, step)
+                   for key, value in _numeric_metrics(result).items()]
+        for start in range(0, len(metrics), 500):
+            self.client.log_batch(run_id, metrics=metrics[start:start + 500])
+        if "raycl/skip_reason" in result:
+            self.client.set_tag(run_id, "raycl.skipped", str(result["raycl/skip_reason"]))
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
+        run_id = self._child(trial)
+        last = trial.last_result or {}
+        if last.get("raycl/skipped"):
+            status, ended = "KILLED", "skipped"
+        elif last.get("done"):
+            status, ended = "FINISHED", "completed"
+        else:
+            status, ended = "KILLED", "stopped_by_scheduler"
+        self.client.set_tag(run_id, "raycl.ended", ended)
+        self.client.set_terminated(run_id, status=status)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
+        run_id = self._child(trial)
+        self.client.set_tag(run_id, "raycl.ended", "error")
+        if trial.error_file and Path(trial.error_file).is_file():
+            self.client.log_artifact(run_id, trial.error_file)
+        self.client.set_terminated(run_id, status="FAILED")
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        if self.parent_run_id is None:
+            return
+        metric, mode = self.config.tune.metric, self.config.tune.mode
+        values = [t.last_result.get(metric) for t in trials if t.last_result]
+        values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+        if values:
+            best = max(values) if mode == "max" else min(values)
+            self.client.log_metric(self.parent_run_id, f"best/{metric}", best)
+        self.client.log_metric(self.parent_run_id, "sweep/trials", len(trials))
+        self.client.set_terminated(self.parent_run_id, status="FINISHED")
+
+
+def find_trial_run(client: MlflowClient, experiment_id: str, trial_id: str) -> str | None:
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`{TRIAL_TAG}` = '{trial_id}'",
+                              max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def log_to_trial_run(
+    config: SearchConfig,
+    trial_id: str,
+    metrics: dict[str, float],
+    artifact_dir: Path | None = None,
+    timeout_s: float = 30.0,
+) -> bool:
+    """From inside a trial: add metrics and artifacts to its child run. False when not found."""
+    if trial_id == "local":  # not running under Tune: there is no child run
+        return False
+    tracking_uri = resolve_tracking_uri(config.mlflow.tracking_uri)
+    client = _client(tracking_uri)
+    experiment = client.get_experiment_by_name(experiment_name(config))
+    run_id = None
+    deadline = time.monotonic() + timeout_s
+    while experiment is not None and run_id is None and time.monotonic() < deadline:
+        # The driver creates the run when the trial starts; it may lag behind the trial a little.
+        run_id = find_trial_run(client, experiment.experiment_id, trial_id)
+        if run_id is None:
+            time.sleep(1.0)
+    if run_id is None:
+        logger.warning("no MLflow run for trial %s; diagnostics not logged", trial_id)
+        return False
+    for key, value in metrics.items():
+        client.log_metric(run_id, key, value)
+    if artifact_dir is not None:
+        client.log_artifacts(run_id, str(artifact_dir), artifact_path="diagnostics")
+    return True

@@ -1,0 +1,469 @@
+"""The Ray Train worker loop, shared by every method.
+
+``train_loop_per_worker`` trains one stage of one trial: it builds the data, the method (from the
+registry) and the optimizer, resumes from the latest checkpoint when there is one, and every epoch
+reports ``train/*`` metrics, evaluations (``eval/linear/*``, ``eval/knn/*``) and a checkpoint.
+
+The loop knows nothing about a particular method: it calls ``method(batch)`` for the loss,
+``method.embed(images)`` for evaluation, ``method.param_groups()`` for the optimizer and
+``method.on_train_step_end`` for EMA/queue updates. MCL only adds pseudo labels and the frozen
+features of earlier stages (see :class:`StageInputs`), handed over by :mod:`raycl.pipeline`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import ray.train
+import ray.train.torch
+import torch
+from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
+
+from raycl.cluster import l2_normalize
+from raycl.config import SearchConfig
+from raycl.data import DatasetSplits, load_dataset
+from raycl.data.augment import BatchAugment, to_float
+from raycl.data.samplers import PseudoLabelBatchSampler
+from raycl.eval import evaluate_knn, evaluate_linear
+from raycl.methods import build_method
+from raycl.methods.base import Batch, Method
+
+STATE_FILE = "state.pt"
+PROGRESS_FILE = "progress.json"
+FEATURES_FILE = "features.npz"
+METRICS_FILE = "metrics.json"
+
+
+@dataclass
+class StageInputs:
+    """What a stage needs from the stages before it (empty for stage 0 and single-stage methods).
+
+    Attributes:
+        stage: index j of the stage being trained.
+        pseudo_labels: MCL group code of every training sample (None: no feature-aware negatives).
+        train_features: frozen train-split features of stages 0..j-1 (for integrated evaluation).
+        test_features: frozen test-split features of stages 0..j-1.
+        assignments: k-means assignments of stages 0..j-1 (kept in checkpoints for resumption).
+    """
+
+    stage: int = 0
+    pseudo_labels: np.ndarray | None = None
+    train_features: list[np.ndarray] = field(default_factory=list)
+    test_features: list[np.ndarray] = field(default_factory=list)
+    assignments: list[np.ndarray] = field(default_factory=list)
+
+    def save(self, path: Path) -> None:
+        arrays: dict[str, np.ndarray] = {"stage": np.asarray(self.stage)}
+        if self.pseudo_labels is not None:
+            arrays["pseudo_labels"] = self.pseudo_labels
+        for j, (train, test) in enumerate(zip(self.train_features, self.test_features)):
+            arrays[f"train_features_{j}"] = train
+            arrays[f"test_features_{j}"] = test
+        for j, assignment in enumerate(self.assignments):
+            arrays[f"assignments_{j}"] = assignment
+        np.savez(path, **arrays)
+
+    @classmethod
+    def load(cls, path: Path) -> StageInputs:
+        with np.load(path) as arrays:
+            stage = int(arrays["stage"])
+            return cls(
+                stage=stage,
+                pseudo_labels=arrays["pseudo_labels"] if "pseudo_labels" in arrays else None,
+                train_features=[arrays[f"train_features_{j}"] for j in range(stage)],
+                test_features=[arrays[f"test_features_{j}"] for j in range(stage)],
+                assignments=[arrays[f"assignments_{j}"] for j in range(stage)
+                             if f"assignments_{j}" in arrays],
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def _world() -> tuple[int, int]:
+    context = ray.train.get_context()
+    return context.get_world_rank(), context.get_world_size()
+
+
+def lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
+    """Linear warmup to 1, then cosine decay to 0."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def build_optimizer(method: Method, config: SearchConfig) -> torch.optim.Optimizer:
+    groups = []
+    for group in method.param_groups():
+        group = dict(group)
+        group["lr"] = config.train.lr * float(group.pop("lr_scale", 1.0))
+        group["initial_lr"] = group["lr"]
+        groups.append(group)
+    if config.train.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=config.train.lr, momentum=config.train.momentum,
+                               weight_decay=config.train.weight_decay)
+    return torch.optim.AdamW(groups, lr=config.train.lr, weight_decay=config.train.weight_decay)
+
+
+def _autocast(config: SearchConfig, device: torch.device) -> tuple[Any, torch.amp.GradScaler]:
+    mode = config.train.amp
+    if mode == "auto":
+        mode = "fp16" if device.type == "cuda" else "off"
+    if mode == "off":
+        return nullcontext, torch.amp.GradScaler(device.type, enabled=False)
+    dtype = torch.float16 if mode == "fp16" else torch.bfloat16
+    scaler = torch.amp.GradScaler(device.type, enabled=mode == "fp16" and device.type == "cuda")
+    return (lambda: torch.autocast(device.type, dtype=dtype)), scaler
+
+
+def _batch_sampler(
+    config: SearchConfig, inputs: StageInputs, num_samples: int, rank: int, world: int
+) -> PseudoLabelBatchSampler | BatchSampler:
+    per_rank = config.train.batch_size // world
+    use_group_sampler = (
+        config.method == "mcl" and config.mcl.negatives == "sampler"
+        and inputs.pseudo_labels is not None
+    )
+    if use_group_sampler:
+        return PseudoLabelBatchSampler(inputs.pseudo_labels, config.train.batch_size,
+                                       num_replicas=world, rank=rank,
+                                       seed=config.seed + 7919 * inputs.stage)
+    indices = range(num_samples)
+    sampler = (DistributedSampler(indices, num_replicas=world, rank=rank, shuffle=True,
+                                  seed=config.seed + 7919 * inputs.stage, drop_last=True)
+               if world > 1 else RandomSampler(indices))
+    return BatchSampler(sampler, per_rank, drop_last=True)
+
+
+class _Indexed(torch.utils.data.Dataset):
+    """Batched indexing into the in-memory uint8 image tensor (no per-sample Python)."""
+
+    def __init__(self, images: torch.Tensor) -> None:
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return self.images[index], index
+
+
+# ---------------------------------------------------------------------------------------------
+# Features and evaluation
+
+
+@torch.no_grad()
+def embed_images(
+    method: Method, images: np.ndarray, device: torch.device, batch_size: int = 512
+) -> np.ndarray:
+    """Backbone features of every image, computed across all workers and gathered.
+
+    Each rank embeds a contiguous shard (padded to equal length, as all_gather requires); every
+    rank returns the full (N, D) array in dataset order.
+    """
+    rank, world = _world()
+    total = len(images)
+    shard = math.ceil(total / world)
+    start, stop = min(total, rank * shard), min(total, (rank + 1) * shard)
+    was_training = method.training
+    method.eval()
+    chunks = []
+    for begin in range(start, stop, batch_size):
+        batch = torch.from_numpy(images[begin:min(stop, begin + batch_size)]).to(device)
+        chunks.append(method.embed(to_float(batch)).float())
+    method.train(was_training)
+    dim = _feature_dim(method, images, device) if not chunks else chunks[0].shape[1]
+    local = torch.cat(chunks) if chunks else torch.zeros(0, dim, device=device)
+    if world == 1:
+        return local.cpu().numpy()
+    padded = torch.zeros(shard, dim, device=device)
+    padded[: len(local)] = local
+    gathered = [torch.zeros_like(padded) for _ in range(world)]
+    torch.distributed.all_gather(gathered, padded)
+    return torch.cat(gathered)[:total].cpu().numpy()
+
+
+def _feature_dim(method: Method, images: np.ndarray, device: torch.device) -> int:
+    probe = torch.from_numpy(images[:1]).to(device)
+    return int(method.embed(to_float(probe)).shape[1])
+
+
+def evaluate_features(
+    config: SearchConfig,
+    data: DatasetSplits,
+    train_features: np.ndarray,
+    test_features: np.ndarray,
+    prefix: str,
+) -> dict[str, float]:
+    """Linear probe and kNN per attribute, as ``{prefix}eval/linear/<attribute>`` etc."""
+    cap = config.eval.max_train_samples
+    train_labels = {name: labels[:cap] for name, labels in data.train.labels.items()}
+    train_features = train_features[:cap]
+    linear = evaluate_linear(train_features, train_labels, test_features, data.test.labels,
+                             max_iter=config.eval.linear_max_iter, seed=config.seed)
+    knn = evaluate_knn(train_features, train_labels, test_features, data.test.labels,
+                       k=config.eval.knn_k)
+    metrics = {f"{prefix}eval/linear/{name}": value for name, value in linear.items()}
+    metrics.update({f"{prefix}eval/knn/{name}": value for name, value in knn.items()})
+    return metrics
+
+
+def integrate(features: list[np.ndarray]) -> np.ndarray:
+    """MCL cross-stage integration: concatenate L2-normalised stage features, normalise again.
+
+    Normalising each stage first keeps one stage from dominating by scale; the authors'
+    code L2-normalises the concatenation again before evaluation.
+    """
+    if len(features) == 1:
+        return features[0]
+    return l2_normalize(np.concatenate([l2_normalize(f) for f in features], axis=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints and reports
+
+
+def _resume_checkpoint(loop_config: dict[str, Any]) -> ray.train.Checkpoint | None:
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None and loop_config.get("resume_from"):
+        checkpoint = ray.train.Checkpoint(loop_config["resume_from"])
+    return checkpoint
+
+
+def read_progress(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
+    with checkpoint.as_directory() as directory:
+        return json.loads((Path(directory) / PROGRESS_FILE).read_text())
+
+
+def _report(
+    metrics: dict[str, Any], checkpoint_dir: str | None, local_mode: bool
+) -> None:
+    checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+    ray.train.report(metrics, checkpoint=checkpoint)
+    if local_mode:
+        # Ray Train V2 local mode (ScalingConfig(num_workers=0)) keeps reports in memory only and
+        # runs no callbacks, so TuneReportCallback never fires: report to Tune ourselves, which also
+        # persists the checkpoint to the trial's storage for resumption.
+        from ray.tune.trainable.trainable_fn_utils import _in_tune_session
+
+        if _in_tune_session():
+            ray.tune.report(metrics, checkpoint=checkpoint)
+
+
+def _report_finished(checkpoint: ray.train.Checkpoint, rank: int, local_mode: bool) -> None:
+    checkpoint_dir = None
+    if rank == 0:
+        checkpoint_dir = tempfile.mkdtemp(prefix="raycl-ckpt-")
+        with checkpoint.as_directory() as directory:
+            shutil.copytree(directory, checkpoint_dir, dirs_exist_ok=True)
+        metrics = json.loads((Path(checkpoint_dir) / METRICS_FILE).read_text())
+    else:
+        metrics = {}
+    _report(metrics, checkpoint_dir, local_mode)
+
+
+def _write_checkpoint(
+    directory: Path,
+    method: Method,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    progress: dict[str, Any],
+    inputs: StageInputs,
+    features: tuple[np.ndarray, np.ndarray] | None,
+    metrics: dict[str, Any],
+) -> None:
+    torch.save({"model": method.state_dict(), "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict()}, directory / STATE_FILE)
+    inputs.save(directory / "stage_inputs.npz")
+    if features is not None:
+        np.savez(directory / FEATURES_FILE, train=features[0], test=features[1])
+    (directory / METRICS_FILE).write_text(json.dumps(metrics))
+    # Written last: a checkpoint directory with progress.json is complete.
+    (directory / PROGRESS_FILE).write_text(json.dumps(progress))
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+
+
+def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
+    """Train one stage. ``loop_config``: config (dict), inputs (StageInputs or an ObjectRef to
+    one), local_mode (bool), resume_from (checkpoint path, local mode only), fault (tests)."""
+    config = SearchConfig.model_validate(loop_config["config"])
+    inputs = loop_config["inputs"]
+    if isinstance(inputs, ray.ObjectRef):
+        inputs = ray.get(inputs)
+    local_mode = bool(loop_config.get("local_mode"))
+    rank, world = _world()
+    device = ray.train.torch.get_device()
+    torch.set_num_threads(max(1, int(config.scaling.cpus_per_worker)))
+    torch.manual_seed(config.seed + 1000 * inputs.stage)
+    np.random.seed(config.seed + 1000 * inputs.stage + rank)
+
+    data = load_dataset(config.data, config.seed)
+    num_train = len(data.train.images)
+    if config.train.batch_size > num_train:
+        raise ValueError(f"train.batch_size={config.train.batch_size} exceeds the training split "
+                         f"({num_train} samples)")
+    images = torch.from_numpy(data.train.images)
+    pseudo_labels = (torch.from_numpy(inputs.pseudo_labels).to(device)
+                     if inputs.pseudo_labels is not None else None)
+    batch_sampler = _batch_sampler(config, inputs, num_train, rank, world)
+    loader = DataLoader(_Indexed(images), batch_sampler=batch_sampler, collate_fn=lambda x: x,
+                        num_workers=config.train.loader_workers,
+                        pin_memory=device.type == "cuda")
+    if len(loader) == 0:
+        raise ValueError("no full batch per epoch: lower train.batch_size")
+    augment = BatchAugment(config.augment)
+
+    method = build_method(config, data.channels).to(device)
+    optimizer = build_optimizer(method, config)
+    autocast, scaler = _autocast(config, device)
+    steps_per_epoch = len(loader)
+    total_steps = config.train.epochs * steps_per_epoch
+    warmup_steps = int(config.train.warmup_epochs * steps_per_epoch)
+
+    start_epoch = 0
+    checkpoint = _resume_checkpoint(loop_config)
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            progress = json.loads((Path(directory) / PROGRESS_FILE).read_text())
+            if progress["stage"] == inputs.stage:
+                state = torch.load(Path(directory) / STATE_FILE, map_location=device,
+                                   weights_only=False)
+                method.load_state_dict(state["model"])
+                optimizer.load_state_dict(state["optimizer"])
+                scaler.load_state_dict(state["scaler"])
+                start_epoch = int(progress["epoch"])
+    if start_epoch >= config.train.epochs and checkpoint is not None:
+        # A restarted trial fast-forwards through stages it already finished: hand the finished
+        # checkpoint back so the pipeline reads this stage's features from it.
+        _report_finished(checkpoint, rank, local_mode)
+        return
+    model: nn.Module = ray.train.torch.prepare_model(method) if world > 1 else method
+
+    for epoch in range(start_epoch, config.train.epochs):
+        if hasattr(batch_sampler, "set_epoch"):
+            batch_sampler.set_epoch(epoch)
+        sampler = getattr(batch_sampler, "sampler", None)
+        if isinstance(sampler, DistributedSampler):
+            sampler.set_epoch(epoch)
+        # One generator per (stage, epoch, rank): augmentations replay identically after a resume.
+        generator = torch.Generator(device=device)
+        generator.manual_seed(config.seed * 1_000_003 + inputs.stage * 10_007 + epoch * 101 + rank)
+        torch.manual_seed(config.seed * 7 + inputs.stage * 10_007 + epoch * 101 + rank)
+
+        model.train()
+        sums: dict[str, float] = {}
+        started = time.perf_counter()
+        seen = 0
+        for step_in_epoch, (batch_images, index) in enumerate(loader):
+            step = epoch * steps_per_epoch + step_in_epoch
+            for group in optimizer.param_groups:
+                group["lr"] = group["initial_lr"] * lr_factor(step, total_steps, warmup_steps)
+            batch_images = batch_images.to(device, non_blocking=True)
+            index = index.to(device, non_blocking=True)
+            batch = Batch(
+                images=to_float(batch_images),
+                views=[augment(batch_images, generator), augment(batch_images, generator)],
+                index=index,
+                pseudo_labels=pseudo_labels[index] if pseudo_labels is not None else None,
+            )
+            with autocast():
+                outputs = model(batch)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(outputs["loss"]).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            method.on_train_step_end(step, total_steps)
+            for key, value in outputs.items():
+                sums[key] = sums.get(key, 0.0) + float(value.detach())
+            seen += len(index)
+        epoch_seconds = time.perf_counter() - started
+        completed = epoch + 1
+        last = completed == config.train.epochs
+
+        metrics: dict[str, Any] = {f"train/{key}": value / steps_per_epoch
+                                   for key, value in sums.items()}
+        metrics.update({
+            "train/lr": optimizer.param_groups[0]["lr"],
+            "train/images_per_second": seen * world / max(epoch_seconds, 1e-9),
+            "stage": inputs.stage,
+            "epoch": completed,
+            "resumed_from_epoch": start_epoch,
+        })
+        if config.num_stages > 1:
+            metrics = {**metrics, **{f"stage{inputs.stage}/{key}": value
+                                     for key, value in metrics.items() if "/" in key}}
+
+        every = config.eval.every_n_epochs
+        features = None
+        if last or (every and completed % every == 0):
+            train_features = embed_images(method, data.train.images, device)
+            test_features = embed_images(method, data.test.images, device)
+            features = (train_features, test_features)
+            if rank == 0:
+                metrics.update(_evaluation_metrics(config, data, inputs, features))
+
+        checkpoint_dir = None
+        if rank == 0 and (last or completed % config.train.checkpoint_every == 0):
+            checkpoint_dir = tempfile.mkdtemp(prefix="raycl-ckpt-")
+            progress = {"stage": inputs.stage, "epoch": completed, "stage_complete": last}
+            _write_checkpoint(Path(checkpoint_dir), method, optimizer, scaler, progress, inputs,
+                              features if last else None, metrics)
+        _report(metrics, checkpoint_dir, local_mode)
+        _maybe_inject_fault(loop_config, completed, local_mode)
+
+
+def _maybe_inject_fault(loop_config: dict[str, Any], completed: int, local_mode: bool) -> None:
+    """Test hook: die once after epoch ``after_epoch`` (the marker file records that we did)."""
+    fault = loop_config.get("fault")
+    if not fault or completed != fault["after_epoch"] or Path(fault["marker"]).exists():
+        return
+    Path(fault["marker"]).write_text(str(completed))
+    if local_mode:
+        raise RuntimeError("injected fault")
+    os._exit(1)  # a hard worker crash, not an exception Ray could see coming
+
+
+def _evaluation_metrics(
+    config: SearchConfig,
+    data: DatasetSplits,
+    inputs: StageInputs,
+    features: tuple[np.ndarray, np.ndarray],
+) -> dict[str, float]:
+    """This stage's encoder alone, and (MCL) integrated with the frozen earlier stages."""
+    train_features, test_features = features
+    if config.num_stages == 1:
+        return evaluate_features(config, data, train_features, test_features, prefix="")
+    metrics = evaluate_features(config, data, train_features, test_features,
+                                prefix=f"stage{inputs.stage}/")
+    integrated = evaluate_features(
+        config, data,
+        integrate([*inputs.train_features, train_features]),
+        integrate([*inputs.test_features, test_features]),
+        prefix="",
+    )
+    return {**metrics, **integrated}
+
+
+def local_mode_enabled(config: SearchConfig) -> bool:
+    return config.scaling.num_workers == 0
+
+
+__all__ = ["StageInputs", "embed_images", "integrate", "lr_factor", "train_loop_per_worker"]

@@ -1,0 +1,205 @@
+"""``python -m raycl.tune SEARCH.yaml``: run (or resume) a sweep.
+
+Every trial is :func:`raycl.pipeline.run_trial`, which builds and fits a ``TorchTrainer`` per
+stage (the Ray Train V2 pattern); Optuna proposes the trials, ASHA stops weak ones early, and
+:class:`raycl.tracking.MLflowSweepCallback` mirrors everything into MLflow.
+
+Exit codes: 0 when at least one trial finished, 1 when none did, 2 for invalid input (nothing is
+launched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from raycl.config import ConfigError, Domain, SearchConfig, load_search, schema_markdown
+
+EPILOG = """\
+examples:
+  python -m raycl.tune searches/quickstart.yaml
+  python -m raycl.tune searches/mcl_k_n.yaml --set train.epochs=1 --num-samples 2
+  ray job submit --working-dir . -- python -m raycl.tune searches/mcl_k_n.yaml \\
+      --storage s3://bucket/raycl --tracking-uri http://mlflow:5000
+  python -m raycl.tune --show-schema        # every config key, its type, default and meaning
+
+Re-running a sweep with the same name (and storage) resumes it; --fresh starts over.
+Results: mlflow ui --backend-store-uri sqlite:///mlflow.db ; python -m raycl.leaderboard
+"""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m raycl.tune", description=__doc__.splitlines()[0],
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("search", nargs="?", help="search YAML (see searches/)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE",
+                        help="override a config key (dotted, type-checked); repeatable")
+    parser.add_argument("--num-samples", type=int, help="trials to run (tune.num_samples)")
+    parser.add_argument("--name", help="sweep name: MLflow experiment and Ray run (name)")
+    parser.add_argument("--storage", help="Ray storage path or URI (tune.storage_path)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (mlflow.tracking_uri)")
+    parser.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, or "
+                        "start an embedded local Ray)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="start the sweep over instead of resuming a sweep of the same name")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate and print the resolved config, launch nothing")
+    parser.add_argument("--show-schema", action="store_true",
+                        help="print every config key with type, default and description")
+    return parser.parse_args(argv)
+
+
+def resolve(args: argparse.Namespace) -> SearchConfig:
+    """Load the YAML with all command-line overrides applied (raises ConfigError)."""
+    overrides = list(args.overrides)
+    for flag, key in (("num_samples", "tune.num_samples"), ("name", "name"),
+                      ("storage", "tune.storage_path"), ("tracking_uri", "mlflow.tracking_uri")):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    return load_search(args.search, overrides)
+
+
+def _storage_path(path: str) -> str:
+    return path if "://" in path else str(Path(path).expanduser().resolve())
+
+
+def _domain(domain: Domain) -> Any:
+    from ray import tune
+
+    kind = domain.kind
+    if kind == "choice":
+        return tune.choice(domain.choice)
+    low, high = getattr(domain, kind)
+    return {"loguniform": tune.loguniform, "uniform": tune.uniform,
+            "randint": lambda a, b: tune.randint(a, b + 1)}[kind](low, high)
+
+
+def max_reports(config: SearchConfig) -> int:
+    """ASHA's max_t: reports of the longest trial the search space allows."""
+    if config.tune.scheduler.max_t:
+        return config.tune.scheduler.max_t
+    stages = config.num_stages
+    domain = config.tune.search_space.get("mcl.stages")
+    if config.method == "mcl" and domain is not None:
+        stages = max(int(v) for v in domain.candidates())
+    epochs = config.train.epochs
+    domain = config.tune.search_space.get("train.epochs")
+    if domain is not None:
+        epochs = max(int(v) for v in domain.candidates())
+    return max(1, epochs * stages)
+
+
+def build_tuner(
+    config: SearchConfig,
+    search_file: str | None,
+    fresh: bool = False,
+    fault: dict[str, Any] | None = None,
+) -> Any:
+    """A ``Tuner`` for the sweep, or the restored one when a sweep of that name exists.
+
+    ``fault`` is a test hook passed to every trial (see ``raycl.train._maybe_inject_fault``).
+    """
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    from raycl.pipeline import run_trial
+    from raycl.tracking import MLflowSweepCallback
+
+    storage = _storage_path(config.tune.storage_path)
+    trainable = tune.with_parameters(run_trial, base_config=config.to_dict(),
+                                     storage_path=f"{storage}/{config.name}-train", fault=fault)
+    if config.scaling.num_workers == 0:
+        # Training runs inside the trial process: reserve the worker's resources for the trial.
+        resources = {"CPU": config.scaling.cpus_per_worker}
+        if config.scaling.use_gpu:
+            resources["GPU"] = config.scaling.gpus_per_worker
+    else:
+        resources = {"CPU": config.tune.trial_cpus}
+    trainable = tune.with_resources(trainable, resources)
+
+    param_space = {key: _domain(domain) for key, domain in config.tune.search_space.items()}
+    search_alg = None
+    if config.tune.searcher == "optuna" and param_space:
+        from optuna.samplers import TPESampler
+        from ray.tune.search.optuna import OptunaSearch
+
+        search_alg = OptunaSearch(sampler=TPESampler(seed=config.seed))
+    scheduler = FIFOScheduler()
+    if config.tune.scheduler.type == "asha":
+        scheduler = ASHAScheduler(time_attr="training_iteration", max_t=max_reports(config),
+                                  grace_period=config.tune.scheduler.grace_period,
+                                  reduction_factor=config.tune.scheduler.reduction_factor)
+    run_config = tune.RunConfig(
+        name=config.name,
+        storage_path=storage,
+        callbacks=[MLflowSweepCallback(config, search_file)],
+        failure_config=tune.FailureConfig(max_failures=config.tune.max_failures),
+        verbose=1,
+    )
+    experiment_path = f"{storage}/{config.name}"
+    if not fresh and tune.Tuner.can_restore(experiment_path):
+        print(f"raycl: resuming sweep {config.name!r} from {experiment_path}", flush=True)
+        return tune.Tuner.restore(experiment_path, trainable, resume_unfinished=True,
+                                  resume_errored=True, param_space=param_space)
+    return tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            metric=config.tune.metric, mode=config.tune.mode, search_alg=search_alg,
+            scheduler=scheduler, num_samples=config.tune.num_samples,
+            max_concurrent_trials=config.tune.max_concurrent_trials),
+        run_config=run_config,
+    )
+
+
+def run(config: SearchConfig, search_file: str | None = None, fresh: bool = False,
+        address: str | None = None) -> int:
+    """Run the sweep on the current (or a new embedded) Ray; return the process exit code."""
+    import ray
+
+    from raycl.leaderboard import print_leaderboard
+
+    # Intermediate reports without the objective are fine (evaluation every N epochs, MCL's
+    # skipped trials); ASHA and Optuna simply ignore them.
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    if not ray.is_initialized():
+        ray.init(address=address, log_to_driver=True,
+                 runtime_env={"env_vars": {"TUNE_DISABLE_STRICT_METRIC_CHECKING": "1"}})
+    tuner = build_tuner(config, search_file, fresh=fresh)
+    results = tuner.fit()
+    finished = [r for r in results if r.error is None]
+    print(flush=True)
+    print_leaderboard(config.mlflow.tracking_uri, config.mlflow.experiment or config.name,
+                      top=10)
+    return 0 if finished else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.show_schema:
+        print(schema_markdown())
+        return 0
+    if not args.search:
+        print("error: give a search YAML (see searches/), or --show-schema", file=sys.stderr)
+        return 2
+    try:
+        config = resolve(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        import yaml
+
+        print(yaml.safe_dump(config.to_dict(), sort_keys=False))
+        return 0
+    return run(config, args.search, fresh=args.fresh, address=args.address)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

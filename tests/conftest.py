@@ -1,0 +1,30 @@
+"""Shared fixtures: one Ray session for the whole test run (start-up costs ~8 s)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False,
+                 runtime_env={"env_vars": {"TUNE_DISABLE_STRICT_METRIC_CHECKING": "1"}})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Datasets generated once per test run, shared by every test and Ray worker."""
+    path = tmp_path_factory.mktemp("raycl-cache")
+    os.environ["RAYCL_CACHE"] = str(path)
+    return path

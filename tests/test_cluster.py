@@ -1,0 +1,141 @@
+"""Tests for raycl.cluster: k-means, pseudo-label codes, AMI matrix, stage budget."""
+
+from __future__ import annotations
+
+import faiss
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_mutual_info_score
+
+from raycl.cluster import (
+    ami_matrix,
+    check_stage_budget,
+    group_size_histogram,
+    group_sizes,
+    kmeans,
+    pseudo_label_codes,
+)
+
+
+def _blobs(num_per_blob: int = 60, dim: int = 8, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Four tight blobs along distinct directions (separable by cosine too)."""
+    rng = np.random.default_rng(seed)
+    centers = np.eye(dim)[:4] * 10.0
+    labels = np.repeat(np.arange(4), num_per_blob)
+    points = centers[labels] + 0.1 * rng.standard_normal((len(labels), dim))
+    order = rng.permutation(len(labels))
+    return points[order], labels[order]
+
+
+def test_pseudo_label_codes_hand_computed() -> None:
+    # K=3, sample 0 has (y0, y1) = (0, 1) -> 0*3 + 1 = 1; sample 1 has (2, 0) -> 2*3 + 0 = 6.
+    codes = pseudo_label_codes([np.array([0, 2]), np.array([1, 0])], k=3)
+    assert codes.tolist() == [1, 6]
+    assert codes.dtype == np.int64
+
+
+def test_pseudo_label_codes_encode_every_stage() -> None:
+    # Samples 0 and 1 differ only in stage 0. The authors' slip (encoding only the latest
+    # stage) would give them the same code; the paper's tuple label separates them.
+    stage0 = np.array([0, 1, 1])
+    stage1 = np.array([2, 2, 2])
+    codes = pseudo_label_codes([stage0, stage1], k=3)
+    assert codes[0] != codes[1]
+    assert codes.tolist() == [2, 5, 5]
+    # Three stages: code is a bijection of the tuple.
+    rng = np.random.default_rng(0)
+    stages = [rng.integers(0, 4, size=500) for _ in range(3)]
+    codes = pseudo_label_codes(stages, k=4)
+    tuples = {tuple(int(stage[i]) for stage in stages) for i in range(500)}
+    assert len(np.unique(codes)) == len(tuples)
+    decoded = np.stack([codes // 16, (codes // 4) % 4, codes % 4])
+    np.testing.assert_array_equal(decoded, np.stack(stages))
+
+
+def test_pseudo_label_codes_stage0_and_validation() -> None:
+    np.testing.assert_array_equal(pseudo_label_codes([], k=5, num_samples=4), np.zeros(4))
+    with pytest.raises(ValueError, match="num_samples"):
+        pseudo_label_codes([], k=5)
+    with pytest.raises(ValueError, match="outside"):
+        pseudo_label_codes([np.array([0, 3])], k=3)
+    with pytest.raises(ValueError, match="length"):
+        pseudo_label_codes([np.array([0, 1]), np.array([0, 1, 2])], k=3)
+    with pytest.raises(ValueError, match="int64"):
+        pseudo_label_codes([np.zeros(2, dtype=np.int64)] * 64, k=2)
+
+
+def test_group_sizes_and_histogram() -> None:
+    codes = np.array([6, 1, 6, 6, 3])
+    assert group_sizes(codes) == {1: 1, 3: 1, 6: 3}
+    assert group_size_histogram(codes).tolist() == [3, 1, 1]
+
+
+def test_kmeans_recovers_blobs_and_is_deterministic() -> None:
+    points, labels = _blobs()
+    assignments = kmeans(points, k=4, seed=3)
+    assert assignments.dtype == np.int64
+    assert assignments.shape == labels.shape
+    assert set(assignments.tolist()) <= {0, 1, 2, 3}
+    assert adjusted_mutual_info_score(labels, assignments) > 0.99
+    np.testing.assert_array_equal(assignments, kmeans(points, k=4, seed=3))
+    # Un-normalised path works too on these blobs.
+    assert adjusted_mutual_info_score(labels, kmeans(points, k=4, seed=3, normalize=False)) > 0.99
+
+
+def test_kmeans_normalize_clusters_by_direction() -> None:
+    # Two directions, each at two very different scales: by L2 distance the scale
+    # dominates, by direction (normalize=True, as the MCL authors) the direction does.
+    rng = np.random.default_rng(0)
+    direction = np.repeat([0, 1], 40)
+    scale = np.tile(np.repeat([1.0, 100.0], 20), 2)
+    points = np.eye(2)[direction] * scale[:, None] + 0.01 * rng.standard_normal((80, 2))
+    assert adjusted_mutual_info_score(direction, kmeans(points, k=2, seed=0)) > 0.99
+
+
+def test_kmeans_validates() -> None:
+    points, _ = _blobs(num_per_blob=2)
+    with pytest.raises(ValueError, match="k must"):
+        kmeans(points, k=0, seed=0)
+    with pytest.raises(ValueError, match="k must"):
+        kmeans(points, k=len(points) + 1, seed=0)
+    with pytest.raises(ValueError, match="2-D"):
+        kmeans(points[0], k=1, seed=0)
+    assert kmeans(points, k=len(points), seed=0).shape == (len(points),)
+
+
+@pytest.mark.skipif(faiss.get_num_gpus() > 0, reason="checks the no-GPU error path")
+def test_kmeans_use_gpu_without_gpu_is_a_clear_error() -> None:
+    points, _ = _blobs(num_per_blob=2)
+    with pytest.raises(ValueError, match="GPU"):
+        kmeans(points, k=2, seed=0, use_gpu=True)
+    assert kmeans(points, k=2, seed=0, use_gpu=None).shape == (len(points),)
+
+
+def test_ami_matrix_symmetric_unit_diagonal() -> None:
+    rng = np.random.default_rng(0)
+    first = rng.integers(0, 3, size=300)
+    relabelled = (first + 1) % 3  # same partition, different names
+    independent = rng.integers(0, 3, size=300)
+    matrix = ami_matrix([first, relabelled, independent])
+    assert matrix.shape == (3, 3)
+    np.testing.assert_allclose(matrix, matrix.T)
+    np.testing.assert_allclose(np.diag(matrix), 1.0)
+    assert matrix[0, 1] == pytest.approx(1.0)
+    assert abs(matrix[0, 2]) < 0.05
+
+
+def test_check_stage_budget() -> None:
+    # Enforced form: K^(N-1) <= M/b. K=5, N=3 -> 25 groups; M/b = 1000/40 = 25: fits.
+    assert check_stage_budget(k=5, stages=3, num_samples=1000, batch_size=40) is None
+    problem = check_stage_budget(k=5, stages=3, num_samples=1000, batch_size=41)
+    assert problem is not None and "25" in problem
+    # A single stage has one group: only needs one batch.
+    assert check_stage_budget(k=100, stages=1, num_samples=64, batch_size=64) is None
+    assert check_stage_budget(k=2, stages=1, num_samples=63, batch_size=64) is not None
+    # Paper's literal K^N <= M/b is K times stricter.
+    assert check_stage_budget(5, 3, 1000, 40, count_final_clustering=True) is not None
+    assert check_stage_budget(5, 3, 1000, 8, count_final_clustering=True) is None
+    # The paper's own CLIP setting (K=10, 4 stages, b=8192, CC12M ~1e7 pairs) passes.
+    assert check_stage_budget(10, 4, 10_000_000, 8192) is None
+    with pytest.raises(ValueError):
+        check_stage_budget(k=0, stages=3, num_samples=10, batch_size=2)

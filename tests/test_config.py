@@ -1,0 +1,190 @@
+"""Config validation: every bad input is one line naming the file and the key, exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from raycl.config import (
+    CONFIG_KEYS,
+    ConfigError,
+    SearchConfig,
+    apply_overrides,
+    flatten,
+    load_search,
+    schema_markdown,
+    stage_budget_problem,
+)
+from raycl.tune import main, max_reports
+
+REPO = Path(__file__).resolve().parents[1]
+
+BASE = """
+name: t
+method: simclr
+data: {dataset: trifeature, resolution: 32, samples_per_combination: 2}
+train: {epochs: 2, batch_size: 64}
+tune:
+  num_samples: 2
+  search_space:
+    loss.temperature: {loguniform: [0.1, 0.5]}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "search.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def error_of(tmp_path: Path, text: str, overrides: list[str] | None = None) -> str:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_search(path, overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_valid_file_loads_with_defaults(tmp_path: Path) -> None:
+    config = load_search(write(tmp_path, BASE))
+    assert config.train.epochs == 2
+    assert config.loss.temperature == 0.5
+    assert config.tune.search_space["loss.temperature"].kind == "loguniform"
+
+
+@pytest.mark.parametrize(
+    ("snippet", "key", "why"),
+    [
+        ("train: {epochs: 2, batch_size: 64, epoch: 3}", "train.epoch", "unknown key"),
+        ("train: {epochs: ten, batch_size: 64}", "train.epochs", "valid integer"),
+        ("train: {epochs: 0, batch_size: 64}", "train.epochs", "greater than or equal to 1"),
+        ("data: {dataset: cifar}", "data.dataset", "'trifeature'"),
+        ("loss: {temperature: -1}", "loss.temperature", "greater than 0"),
+        ("augment: {crop_scale: [0.9, 0.2]}", "augment.crop_scale", "low <= high"),
+        ("data: {dataset: folder}", "data", "data.root is required"),
+    ],
+)
+def test_bad_values_name_file_and_key(tmp_path: Path, snippet: str, key: str, why: str) -> None:
+    text = BASE + snippet + "\n"
+    message = error_of(tmp_path, text)
+    assert message.startswith(f"{tmp_path / 'search.yaml'}: {key}")
+    assert why in message
+
+
+def test_unknown_method(tmp_path: Path) -> None:
+    message = error_of(tmp_path, BASE.replace("method: simclr", "method: simclrr"))
+    assert ": method: unknown method 'simclrr'" in message
+    assert "simclr" in message.split("known:")[1]
+
+
+def test_search_space_key_must_exist(tmp_path: Path) -> None:
+    text = BASE.replace("loss.temperature: {loguniform", "loss.temprature: {loguniform")
+    message = error_of(tmp_path, text)
+    assert "tune.search_space.loss.temprature: not a searchable config key" in message
+
+
+def test_search_space_values_are_type_checked(tmp_path: Path) -> None:
+    text = BASE + "    train.epochs: {choice: [1, -2]}\n"
+    message = error_of(tmp_path, text)
+    assert "tune.search_space.train.epochs: value -2 is invalid" in message
+
+
+def test_search_domain_needs_exactly_one_kind(tmp_path: Path) -> None:
+    text = BASE.replace("{loguniform: [0.1, 0.5]}", "{loguniform: [0.1, 0.5], uniform: [0, 1]}")
+    message = error_of(tmp_path, text)
+    assert "tune.search_space.loss.temperature" in message
+
+
+def test_overrides_are_type_checked(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE)
+    assert load_search(path, ["train.epochs=5"]).train.epochs == 5
+    assert load_search(path, ["tune.search_space={}"]).tune.search_space == {}
+    with pytest.raises(ConfigError, match=r"^--set train\.epoch: unknown key$"):
+        load_search(path, ["train.epoch=5"])
+    with pytest.raises(ConfigError, match="train.epochs: Input should be a valid integer"):
+        load_search(path, ["train.epochs=many"])
+    with pytest.raises(ConfigError, match="expected key=value"):
+        load_search(path, ["train.epochs"])
+
+
+def test_yaml_syntax_error_names_line(tmp_path: Path) -> None:
+    message = error_of(tmp_path, "name: t\ntrain: {epochs: [1,\n")
+    assert "invalid YAML" in message and "line" in message
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_search(tmp_path / "nope.yaml")
+
+
+def test_mcl_budget_rejected_when_not_searched(tmp_path: Path) -> None:
+    # Trifeature with 2 per combination: 1600 training samples, b=64 -> M/b = 25 < 5^3.
+    text = BASE.replace("method: simclr", "method: mcl") + "mcl: {stages: 3, clusters: 5}\n"
+    message = error_of(tmp_path, text)
+    assert "mcl.clusters/mcl.stages" in message and "K=5, N=3" in message
+    assert "M/b = 1600/64" in message
+
+
+def test_mcl_budget_left_to_trials_when_searched(tmp_path: Path) -> None:
+    text = (BASE.replace("method: simclr", "method: mcl") + "mcl: {stages: 3, clusters: 5}\n")
+    text = text.replace("    loss.temperature:", "    mcl.clusters: {choice: [2, 5]}\n"
+                        "    loss.temperature:")
+    config = load_search(write(tmp_path, text))
+    assert config.mcl.clusters == 5
+
+
+def test_stage_budget_formula() -> None:
+    assert stage_budget_problem(2, 3, 1000, 100) is None  # 8 <= 10
+    assert stage_budget_problem(5, 2, 1000, 100) is not None  # 25 > 10
+
+
+def test_apply_overrides_and_flatten() -> None:
+    config = SearchConfig(name="x")
+    changed = apply_overrides(config, {"loss.temperature": 0.2, "mcl.clusters": 3})
+    assert changed.loss.temperature == 0.2 and changed.mcl.clusters == 3
+    assert config.loss.temperature == 0.5
+    flat = flatten(changed.to_dict())
+    assert flat["loss.temperature"] == 0.2 and "train.epochs" in flat
+    assert set(flat) - {"tune.search_space"} <= set(CONFIG_KEYS)
+
+
+def test_schema_documents_every_key() -> None:
+    table = schema_markdown()
+    for key in ("train.epochs", "loss.temperature", "scaling.num_workers", "mcl.negatives",
+                "tune.metric", "data.resolution"):
+        assert f"`{key}`" in table
+
+
+def test_max_reports_uses_largest_stage_count(tmp_path: Path) -> None:
+    config = SearchConfig.model_validate({
+        "name": "x", "method": "mcl", "train": {"epochs": 3},
+        "tune": {"search_space": {"mcl.stages": {"choice": [1, 2, 4]}}}})
+    assert max_reports(config) == 12
+
+
+def test_cli_exit_code_2_and_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = write(tmp_path, BASE + "train: {epochs: 2, batch_size: 64, epoch: 3}\n")
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {path}: train.epoch: unknown key"
+
+
+def test_cli_subprocess_exits_2_without_launching(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE)
+    done = subprocess.run(
+        [sys.executable, "-m", "raycl.tune", str(path), "--set", "loss.temperature=hot",
+         "--storage", str(tmp_path / "ray")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "loss.temperature" in done.stderr and str(path) in done.stderr
+    assert not (tmp_path / "ray").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "searches").glob("*.yaml")))
+def test_shipped_searches_are_valid(name: str) -> None:
+    load_search(REPO / "searches" / name)

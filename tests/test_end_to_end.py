@@ -1,0 +1,157 @@
+"""Real runs through Ray Tune -> Ray Train -> MLflow, at tiny sizes, checked by querying MLflow."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from raycl.config import SearchConfig, load_search
+from raycl.leaderboard import leaderboard_rows
+from raycl.tracking import PARENT_TAG, ROLE_TAG, resolve_tracking_uri
+from raycl.tune import build_tuner, main
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = [
+    "data.samples_per_combination=1", "data.resolution=16", "train.batch_size=64",
+    "model.width=8", "model.projector_hidden_dim=32", "model.projector_dim=16",
+    "eval.linear_max_iter=50", "eval.every_n_epochs=1",
+]
+
+
+def tiny_config(tmp_path: Path, search: str, *extra: str) -> SearchConfig:
+    return load_search(REPO / "searches" / search, [
+        *TINY, f"tune.storage_path={tmp_path / 'ray'}",
+        f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", *extra])
+
+
+def runs_of(tmp_path: Path, experiment: str) -> tuple[MlflowClient, list, list]:
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}"))
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"no MLflow experiment {experiment}"
+    runs = client.search_runs([found.experiment_id], max_results=100)
+    parents = [r for r in runs if r.data.tags.get(ROLE_TAG) == "sweep"]
+    children = [r for r in runs if r.data.tags.get(ROLE_TAG) == "trial"]
+    return client, parents, children
+
+
+def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, capsys) -> None:
+    code = main([str(REPO / "searches" / "quickstart.yaml"), *sum((["--set", o] for o in TINY), []),
+                 "--set", "train.epochs=2", "--num-samples", "2", "--name", "e2e-quick",
+                 "--storage", str(tmp_path / "ray"),
+                 "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "e2e-quick: 2 trial(s)" in printed and "eval/linear/mean" in printed
+
+    client, parents, children = runs_of(tmp_path, "e2e-quick")
+    assert len(parents) == 1 and len(children) == 2
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["raycl.version"]
+    for child in children:
+        assert child.data.tags[PARENT_TAG] == parent.info.run_id
+        assert child.info.status in ("FINISHED", "KILLED")
+        params = child.data.params
+        assert params["train.epochs"] == "2" and params["data.dataset"] == "trifeature"
+        assert params["seed"] == "0"
+        assert float(params["loss.temperature"]) != 0.5  # sampled, not the YAML default
+        history = client.get_metric_history(child.info.run_id, "train/loss")
+        assert [m.step for m in history] == list(range(1, len(history) + 1))
+        metrics = child.data.metrics
+        if child.data.tags["raycl.ended"] == "completed":
+            assert len(history) == 2
+            for attribute in ("shape", "texture", "color", "mean"):
+                assert 0.0 <= metrics[f"eval/linear/{attribute}"] <= 1.0
+                assert 0.0 <= metrics[f"eval/knn/{attribute}"] <= 1.0
+            assert math.isclose(metrics["eval/linear/mean"], sum(
+                metrics[f"eval/linear/{a}"] for a in ("shape", "texture", "color")) / 3)
+        artifacts = [a.path for a in client.list_artifacts(child.info.run_id)]
+        assert "config.yaml" in artifacts
+    # Chance is 0.1: even two tiny epochs learn colour.
+    best = max(c.data.metrics.get("eval/linear/color", 0) for c in children)
+    assert best > 0.3
+
+    header, rows, _ = leaderboard_rows(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e-quick")
+    assert header[3] == "eval/linear/mean" and "loss.temperature" in header
+    assert len(rows) == 2
+
+    # Running the same sweep again resumes it: nothing new is launched or logged.
+    again = main([str(REPO / "searches" / "quickstart.yaml"), *sum((["--set", o] for o in TINY), []),
+                  "--set", "train.epochs=2", "--num-samples", "2", "--name", "e2e-quick",
+                  "--storage", str(tmp_path / "ray"),
+                  "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    assert again == 0
+    assert "resuming sweep 'e2e-quick'" in capsys.readouterr().out
+    _, parents, children = runs_of(tmp_path, "e2e-quick")
+    assert len(parents) == 1 and len(children) == 2
+
+
+def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_trial_resumes_from_checkpoint_after_crash(
+    ray_session, data_cache, tmp_path, num_workers
+) -> None:
+    """A crash after epoch 2 of 3 resumes at epoch 2 (worker group restart, or Tune trial restart
+    in in-process mode), and the trial still finishes with all metrics in MLflow."""
+    config = tiny_config(tmp_path, "quickstart.yaml", "train.epochs=3", "tune.num_samples=1",
+                         "tune.search_space={}", f"scaling.num_workers={num_workers}",
+                         "scaling.cpus_per_worker=1", f"name=crash{num_workers}")
+    marker = tmp_path / "crashed"
+    results = build_tuner(config, None, fault={"after_epoch": 2, "marker": str(marker)}).fit()
+    assert marker.read_text() == "2"
+    result = results[0]
+    assert result.error is None
+    assert result.metrics["epoch"] == 3
+    assert result.metrics["resumed_from_epoch"] == 2
+
+    client, _, children = runs_of(tmp_path, f"crash{num_workers}")
+    (child,) = children
+    assert child.info.status == "FINISHED"
+    epochs = [value for _, value in _history(client, child.info.run_id, "train/lr")]
+    assert len(epochs) >= 3
+    assert "eval/linear/mean" in child.data.metrics
+
+
+def test_mcl_trial_logs_every_stage_and_ami(ray_session, data_cache, tmp_path) -> None:
+    config = tiny_config(tmp_path, "mcl_k_n.yaml", "train.epochs=1", "tune.num_samples=1",
+                         "tune.search_space={}", "mcl.stages=2", "mcl.clusters=2",
+                         "name=e2e-mcl")
+    results = build_tuner(config, None).fit()
+    assert results[0].error is None
+    client, _, children = runs_of(tmp_path, "e2e-mcl")
+    (child,) = children
+    metrics = child.data.metrics
+    for stage in (0, 1):
+        for attribute in ("shape", "texture", "color", "mean"):
+            assert f"stage{stage}/eval/linear/{attribute}" in metrics
+    assert "eval/linear/mean" in metrics  # the integrated representation
+    assert 0.0 <= metrics["mcl/ami/stage0_stage1"] <= 1.0
+    assert metrics["mcl/groups"] == 2
+    artifacts = {a.path for a in client.list_artifacts(child.info.run_id, "diagnostics")}
+    assert {"diagnostics/ami_matrix.json", "diagnostics/mcl_diagnostics.png",
+            "diagnostics/group_sizes.txt"} <= artifacts
+    ami = json.loads(Path(client.download_artifacts(
+        child.info.run_id, "diagnostics/ami_matrix.json", str(tmp_path))).read_text())
+    assert len(ami) == 2 and ami[0][0] == pytest.approx(1.0)
+
+
+def test_mcl_trial_over_budget_is_skipped_not_crashed(ray_session, data_cache, tmp_path) -> None:
+    # 800 training images, b=64: M/b = 12 < 5^2 -> pruned before any training.
+    config = tiny_config(tmp_path, "mcl_k_n.yaml", "train.epochs=1", "tune.num_samples=1",
+                         "tune.search_space={mcl.clusters: {choice: [5]}}", "mcl.stages=2",
+                         "tune.searcher=random", "name=e2e-skip")
+    results = build_tuner(config, None).fit()
+    assert results[0].error is None
+    assert results[0].metrics["raycl/skipped"] == 1.0
+    _, _, children = runs_of(tmp_path, "e2e-skip")
+    (child,) = children
+    assert child.data.tags["raycl.ended"] == "skipped"
+    assert "K=5, N=2" in child.data.tags["raycl.skipped"]
+    assert "stage0/train/loss" not in child.data.metrics

@@ -1,0 +1,186 @@
+"""Tests for the method contract, the registry and SimCLR."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import Tensor
+
+from raycl.losses import nt_xent
+from raycl.methods import METHODS, Batch, Method, build_method, register
+from raycl.methods.simclr import SimCLR
+
+
+def make_cfg(method: str = "simclr", base: str = "simclr") -> SimpleNamespace:
+    return SimpleNamespace(
+        method=method,
+        mcl=SimpleNamespace(base=base),
+        model=SimpleNamespace(
+            backbone="small_cnn", width=4, projector_hidden_dim=16, projector_dim=8
+        ),
+        loss=SimpleNamespace(temperature=0.5),
+        data=SimpleNamespace(resolution=16),
+    )
+
+
+def make_batch(batch_size: int = 6, channels: int = 1, seed: int = 0) -> Batch:
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randn(batch_size, channels, 16, 16, generator=generator)
+    views = [images + 0.1 * torch.randn(images.shape, generator=generator) for _ in range(2)]
+    return Batch(images=images, views=views, index=torch.arange(batch_size))
+
+
+def build_simclr(seed: int = 0, channels: int = 1) -> SimCLR:
+    torch.manual_seed(seed)
+    method = build_method(make_cfg(), in_channels=channels)
+    assert isinstance(method, SimCLR)
+    return method
+
+
+# ---------------------------------------------------------------- registry
+
+
+def test_registry_contains_simclr() -> None:
+    assert METHODS["simclr"] is SimCLR
+
+
+def test_register_rejects_duplicates_and_non_methods() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+
+        @register("simclr")
+        class Duplicate(Method):
+            pass
+
+    with pytest.raises(ValueError, match="Method subclass"):
+        register("not_a_method")(dict)
+    assert "not_a_method" not in METHODS
+    assert METHODS["simclr"] is SimCLR
+
+
+def test_register_adds_new_method() -> None:
+    try:
+
+        @register("dummy_for_test")
+        class Dummy(Method):
+            pass
+
+        assert METHODS["dummy_for_test"] is Dummy
+    finally:
+        METHODS.pop("dummy_for_test", None)
+
+
+def test_build_method_unknown_names() -> None:
+    with pytest.raises(ValueError, match=r"unknown method 'nope'.*simclr"):
+        build_method(make_cfg(method="nope"), in_channels=3)
+    with pytest.raises(ValueError, match=r"unknown method 'nope' \(MCL base method\)"):
+        build_method(make_cfg(method="mcl", base="nope"), in_channels=3)
+
+
+@pytest.mark.parametrize("method", ["simclr", "mcl"])
+def test_build_method_reads_config(method: str) -> None:
+    built = build_method(make_cfg(method=method, base="simclr"), in_channels=3)
+    assert isinstance(built, SimCLR)
+    assert built.temperature == 0.5
+    assert built.embed(torch.randn(2, 3, 16, 16)).shape == (2, 32)  # 8 * width
+    assert built.projector[0].in_features == 32
+    assert built.projector[0].out_features == 16
+    assert built.projector[-1].out_features == 8
+
+
+# ---------------------------------------------------------------- base defaults
+
+
+def test_base_defaults() -> None:
+    method = build_simclr()
+    groups = method.param_groups()
+    assert len(groups) == 1 and groups[0]["name"] == "default"
+    assert {id(p) for p in groups[0]["params"]} == {id(p) for p in method.parameters()}
+    method.projector.requires_grad_(False)
+    frozen_ids = {id(p) for p in method.projector.parameters()}
+    assert not frozen_ids & {id(p) for p in method.param_groups()[0]["params"]}
+
+    assert method.phases() == ["train"]
+    method.set_phase("train")
+    with pytest.raises(ValueError, match="unknown phase 'decoder'"):
+        method.set_phase("decoder")
+    method.on_train_step_end(step=1, total_steps=10)  # no-op, must not raise
+
+
+# ---------------------------------------------------------------- SimCLR
+
+
+def simclr_step(method: SimCLR, batch: Batch) -> tuple[dict[str, Tensor], Tensor]:
+    method.zero_grad()
+    outputs = method(batch)
+    outputs["loss"].backward()
+    grad_norm = torch.stack(
+        [p.grad.norm() for p in method.backbone.parameters() if p.grad is not None]
+    ).sum()
+    return outputs, grad_norm
+
+
+def test_simclr_forward_backward_without_pseudo_labels() -> None:
+    method = build_simclr()
+    batch = make_batch()
+    outputs, grad_norm = simclr_step(method, batch)
+    assert set(outputs) == {"loss", "pos_sim"}
+    assert outputs["loss"].dim() == 0 and torch.isfinite(outputs["loss"])
+    assert not outputs["pos_sim"].requires_grad and -1 <= outputs["pos_sim"].item() <= 1
+    assert grad_norm > 0
+
+    # The loss is NT-Xent of the two views' projections.
+    projections = method.projector(method.backbone(torch.cat(batch.views)))
+    expected = nt_xent(projections[:6], projections[6:], 0.5)
+    torch.testing.assert_close(outputs["loss"], expected)
+
+
+def test_simclr_pseudo_labels_restrict_negatives() -> None:
+    method = build_simclr()
+    batch = make_batch()
+    plain = method(batch)["loss"]
+
+    # All samples in one group: identical to plain SimCLR.
+    batch.pseudo_labels = torch.zeros(6, dtype=torch.long)
+    torch.testing.assert_close(method(batch)["loss"], plain)
+
+    # Every sample in its own group: no negatives left, the loss is exactly log(1) = 0.
+    batch.pseudo_labels = torch.arange(6)
+    assert method(batch)["loss"].item() == pytest.approx(0.0, abs=1e-6)
+
+    # Two groups: different from plain, still trainable.
+    batch.pseudo_labels = torch.tensor([0, 1, 0, 1, 0, 1])
+    outputs, grad_norm = simclr_step(method, batch)
+    assert torch.isfinite(outputs["loss"]) and grad_norm > 0
+    assert not torch.allclose(outputs["loss"], plain)
+
+
+def test_simclr_needs_two_views() -> None:
+    method = build_simclr()
+    batch = make_batch()
+    batch.views = batch.views[:1]
+    with pytest.raises(ValueError, match="2 views"):
+        method(batch)
+
+
+def test_simclr_rejects_bad_temperature() -> None:
+    cfg = make_cfg()
+    cfg.loss.temperature = 0.0
+    with pytest.raises(ValueError, match="temperature"):
+        build_method(cfg, in_channels=1)
+
+
+def test_state_dict_round_trip() -> None:
+    source = build_simclr(seed=0)
+    simclr_step(source, make_batch())  # move BN running stats away from their init
+    target = build_simclr(seed=1)
+    images = make_batch(seed=3).images
+    source.eval()
+    target.eval()
+    assert not torch.allclose(source.embed(images), target.embed(images))
+
+    target.load_state_dict(source.state_dict())
+    torch.testing.assert_close(target.embed(images), source.embed(images))
+    for key, value in source.state_dict().items():
+        assert torch.equal(target.state_dict()[key], value), key
