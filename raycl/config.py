@@ -358,7 +358,9 @@ def estimated_train_size(data: DataConfig) -> int | None:
     return total - math.ceil(total * data.test_fraction)
 
 
-def stage_budget_problem(clusters: int, stages: int, train_size: int, batch_size: int) -> str | None:
+def stage_budget_problem(
+    clusters: int, stages: int, train_size: int, batch_size: int
+) -> str | None:
     """MCL's constraint K^N <= M/b in the paper's literal form (Eq. 4), as the issue asks.
 
     :func:`raycl.cluster.check_stage_budget` explains why K^(N-1) would suffice; the literal

@@ -76,11 +76,12 @@ def _fmt(value: object) -> str:
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(header, widths)).rstrip(),
-             "  ".join("-" * width for width in widths)]
-    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
-              for row in rows]
-    return "\n".join(lines)
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True))
+
+    return "\n".join([line(header).rstrip(), line(["-" * w for w in widths]),
+                      *(line(row).rstrip() for row in rows)])
 
 
 def print_leaderboard(tracking_uri: str, experiment: str, top: int = 10,

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 from ray import tune
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
@@ -33,7 +34,9 @@ from raycl.train import (
     FEATURES_FILE,
     METRICS_FILE,
     PROGRESS_FILE,
+    InProcessSession,
     StageInputs,
+    run_stage,
     train_loop_per_worker,
 )
 
@@ -73,6 +76,21 @@ def _in_tune() -> bool:
     return _in_tune_session()
 
 
+def _device(config: SearchConfig) -> torch.device:
+    if config.scaling.use_gpu:
+        if not torch.cuda.is_available():
+            raise RuntimeError("scaling.use_gpu is true but this process sees no CUDA device")
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def _read_stage_output(directory: Path) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    with np.load(directory / FEATURES_FILE) as features:
+        train_features, test_features = features["train"], features["test"]
+    metrics = json.loads((directory / METRICS_FILE).read_text())
+    return train_features, test_features, metrics
+
+
 def fit_stage(
     config: SearchConfig,
     inputs: StageInputs,
@@ -80,34 +98,37 @@ def fit_stage(
     resume_from: str | None = None,
     fault: dict[str, Any] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    """Train one stage; return its train/test features and final metrics (from its checkpoint)."""
-    local_mode = config.scaling.num_workers == 0
-    scaling = (
-        ScalingConfig(num_workers=0) if local_mode else ScalingConfig(
+    """Train one stage; return its train/test features and final metrics (from its checkpoint).
+
+    ``scaling.num_workers >= 1``: a ``TorchTrainer`` whose run name is stable per trial and
+    stage, so a restarted trial's trainer resumes from Ray Train's storage. ``0``: the same loop
+    in this process (see :class:`raycl.train.InProcessSession`).
+    """
+    loop_config = {"config": config.to_dict(), "inputs": inputs, "fault": fault}
+    if config.scaling.num_workers == 0:
+        session = InProcessSession(_device(config), resume_from)
+        run_stage(loop_config, session)
+        if session.last_checkpoint_dir is None:
+            raise RuntimeError(f"stage {inputs.stage} finished without a checkpoint")
+        return _read_stage_output(Path(session.last_checkpoint_dir))
+
+    callbacks = []
+    if _in_tune():
+        from ray.tune.integration.ray_train import TuneReportCallback
+
+        callbacks.append(TuneReportCallback())
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        # Workers fetch the (possibly large) frozen features from the object store.
+        train_loop_config={**loop_config, "inputs": ray.put(inputs)},
+        scaling_config=ScalingConfig(
             num_workers=config.scaling.num_workers,
             use_gpu=config.scaling.use_gpu,
             resources_per_worker={
                 "CPU": config.scaling.cpus_per_worker,
                 **({"GPU": config.scaling.gpus_per_worker} if config.scaling.use_gpu else {}),
             },
-        )
-    )
-    callbacks = []
-    if not local_mode and _in_tune():
-        from ray.tune.integration.ray_train import TuneReportCallback
-
-        callbacks.append(TuneReportCallback())
-    trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={
-            "config": config.to_dict(),
-            # In-process mode passes the arrays directly; workers fetch them from the object store.
-            "inputs": inputs if local_mode else ray.put(inputs),
-            "local_mode": local_mode,
-            "resume_from": resume_from,
-            "fault": fault,
-        },
-        scaling_config=scaling,
+        ),
         run_config=RunConfig(
             name=f"{config.name}-{_trial_id()}-stage{inputs.stage}",
             storage_path=storage_path,
@@ -120,10 +141,7 @@ def fit_stage(
     if result.checkpoint is None:
         raise RuntimeError(f"stage {inputs.stage} finished without a checkpoint")
     with result.checkpoint.as_directory() as directory:
-        with np.load(Path(directory) / FEATURES_FILE) as features:
-            train_features, test_features = features["train"], features["test"]
-        metrics = json.loads((Path(directory) / METRICS_FILE).read_text())
-    return train_features, test_features, metrics
+        return _read_stage_output(Path(directory))
 
 
 def _resume_point(config: SearchConfig) -> tuple[StageInputs, str | None, dict | None]:
@@ -137,10 +155,8 @@ def _resume_point(config: SearchConfig) -> tuple[StageInputs, str | None, dict |
     logger.info("resuming trial at stage %s epoch %s", progress["stage"], progress["epoch"])
     if not progress["stage_complete"]:
         return inputs, str(directory), None
-    with np.load(directory / FEATURES_FILE) as features:
-        finished = (features["train"], features["test"])
-    metrics = json.loads((directory / METRICS_FILE).read_text())
-    return inputs, None, {"features": finished, "metrics": metrics}
+    train_features, test_features, metrics = _read_stage_output(directory)
+    return inputs, None, {"features": (train_features, test_features), "metrics": metrics}
 
 
 def run_trial(

@@ -16,6 +16,7 @@ import math
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ logger = logging.getLogger(__name__)
 TRIAL_TAG = "raycl.trial_id"
 ROLE_TAG = "raycl.role"
 SWEEP_TAG = "raycl.sweep"
+SWEEP_UID_TAG = "raycl.sweep_uid"
 PARENT_TAG = "mlflow.parentRunId"
 # MLflow rejects a param value longer than this (6000 in MLflow 3).
 _MAX_PARAM_LENGTH = 6000
@@ -101,6 +103,9 @@ class MLflowSweepCallback(Callback):
         self.config = config
         self.tracking_uri = resolve_tracking_uri(config.mlflow.tracking_uri)
         self.search_file = search_file
+        # Tune pickles its callbacks with the experiment state: a restored sweep gets this same
+        # uid back and so re-attaches to its parent run; a fresh sweep gets a new one.
+        self.sweep_uid = uuid.uuid4().hex
         self.parent_run_id: str | None = None
         self.experiment_id: str | None = None
         self._children: dict[str, str] = {}
@@ -127,17 +132,19 @@ class MLflowSweepCallback(Callback):
             self.client.update_run(self.parent_run_id, status="RUNNING")
 
     def _find_parent(self) -> str | None:
-        """A resumed sweep (same name) continues its parent run instead of starting another."""
+        """A resumed sweep continues its parent run instead of starting another."""
         runs = self.client.search_runs(
-            [self.experiment_id],
-            filter_string=f"tags.`{ROLE_TAG}` = 'sweep' and tags.`{SWEEP_TAG}` = "
-                          f"'{self.config.name}' and attributes.status != 'FINISHED'",
-            order_by=["attributes.start_time DESC"], max_results=1)
-        return runs[0].info.run_id if runs else None
+            [self.experiment_id], filter_string=f"tags.`{SWEEP_UID_TAG}` = '{self.sweep_uid}'",
+            max_results=1)
+        if runs:
+            self.client.update_run(runs[0].info.run_id, status="RUNNING")
+            return runs[0].info.run_id
+        return None
 
     def _create_parent(self) -> str:
         commit = git_commit()
-        tags = {ROLE_TAG: "sweep", SWEEP_TAG: self.config.name, "mlflow.runName": self.config.name,
+        tags = {ROLE_TAG: "sweep", SWEEP_TAG: self.config.name, SWEEP_UID_TAG: self.sweep_uid,
+                "mlflow.runName": self.config.name,
                 "raycl.version": raycl.__version__, "raycl.metric": self.config.tune.metric,
                 "raycl.mode": self.config.tune.mode}
         if commit:

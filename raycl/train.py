@@ -68,7 +68,8 @@ class StageInputs:
         arrays: dict[str, np.ndarray] = {"stage": np.asarray(self.stage)}
         if self.pseudo_labels is not None:
             arrays["pseudo_labels"] = self.pseudo_labels
-        for j, (train, test) in enumerate(zip(self.train_features, self.test_features)):
+        pairs = zip(self.train_features, self.test_features, strict=True)
+        for j, (train, test) in enumerate(pairs):
             arrays[f"train_features_{j}"] = train
             arrays[f"test_features_{j}"] = test
         for j, assignment in enumerate(self.assignments):
@@ -81,7 +82,7 @@ class StageInputs:
             stage = int(arrays["stage"])
             return cls(
                 stage=stage,
-                pseudo_labels=arrays["pseudo_labels"] if "pseudo_labels" in arrays else None,
+                pseudo_labels=arrays.get("pseudo_labels", None),
                 train_features=[arrays[f"train_features_{j}"] for j in range(stage)],
                 test_features=[arrays[f"test_features_{j}"] for j in range(stage)],
                 assignments=[arrays[f"assignments_{j}"] for j in range(stage)
@@ -91,11 +92,6 @@ class StageInputs:
 
 # ---------------------------------------------------------------------------------------------
 # Small helpers
-
-
-def _world() -> tuple[int, int]:
-    context = ray.train.get_context()
-    return context.get_world_rank(), context.get_world_size()
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
@@ -169,14 +165,14 @@ class _Indexed(torch.utils.data.Dataset):
 
 @torch.no_grad()
 def embed_images(
-    method: Method, images: np.ndarray, device: torch.device, batch_size: int = 512
+    method: Method, images: np.ndarray, session: Session, batch_size: int = 512
 ) -> np.ndarray:
     """Backbone features of every image, computed across all workers and gathered.
 
     Each rank embeds a contiguous shard (padded to equal length, as all_gather requires); every
     rank returns the full (N, D) array in dataset order.
     """
-    rank, world = _world()
+    rank, world, device = session.rank, session.world_size, session.device
     total = len(images)
     shard = math.ceil(total / world)
     start, stop = min(total, rank * shard), min(total, (rank + 1) * shard)
@@ -238,11 +234,58 @@ def integrate(features: list[np.ndarray]) -> np.ndarray:
 # Checkpoints and reports
 
 
-def _resume_checkpoint(loop_config: dict[str, Any]) -> ray.train.Checkpoint | None:
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None and loop_config.get("resume_from"):
-        checkpoint = ray.train.Checkpoint(loop_config["resume_from"])
-    return checkpoint
+class RayTrainSession:
+    """The loop's view of Ray Train: rank, device, reports and the checkpoint to resume from."""
+
+    def __init__(self) -> None:
+        context = ray.train.get_context()
+        self.rank = context.get_world_rank()
+        self.world_size = context.get_world_size()
+        self.device = ray.train.torch.get_device()
+
+    def latest_checkpoint(self) -> ray.train.Checkpoint | None:
+        return ray.train.get_checkpoint()
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
+        checkpoint = (ray.train.Checkpoint.from_directory(checkpoint_dir)
+                      if checkpoint_dir else None)
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+
+class InProcessSession:
+    """``scaling.num_workers: 0``: the loop runs in the calling (trial) process, no TorchTrainer.
+
+    Ray Train V2's own local mode (``ScalingConfig(num_workers=0)``) refuses every
+    ``ray.train.*`` call inside a Tune trial (ray-project/ray#49454) and runs no callbacks, so
+    this session reports straight to Tune instead, which also persists each checkpoint to the
+    trial's storage; a restarted trial resumes from ``tune.get_checkpoint()``.
+    """
+
+    def __init__(self, device: torch.device, resume_from: str | None = None) -> None:
+        from ray.tune.trainable.trainable_fn_utils import _in_tune_session
+
+        self.rank, self.world_size, self.device = 0, 1, device
+        self.resume_from = resume_from
+        self.in_tune = _in_tune_session()
+        self.last_checkpoint_dir: str | None = None
+        self.last_metrics: dict[str, Any] = {}
+
+    def latest_checkpoint(self) -> ray.train.Checkpoint | None:
+        return ray.train.Checkpoint(self.resume_from) if self.resume_from else None
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
+        self.last_metrics = metrics
+        if checkpoint_dir:
+            self.last_checkpoint_dir = checkpoint_dir
+        if self.in_tune:
+            from ray import tune
+
+            checkpoint = (ray.train.Checkpoint.from_directory(checkpoint_dir)
+                          if checkpoint_dir else None)
+            tune.report(metrics, checkpoint=checkpoint)
+
+
+Session = RayTrainSession | InProcessSession
 
 
 def read_progress(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
@@ -250,31 +293,16 @@ def read_progress(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
         return json.loads((Path(directory) / PROGRESS_FILE).read_text())
 
 
-def _report(
-    metrics: dict[str, Any], checkpoint_dir: str | None, local_mode: bool
-) -> None:
-    checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
-    ray.train.report(metrics, checkpoint=checkpoint)
-    if local_mode:
-        # Ray Train V2 local mode (ScalingConfig(num_workers=0)) keeps reports in memory only and
-        # runs no callbacks, so TuneReportCallback never fires: report to Tune ourselves, which also
-        # persists the checkpoint to the trial's storage for resumption.
-        from ray.tune.trainable.trainable_fn_utils import _in_tune_session
-
-        if _in_tune_session():
-            ray.tune.report(metrics, checkpoint=checkpoint)
-
-
-def _report_finished(checkpoint: ray.train.Checkpoint, rank: int, local_mode: bool) -> None:
+def _report_finished(checkpoint: ray.train.Checkpoint, session: Session) -> None:
     checkpoint_dir = None
-    if rank == 0:
+    if session.rank == 0:
         checkpoint_dir = tempfile.mkdtemp(prefix="raycl-ckpt-")
         with checkpoint.as_directory() as directory:
             shutil.copytree(directory, checkpoint_dir, dirs_exist_ok=True)
         metrics = json.loads((Path(checkpoint_dir) / METRICS_FILE).read_text())
     else:
         metrics = {}
-    _report(metrics, checkpoint_dir, local_mode)
+    session.report(metrics, checkpoint_dir)
 
 
 def _write_checkpoint(
@@ -302,15 +330,18 @@ def _write_checkpoint(
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
+    """Ray Train entry point: train one stage on this worker (see :func:`run_stage`)."""
+    run_stage(loop_config, RayTrainSession())
+
+
+def run_stage(loop_config: dict[str, Any], session: Session) -> None:
     """Train one stage. ``loop_config``: config (dict), inputs (StageInputs or an ObjectRef to
-    one), local_mode (bool), resume_from (checkpoint path, local mode only), fault (tests)."""
+    one), fault (tests only)."""
     config = SearchConfig.model_validate(loop_config["config"])
     inputs = loop_config["inputs"]
     if isinstance(inputs, ray.ObjectRef):
         inputs = ray.get(inputs)
-    local_mode = bool(loop_config.get("local_mode"))
-    rank, world = _world()
-    device = ray.train.torch.get_device()
+    rank, world, device = session.rank, session.world_size, session.device
     torch.set_num_threads(max(1, int(config.scaling.cpus_per_worker)))
     torch.manual_seed(config.seed + 1000 * inputs.stage)
     np.random.seed(config.seed + 1000 * inputs.stage + rank)
@@ -339,7 +370,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     warmup_steps = int(config.train.warmup_epochs * steps_per_epoch)
 
     start_epoch = 0
-    checkpoint = _resume_checkpoint(loop_config)
+    checkpoint = session.latest_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
             progress = json.loads((Path(directory) / PROGRESS_FILE).read_text())
@@ -353,7 +384,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     if start_epoch >= config.train.epochs and checkpoint is not None:
         # A restarted trial fast-forwards through stages it already finished: hand the finished
         # checkpoint back so the pipeline reads this stage's features from it.
-        _report_finished(checkpoint, rank, local_mode)
+        _report_finished(checkpoint, session)
         return
     model: nn.Module = ray.train.torch.prepare_model(method) if world > 1 else method
 
@@ -414,8 +445,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         every = config.eval.every_n_epochs
         features = None
         if last or (every and completed % every == 0):
-            train_features = embed_images(method, data.train.images, device)
-            test_features = embed_images(method, data.test.images, device)
+            train_features = embed_images(method, data.train.images, session)
+            test_features = embed_images(method, data.test.images, session)
             features = (train_features, test_features)
             if rank == 0:
                 metrics.update(_evaluation_metrics(config, data, inputs, features))
@@ -426,8 +457,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             progress = {"stage": inputs.stage, "epoch": completed, "stage_complete": last}
             _write_checkpoint(Path(checkpoint_dir), method, optimizer, scaler, progress, inputs,
                               features if last else None, metrics)
-        _report(metrics, checkpoint_dir, local_mode)
-        _maybe_inject_fault(loop_config, completed, local_mode)
+        session.report(metrics, checkpoint_dir)
+        _maybe_inject_fault(loop_config, completed, isinstance(session, InProcessSession))
 
 
 def _maybe_inject_fault(loop_config: dict[str, Any], completed: int, local_mode: bool) -> None:
@@ -462,8 +493,5 @@ def _evaluation_metrics(
     return {**metrics, **integrated}
 
 
-def local_mode_enabled(config: SearchConfig) -> bool:
-    return config.scaling.num_workers == 0
-
-
-__all__ = ["StageInputs", "embed_images", "integrate", "lr_factor", "train_loop_per_worker"]
+__all__ = ["InProcessSession", "RayTrainSession", "StageInputs", "embed_images", "integrate",
+           "lr_factor", "run_stage", "train_loop_per_worker"]

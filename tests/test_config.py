@@ -106,7 +106,7 @@ def test_overrides_are_type_checked(tmp_path: Path) -> None:
     assert load_search(path, ["tune.search_space={}"]).tune.search_space == {}
     with pytest.raises(ConfigError, match=r"^--set train\.epoch: unknown key$"):
         load_search(path, ["train.epoch=5"])
-    with pytest.raises(ConfigError, match="train.epochs: Input should be a valid integer"):
+    with pytest.raises(ConfigError, match=r"train\.epochs: Input should be a valid integer"):
         load_search(path, ["train.epochs=many"])
     with pytest.raises(ConfigError, match="expected key=value"):
         load_search(path, ["train.epochs"])

@@ -38,11 +38,15 @@ def runs_of(tmp_path: Path, experiment: str) -> tuple[MlflowClient, list, list]:
     return client, parents, children
 
 
+def quickstart_args(tmp_path: Path) -> list[str]:
+    overrides = [arg for override in [*TINY, "train.epochs=2"] for arg in ("--set", override)]
+    return [str(REPO / "searches" / "quickstart.yaml"), *overrides, "--num-samples", "2",
+            "--name", "e2e-quick", "--storage", str(tmp_path / "ray"),
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+
+
 def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, capsys) -> None:
-    code = main([str(REPO / "searches" / "quickstart.yaml"), *sum((["--set", o] for o in TINY), []),
-                 "--set", "train.epochs=2", "--num-samples", "2", "--name", "e2e-quick",
-                 "--storage", str(tmp_path / "ray"),
-                 "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    code = main(quickstart_args(tmp_path))
     assert code == 0
     printed = capsys.readouterr().out
     assert "e2e-quick: 2 trial(s)" in printed and "eval/linear/mean" in printed
@@ -80,10 +84,7 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
     assert len(rows) == 2
 
     # Running the same sweep again resumes it: nothing new is launched or logged.
-    again = main([str(REPO / "searches" / "quickstart.yaml"), *sum((["--set", o] for o in TINY), []),
-                  "--set", "train.epochs=2", "--num-samples", "2", "--name", "e2e-quick",
-                  "--storage", str(tmp_path / "ray"),
-                  "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    again = main(quickstart_args(tmp_path))
     assert again == 0
     assert "resuming sweep 'e2e-quick'" in capsys.readouterr().out
     _, parents, children = runs_of(tmp_path, "e2e-quick")
@@ -109,7 +110,12 @@ def test_trial_resumes_from_checkpoint_after_crash(
     result = results[0]
     assert result.error is None
     assert result.metrics["epoch"] == 3
-    assert result.metrics["resumed_from_epoch"] == 2
+    if num_workers == 0:
+        assert result.metrics["resumed_from_epoch"] == 2
+    else:
+        # The crash can beat the controller to registering epoch 2's checkpoint; either way
+        # training resumed from a checkpoint rather than from scratch.
+        assert result.metrics["resumed_from_epoch"] in (1, 2)
 
     client, _, children = runs_of(tmp_path, f"crash{num_workers}")
     (child,) = children
