@@ -36,6 +36,7 @@ TRIAL_TAG = "raycl.trial_id"
 ROLE_TAG = "raycl.role"
 SWEEP_TAG = "raycl.sweep"
 SWEEP_UID_TAG = "raycl.sweep_uid"
+COMMIT_TAG = "mlflow.source.git.commit"
 PARENT_TAG = "mlflow.parentRunId"
 # MLflow rejects a param value longer than this (6000 in MLflow 3).
 _MAX_PARAM_LENGTH = 6000
@@ -109,6 +110,7 @@ class MLflowSweepCallback(Callback):
         self.parent_run_id: str | None = None
         self.experiment_id: str | None = None
         self._children: dict[str, str] = {}
+        self.commit: str | None = None
         self._client_instance: MlflowClient | None = None
 
     # The client holds a database engine: rebuild it after Tune pickles the callback.
@@ -124,6 +126,7 @@ class MLflowSweepCallback(Callback):
         return self._client_instance
 
     def setup(self, **info: Any) -> None:
+        self.commit = git_commit()
         self.experiment_id = get_or_create_experiment(
             self.client, experiment_name(self.config), self.tracking_uri)
         if self.parent_run_id is None:
@@ -142,13 +145,12 @@ class MLflowSweepCallback(Callback):
         return None
 
     def _create_parent(self) -> str:
-        commit = git_commit()
         tags = {ROLE_TAG: "sweep", SWEEP_TAG: self.config.name, SWEEP_UID_TAG: self.sweep_uid,
                 "mlflow.runName": self.config.name,
                 "raycl.version": raycl.__version__, "raycl.metric": self.config.tune.metric,
                 "raycl.mode": self.config.tune.mode}
-        if commit:
-            tags["mlflow.source.git.commit"] = commit
+        if self.commit:
+            tags[COMMIT_TAG] = self.commit
         run = self.client.create_run(self.experiment_id, tags=tags)
         run_id = run.info.run_id
         flat = flatten(self.config.to_dict())
@@ -177,9 +179,11 @@ class MLflowSweepCallback(Callback):
             self._children[trial.trial_id] = existing
             self.client.update_run(existing, status="RUNNING")
             return existing
-        run = self.client.create_run(self.experiment_id, run_name=str(trial), tags={
-            PARENT_TAG: self.parent_run_id, TRIAL_TAG: trial.trial_id, ROLE_TAG: "trial",
-            SWEEP_TAG: self.config.name, "raycl.version": raycl.__version__})
+        tags = {PARENT_TAG: self.parent_run_id, TRIAL_TAG: trial.trial_id, ROLE_TAG: "trial",
+                SWEEP_TAG: self.config.name, "raycl.version": raycl.__version__}
+        if self.commit:
+            tags[COMMIT_TAG] = self.commit
+        run = self.client.create_run(self.experiment_id, run_name=str(trial), tags=tags)
         run_id = run.info.run_id
         self._children[trial.trial_id] = run_id
         resolved = apply_overrides(self.config, trial.config)

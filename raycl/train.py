@@ -280,8 +280,7 @@ class InProcessSession:
         if self.in_tune:
             from ray import tune
 
-            checkpoint = (ray.train.Checkpoint.from_directory(checkpoint_dir)
-                          if checkpoint_dir else None)
+            checkpoint = tune.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
             tune.report(metrics, checkpoint=checkpoint)
 
 
@@ -458,13 +457,18 @@ def run_stage(loop_config: dict[str, Any], session: Session) -> None:
             _write_checkpoint(Path(checkpoint_dir), method, optimizer, scaler, progress, inputs,
                               features if last else None, metrics)
         session.report(metrics, checkpoint_dir)
-        _maybe_inject_fault(loop_config, completed, isinstance(session, InProcessSession))
+        _maybe_inject_fault(loop_config, inputs.stage, completed,
+                            isinstance(session, InProcessSession))
 
 
-def _maybe_inject_fault(loop_config: dict[str, Any], completed: int, local_mode: bool) -> None:
-    """Test hook: die once after epoch ``after_epoch`` (the marker file records that we did)."""
+def _maybe_inject_fault(
+    loop_config: dict[str, Any], stage: int, completed: int, local_mode: bool
+) -> None:
+    """Test hook: die once after epoch ``after_epoch`` of stage ``stage`` (default 0); the
+    marker file records that we did."""
     fault = loop_config.get("fault")
-    if not fault or completed != fault["after_epoch"] or Path(fault["marker"]).exists():
+    if (not fault or stage != fault.get("stage", 0) or completed != fault["after_epoch"]
+            or Path(fault["marker"]).exists()):
         return
     Path(fault["marker"]).write_text(str(completed))
     if local_mode:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,17 @@ def max_reports(config: SearchConfig) -> int:
     return max(1, epochs * stages)
 
 
+def _set_aside(experiment_path: str) -> str:
+    """--fresh keeps the old sweep's state (nothing a user ran is lost): it is renamed."""
+    if "://" in experiment_path:
+        raise ConfigError(f"--fresh: {experiment_path} is remote; choose a new --name instead")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = f"{experiment_path}.{stamp}"
+    shutil.move(experiment_path, aside)
+    print(f"raycl: --fresh: previous sweep state moved to {aside}", flush=True)
+    return experiment_path
+
+
 def build_tuner(
     config: SearchConfig,
     search_file: str | None,
@@ -143,6 +156,8 @@ def build_tuner(
         verbose=1,
     )
     experiment_path = f"{storage}/{config.name}"
+    if fresh and tune.Tuner.can_restore(experiment_path):
+        experiment_path = _set_aside(experiment_path)
     if not fresh and tune.Tuner.can_restore(experiment_path):
         print(f"raycl: resuming sweep {config.name!r} from {experiment_path}", flush=True)
         return tune.Tuner.restore(experiment_path, trainable, resume_unfinished=True,
@@ -198,7 +213,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(config.to_dict(), sort_keys=False))
         return 0
-    return run(config, args.search, fresh=args.fresh, address=args.address)
+    try:
+        return run(config, args.search, fresh=args.fresh, address=args.address)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -161,3 +161,41 @@ def test_mcl_trial_over_budget_is_skipped_not_crashed(ray_session, data_cache, t
     assert child.data.tags["raycl.ended"] == "skipped"
     assert "K=5, N=2" in child.data.tags["raycl.skipped"]
     assert "stage0/train/loss" not in child.data.metrics
+
+
+def test_mcl_trial_interrupted_in_stage_1_resumes_there(ray_session, data_cache, tmp_path) -> None:
+    """Stage 0 is not trained again and its clustering survives the restart."""
+    config = tiny_config(tmp_path, "mcl_k_n.yaml", "train.epochs=2", "tune.num_samples=1",
+                         "tune.search_space={}", "mcl.stages=2", "mcl.clusters=2",
+                         "name=e2e-mcl-resume")
+    marker = tmp_path / "crashed"
+    results = build_tuner(config, None, fault={"stage": 1, "after_epoch": 1,
+                                               "marker": str(marker)}).fit()
+    assert marker.exists()
+    result = results[0]
+    assert result.error is None
+    assert result.metrics["stage"] == 1 and result.metrics["resumed_from_epoch"] == 1
+    client, _, children = runs_of(tmp_path, "e2e-mcl-resume")
+    (child,) = children
+    assert child.info.status == "FINISHED"
+    stage0 = client.get_metric_history(child.info.run_id, "stage0/train/loss")
+    stage1 = client.get_metric_history(child.info.run_id, "stage1/train/loss")
+    assert len(stage0) == 2  # two epochs, logged once: stage 0 was not retrained
+    assert len(stage1) == 2  # epoch 1 before the crash, epoch 2 after the resume
+    assert "mcl/ami/stage0_stage1" in child.data.metrics
+
+
+def test_mcl_under_data_parallelism_with_two_workers(ray_session, data_cache, tmp_path) -> None:
+    """Two Ray Train workers (DDP over gloo): the pseudo-label sampler, the gathered masked loss
+    and the sharded embedding all run for real, and every stage reports."""
+    config = tiny_config(tmp_path, "mcl_k_n.yaml", "train.epochs=1", "tune.num_samples=1",
+                         "tune.search_space={}", "mcl.stages=2", "mcl.clusters=2",
+                         "scaling.num_workers=2", "scaling.cpus_per_worker=1", "name=e2e-ddp")
+    results = build_tuner(config, None).fit()
+    assert results[0].error is None
+    _, _, children = runs_of(tmp_path, "e2e-ddp")
+    (child,) = children
+    metrics = child.data.metrics
+    assert child.info.status == "FINISHED"
+    assert "stage1/eval/linear/mean" in metrics and "eval/linear/mean" in metrics
+    assert "mcl/ami/stage0_stage1" in metrics

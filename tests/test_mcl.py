@@ -1,0 +1,90 @@
+"""MCL's pieces that the pipeline glues together: stage hand-over, negatives, integration."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from raycl.config import SearchConfig
+from raycl.data.samplers import PseudoLabelBatchSampler
+from raycl.losses import nt_xent, same_label_mask
+from raycl.pipeline import next_stage_inputs
+from raycl.train import StageInputs, integrate
+
+
+def blobs(centres: np.ndarray, per_centre: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.concatenate([c + 0.01 * rng.standard_normal((per_centre, len(c)))
+                           for c in centres]).astype(np.float32)
+
+
+def test_next_stage_inputs_encodes_every_stage() -> None:
+    config = SearchConfig.model_validate({"name": "m", "method": "mcl",
+                                          "mcl": {"clusters": 2, "stages": 3}})
+    # Stage 0 separates the first 40 samples from the last 40; stage 1 alternates in tens.
+    directions = np.eye(4, dtype=np.float32)
+    stage0 = blobs(directions[[0, 1]], 40, seed=0)
+    stage1 = np.concatenate([blobs(directions[[2, 3, 2, 3]], 10, seed=s) for s in (1, 2)])
+    inputs = next_stage_inputs(config, StageInputs(), stage0, stage0[:5])
+    assert inputs.stage == 1 and len(np.unique(inputs.pseudo_labels)) == 2
+    inputs = next_stage_inputs(config, inputs, stage1, stage1[:5])
+    assert inputs.stage == 2 and len(inputs.train_features) == 2
+    # Four groups = every (stage-0, stage-1) combination, 20 samples each. Encoding only the
+    # latest stage (the authors' slip) would give two groups of 40.
+    _, sizes = np.unique(inputs.pseudo_labels, return_counts=True)
+    assert sorted(sizes) == [20, 20, 20, 20]
+    y0, y1 = inputs.assignments
+    np.testing.assert_array_equal(inputs.pseudo_labels, y0 * 2 + y1)
+
+
+def test_stage_inputs_round_trip(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    inputs = StageInputs(stage=2, pseudo_labels=np.arange(6) % 3,
+                         train_features=[rng.random((6, 4)), rng.random((6, 4))],
+                         test_features=[rng.random((2, 4)), rng.random((2, 4))],
+                         assignments=[np.arange(6) % 2, np.arange(6) % 3])
+    inputs.save(tmp_path / "s.npz")
+    loaded = StageInputs.load(tmp_path / "s.npz")
+    assert loaded.stage == 2
+    np.testing.assert_array_equal(loaded.pseudo_labels, inputs.pseudo_labels)
+    for a, b in zip(loaded.train_features + loaded.assignments,
+                    inputs.train_features + inputs.assignments, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_integration_weights_stages_equally() -> None:
+    big = np.array([[100.0, 0.0], [0.0, 100.0]])
+    small = np.array([[0.01, 0.0], [0.0, 0.01]])
+    joint = integrate([big, small])
+    np.testing.assert_allclose(np.linalg.norm(joint, axis=1), 1.0)
+    # Each stage contributes half of the squared norm however large its raw features are.
+    np.testing.assert_allclose((joint[:, :2] ** 2).sum(1), 0.5)
+    np.testing.assert_array_equal(integrate([big]), big)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_sampler_and_mask_give_each_anchor_the_same_negatives(world: int) -> None:
+    """Sampler mode: a pure batch, so the loss with the same-label mask equals the plain loss.
+    Mask mode: any batch, the mask leaves exactly the same-label batch-mates as negatives."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, size=200)
+    samplers = [PseudoLabelBatchSampler(labels, 16, num_replicas=world, rank=r, seed=1)
+                for r in range(world)]
+    global_batches = samplers[0].global_batches()
+    pure = [b for b in global_batches if len(np.unique(labels[b])) == 1]
+    assert pure and len(pure) > len(global_batches) // 2
+    z1, z2 = torch.randn(16, 8), torch.randn(16, 8)
+    for batch in pure[:3]:
+        batch_labels = torch.as_tensor(labels[batch])
+        mask = same_label_mask(batch_labels, batch_labels)
+        assert bool(mask.all())
+        torch.testing.assert_close(nt_xent(z1, z2, 0.5, mask), nt_xent(z1, z2, 0.5))
+    # Mask mode on a mixed batch: anchor i's loss equals the plain loss within its own group.
+    mixed_labels = torch.as_tensor(labels[:16])
+    masked = nt_xent(z1, z2, 0.5, same_label_mask(mixed_labels, mixed_labels))
+    per_group = []
+    for value in mixed_labels.unique():
+        members = (mixed_labels == value).nonzero().squeeze(1)
+        per_group.append(nt_xent(z1[members], z2[members], 0.5) * len(members))
+    torch.testing.assert_close(masked, torch.stack(per_group).sum() / 16)
