@@ -18,9 +18,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-DATASETS = ("trifeature", "mnist_fashion", "digits", "folder")
-BACKBONES = ("small_cnn", "resnet18", "resnet50")
-
 
 class ConfigError(ValueError):
     """A search YAML (or an override of it) is invalid. The message is one line: file: key: why."""
@@ -113,9 +110,10 @@ class MCLConfig(_Section):
     base: str = Field("simclr", description="Inner contrastive method trained at every stage.")
     stages: int = Field(3, ge=1, le=16, description="Number of stages N.")
     clusters: int = Field(5, ge=2, description="K-means clusters K between stages.")
-    negatives: Literal["sampler", "mask"] = Field(
+    negatives: Literal["sampler", "mask", "none"] = Field(
         "sampler", description="Feature-aware negatives by the paper's batch sampler (batches "
-        "drawn from one pseudo-label group) or by masking the loss's denominator."
+        "drawn from one pseudo-label group) or by masking the loss's denominator; 'none' is the "
+        "ablation: fresh encoders with ordinary negatives (the integration is then an ensemble)."
     )
 
 

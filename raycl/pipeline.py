@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ def next_stage_inputs(
     inputs: StageInputs,
     train_features: np.ndarray,
     test_features: np.ndarray,
+    metrics: dict[str, Any] | None = None,
 ) -> StageInputs:
     """Cluster stage j's features and build stage j+1's inputs (pseudo labels over all stages)."""
     assignment = kmeans(train_features, config.mcl.clusters, seed=config.seed + inputs.stage)
@@ -60,6 +62,7 @@ def next_stage_inputs(
         train_features=[*inputs.train_features, train_features],
         test_features=[*inputs.test_features, test_features],
         assignments=assignments,
+        stage_metrics=[*inputs.stage_metrics, metrics or {}],
     )
 
 
@@ -110,7 +113,9 @@ def fit_stage(
         run_stage(loop_config, session)
         if session.last_checkpoint_dir is None:
             raise RuntimeError(f"stage {inputs.stage} finished without a checkpoint")
-        return _read_stage_output(Path(session.last_checkpoint_dir))
+        output = _read_stage_output(Path(session.last_checkpoint_dir))
+        shutil.rmtree(session.last_checkpoint_dir, ignore_errors=True)
+        return output
 
     callbacks = []
     if _in_tune():
@@ -181,39 +186,27 @@ def run_trial(
             return
 
     inputs, resume_from, finished = _resume_point(config)
-    stage_metrics: list[dict[str, Any]] = []
     while True:
         if finished is None:
             train_features, test_features, metrics = fit_stage(config, inputs, storage_path,
                                                                resume_from, fault)
         else:
             (train_features, test_features), metrics = finished["features"], finished["metrics"]
-        stage_metrics.append(metrics)
         resume_from, finished = None, None
-        if inputs.stage + 1 >= config.num_stages:
+        if config.num_stages == 1:
+            return
+        # After the last stage the clustering only feeds the diagnostics (AMI between stages).
+        inputs = next_stage_inputs(config, inputs, train_features, test_features, metrics)
+        if inputs.stage >= config.num_stages:
             break
-        inputs = next_stage_inputs(config, inputs, train_features, test_features)
-
-    if config.num_stages > 1:
-        final = StageInputs(stage=inputs.stage + 1,
-                            train_features=[*inputs.train_features, train_features],
-                            test_features=[*inputs.test_features, test_features],
-                            assignments=[*inputs.assignments,
-                                         kmeans(train_features, config.mcl.clusters,
-                                                seed=config.seed + inputs.stage)])
-        log_mcl_diagnostics(config, final, stage_metrics, data.attributes)
+    log_mcl_diagnostics(config, inputs, data.attributes)
 
 
 # ---------------------------------------------------------------------------------------------
 # MCL diagnostics
 
 
-def log_mcl_diagnostics(
-    config: SearchConfig,
-    final: StageInputs,
-    stage_metrics: list[dict[str, Any]],
-    attributes: list[str],
-) -> None:
+def log_mcl_diagnostics(config: SearchConfig, final: StageInputs, attributes: list[str]) -> None:
     """AMI between stage clusterings, pseudo-label group sizes, per-stage accuracy plot."""
     from raycl import tracking
 
@@ -232,7 +225,7 @@ def log_mcl_diagnostics(
         out = Path(directory)
         (out / "ami_matrix.json").write_text(json.dumps(ami.round(4).tolist()))
         np.savetxt(out / "group_sizes.txt", np.sort(sizes)[::-1], fmt="%d")
-        _plot_diagnostics(out, ami, sizes, stage_metrics, attributes, config.num_stages)
+        _plot_diagnostics(out, ami, sizes, final.stage_metrics, attributes, config.num_stages)
         tracking.log_to_trial_run(config, _trial_id(), metrics, out)
 
 

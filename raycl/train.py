@@ -56,6 +56,7 @@ class StageInputs:
         train_features: frozen train-split features of stages 0..j-1 (for integrated evaluation).
         test_features: frozen test-split features of stages 0..j-1.
         assignments: k-means assignments of stages 0..j-1 (kept in checkpoints for resumption).
+        stage_metrics: final metrics of stages 0..j-1 (for the per-stage diagnostics).
     """
 
     stage: int = 0
@@ -63,9 +64,13 @@ class StageInputs:
     train_features: list[np.ndarray] = field(default_factory=list)
     test_features: list[np.ndarray] = field(default_factory=list)
     assignments: list[np.ndarray] = field(default_factory=list)
+    stage_metrics: list[dict[str, Any]] = field(default_factory=list)
 
     def save(self, path: Path) -> None:
-        arrays: dict[str, np.ndarray] = {"stage": np.asarray(self.stage)}
+        arrays: dict[str, np.ndarray] = {
+            "stage": np.asarray(self.stage),
+            "stage_metrics": np.asarray(json.dumps(self.stage_metrics)),
+        }
         if self.pseudo_labels is not None:
             arrays["pseudo_labels"] = self.pseudo_labels
         pairs = zip(self.train_features, self.test_features, strict=True)
@@ -87,6 +92,7 @@ class StageInputs:
                 test_features=[arrays[f"test_features_{j}"] for j in range(stage)],
                 assignments=[arrays[f"assignments_{j}"] for j in range(stage)
                              if f"assignments_{j}" in arrays],
+                stage_metrics=json.loads(str(arrays["stage_metrics"])),
             )
 
 
@@ -130,10 +136,7 @@ def _batch_sampler(
     config: SearchConfig, inputs: StageInputs, num_samples: int, rank: int, world: int
 ) -> PseudoLabelBatchSampler | BatchSampler:
     per_rank = config.train.batch_size // world
-    use_group_sampler = (
-        config.method == "mcl" and config.mcl.negatives == "sampler"
-        and inputs.pseudo_labels is not None
-    )
+    use_group_sampler = config.mcl.negatives == "sampler" and inputs.pseudo_labels is not None
     if use_group_sampler:
         return PseudoLabelBatchSampler(inputs.pseudo_labels, config.train.batch_size,
                                        num_replicas=world, rank=rank,
@@ -250,6 +253,8 @@ class RayTrainSession:
         checkpoint = (ray.train.Checkpoint.from_directory(checkpoint_dir)
                       if checkpoint_dir else None)
         ray.train.report(metrics, checkpoint=checkpoint)
+        if checkpoint_dir:  # uploaded to the run's storage by now (synchronous upload)
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
 
 
 class InProcessSession:
@@ -276,6 +281,10 @@ class InProcessSession:
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
         self.last_metrics = metrics
         if checkpoint_dir:
+            # Tune copies each checkpoint into the trial's storage; keep only the newest here,
+            # which the pipeline reads (and removes) when the stage ends.
+            if self.last_checkpoint_dir:
+                shutil.rmtree(self.last_checkpoint_dir, ignore_errors=True)
             self.last_checkpoint_dir = checkpoint_dir
         if self.in_tune:
             from ray import tune
@@ -351,8 +360,8 @@ def run_stage(loop_config: dict[str, Any], session: Session) -> None:
         raise ValueError(f"train.batch_size={config.train.batch_size} exceeds the training split "
                          f"({num_train} samples)")
     images = torch.from_numpy(data.train.images)
-    pseudo_labels = (torch.from_numpy(inputs.pseudo_labels).to(device)
-                     if inputs.pseudo_labels is not None else None)
+    feature_aware = inputs.pseudo_labels is not None and config.mcl.negatives != "none"
+    pseudo_labels = torch.from_numpy(inputs.pseudo_labels).to(device) if feature_aware else None
     batch_sampler = _batch_sampler(config, inputs, num_train, rank, world)
     loader = DataLoader(_Indexed(images), batch_sampler=batch_sampler, collate_fn=lambda x: x,
                         num_workers=config.train.loader_workers,
@@ -422,13 +431,14 @@ def run_stage(loop_config: dict[str, Any], session: Session) -> None:
             scaler.update()
             method.on_train_step_end(step, total_steps)
             for key, value in outputs.items():
-                sums[key] = sums.get(key, 0.0) + float(value.detach())
+                # Summed as tensors: converting every step would sync the GPU every step.
+                sums[key] = sums.get(key, 0.0) + value.detach().float()
             seen += len(index)
         epoch_seconds = time.perf_counter() - started
         completed = epoch + 1
         last = completed == config.train.epochs
 
-        metrics: dict[str, Any] = {f"train/{key}": value / steps_per_epoch
+        metrics: dict[str, Any] = {f"train/{key}": float(value) / steps_per_epoch
                                    for key, value in sums.items()}
         metrics.update({
             "train/lr": optimizer.param_groups[0]["lr"],

@@ -173,6 +173,29 @@ def build_tuner(
     )
 
 
+def trial_demand(config: SearchConfig) -> dict[str, float]:
+    """Resources one trial holds at once: its driver plus its worker group."""
+    scaling = config.scaling
+    if scaling.num_workers == 0:
+        return {"CPU": scaling.cpus_per_worker,
+                "GPU": scaling.gpus_per_worker if scaling.use_gpu else 0.0}
+    return {"CPU": config.tune.trial_cpus + scaling.num_workers * scaling.cpus_per_worker,
+            "GPU": scaling.num_workers * scaling.gpus_per_worker if scaling.use_gpu else 0.0}
+
+
+def _warn_if_trials_cannot_fit(config: SearchConfig) -> None:
+    """A trial larger than the cluster waits for the autoscaler, which a laptop never gets."""
+    import ray
+
+    available = ray.cluster_resources()
+    for resource, needed in trial_demand(config).items():
+        if needed > available.get(resource, 0.0) + 1e-9:
+            print(f"raycl: warning: one trial needs {needed:g} {resource} but the cluster has "
+                  f"{available.get(resource, 0.0):g}; trials wait until an autoscaler adds "
+                  f"nodes (check scaling.num_workers, scaling.cpus_per_worker, "
+                  f"tune.trial_cpus)", file=sys.stderr, flush=True)
+
+
 def run(config: SearchConfig, search_file: str | None = None, fresh: bool = False,
         address: str | None = None) -> int:
     """Run the sweep on the current (or a new embedded) Ray; return the process exit code."""
@@ -186,6 +209,7 @@ def run(config: SearchConfig, search_file: str | None = None, fresh: bool = Fals
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=True,
                  runtime_env={"env_vars": {"TUNE_DISABLE_STRICT_METRIC_CHECKING": "1"}})
+    _warn_if_trials_cannot_fit(config)
     tuner = build_tuner(config, search_file, fresh=fresh)
     results = tuner.fit()
     finished = [r for r in results if r.error is None]

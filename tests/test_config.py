@@ -188,3 +188,15 @@ def test_cli_subprocess_exits_2_without_launching(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "searches").glob("*.yaml")))
 def test_shipped_searches_are_valid(name: str) -> None:
     load_search(REPO / "searches" / name)
+
+
+def test_schema_choices_match_what_exists() -> None:
+    """The Literal choices in the schema are the datasets, backbones and methods that exist."""
+    from typing import get_args
+
+    from raycl.config import DataConfig, ModelConfig
+    from raycl.data import DATASETS
+    from raycl.models import BACKBONES
+
+    assert set(get_args(DataConfig.model_fields["dataset"].annotation)) == set(DATASETS)
+    assert set(get_args(ModelConfig.model_fields["backbone"].annotation)) == set(BACKBONES)

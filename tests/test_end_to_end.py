@@ -190,7 +190,7 @@ def test_mcl_under_data_parallelism_with_two_workers(ray_session, data_cache, tm
     and the sharded embedding all run for real, and every stage reports."""
     config = tiny_config(tmp_path, "mcl_k_n.yaml", "train.epochs=1", "tune.num_samples=1",
                          "tune.search_space={}", "mcl.stages=2", "mcl.clusters=2",
-                         "scaling.num_workers=2", "scaling.cpus_per_worker=1", "name=e2e-ddp")
+                         "scaling.num_workers=2", "scaling.cpus_per_worker=0.5", "name=e2e-ddp")
     results = build_tuner(config, None).fit()
     assert results[0].error is None
     _, _, children = runs_of(tmp_path, "e2e-ddp")

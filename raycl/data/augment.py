@@ -1,148 +1,181 @@
-"""SimCLR-style augmentations, batched on the device.
+"""SimCLR-style augmentation of a whole uint8 batch at once, on the batch's device.
 
 Per-sample PIL/torchvision transforms in DataLoader workers are the bottleneck on a 2-core
-machine; here a whole uint8 batch is augmented at once with tensor ops on whatever device it is
-on (CPU or CUDA): random resized crop and horizontal flip as one per-sample affine
-``grid_sample``, then colour jitter and random grayscale (3-channel images only).
+machine, so every transform here is a batched tensor op with per-sample random parameters:
+
+1. random resized crop + horizontal flip: one affine sampling grid per sample
+   (`F.affine_grid` + `F.grid_sample`), output size = input size;
+2. colour jitter (brightness, contrast, saturation 0.8 s, hue 0.2 s as in SimCLR), applied
+   to each sample with probability `color_jitter_prob`, in a fixed order (torchvision
+   shuffles the order; SimCLR does not depend on it);
+3. random grayscale.
+
+Colour operations run only on 3-channel images. `color_jitter=0` leaves colour untouched,
+which matters on Trifeature where colour is one of the features being learned.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-MEAN = 0.5
-STD = 0.5
-
-
-class AugmentSettings(Protocol):
-    crop_scale: tuple[float, float]
-    flip: bool
-    color_jitter: float
-    color_jitter_prob: float
-    grayscale_prob: float
+# ITU-R 601 luma weights, as in torchvision's rgb_to_grayscale.
+_LUMA = (0.299, 0.587, 0.114)
+_RGB_TO_YIQ = torch.tensor([
+    [0.299, 0.587, 0.114],
+    [0.596, -0.274, -0.322],
+    [0.211, -0.523, 0.312],
+])
 
 
 def to_float(images: Tensor) -> Tensor:
-    """uint8 (B, C, H, W) -> float in [0, 1], normalised with mean 0.5 and std 0.5."""
-    return (images.float() / 255.0 - MEAN) / STD
+    """uint8 (B, C, H, W) -> float32 scaled to [0, 1], then normalised with mean 0.5, std 0.5.
+
+    Args:
+        images: uint8 batch.
+
+    Returns:
+        float32 batch in [-1, 1] on the same device.
+    """
+    if images.dtype != torch.uint8:
+        raise ValueError(f"to_float expects uint8 images, got {images.dtype}")
+    return images.float().div(255.0).sub(0.5).div(0.5)
 
 
-def _uniform(low: float, high: float, n: int, generator: torch.Generator | None,
-             device: torch.device) -> Tensor:
-    return torch.rand(n, generator=generator, device=device) * (high - low) + low
+def _normalise(images: Tensor) -> Tensor:
+    return (images - 0.5) / 0.5
 
 
-def _gray(x: Tensor) -> Tensor:
-    weights = torch.tensor([0.299, 0.587, 0.114], device=x.device, dtype=x.dtype)
-    return (x * weights.view(1, 3, 1, 1)).sum(dim=1, keepdim=True)
+def _grayscale(images: Tensor) -> Tensor:
+    """(B, 3, H, W) in [0, 1] -> luma (B, 1, H, W)."""
+    weights = images.new_tensor(_LUMA).view(1, 3, 1, 1)
+    return (images * weights).sum(dim=1, keepdim=True)
+
+
+def _blend(images: Tensor, other: Tensor, factor: Tensor) -> Tensor:
+    """factor * images + (1 - factor) * other, clamped to [0, 1] (torchvision's _blend)."""
+    factor = factor.view(-1, 1, 1, 1)
+    return (factor * images + (1.0 - factor) * other).clamp(0.0, 1.0)
+
+
+def _rotate_hue(images: Tensor, turns: Tensor) -> Tensor:
+    """Rotate the hue by `turns` (fractions of a full circle) in YIQ space, per sample.
+
+    Cheaper than torchvision's RGB->HSV->RGB and close to it for moderate shifts.
+    """
+    to_yiq = _RGB_TO_YIQ.to(images.device)
+    from_yiq = torch.linalg.inv(to_yiq)
+    angle = 2.0 * math.pi * turns
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    rotation = torch.zeros(len(turns), 3, 3, device=images.device)
+    rotation[:, 0, 0] = 1.0
+    rotation[:, 1, 1], rotation[:, 1, 2] = cos, -sin
+    rotation[:, 2, 1], rotation[:, 2, 2] = sin, cos
+    matrices = from_yiq @ rotation @ to_yiq  # (B, 3, 3)
+    return torch.einsum("bij,bjhw->bihw", matrices, images).clamp(0.0, 1.0)
 
 
 class BatchAugment:
-    """Random resized crop, flip, colour jitter and grayscale for a batch at once.
+    """Random resized crop, flip, colour jitter and grayscale for a uint8 batch.
 
     Args:
-        settings: an ``AugmentConfig`` (crop_scale, flip, color_jitter, color_jitter_prob,
-            grayscale_prob).
-        ratio: aspect-ratio range of the crop (torchvision's default).
-
-    Example:
-        >>> augment = BatchAugment(AugmentConfig())
-        >>> views = augment(images_uint8, generator)  # float, normalised, same shape
+        cfg: AugmentConfig-like object with crop_scale (min, max area fraction), flip,
+            color_jitter (strength s), color_jitter_prob and grayscale_prob.
+        ratio: range of crop aspect ratios (width / height), sampled log-uniformly.
     """
 
-    def __init__(self, settings: AugmentSettings,
-                 ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> None:
-        low, high = settings.crop_scale
-        if not 0.0 < low <= high <= 1.0:
-            raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1, got {(low, high)}")
+    def __init__(self, cfg: Any, ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> None:
+        scale_min, scale_max = (float(value) for value in cfg.crop_scale)
+        if not 0.0 < scale_min <= scale_max <= 1.0:
+            raise ValueError(f"crop_scale must satisfy 0 < min <= max <= 1, got {cfg.crop_scale}")
         if not 0.0 < ratio[0] <= ratio[1]:
-            raise ValueError(f"ratio must satisfy 0 < low <= high, got {ratio}")
-        self.crop_scale = (low, high)
+            raise ValueError(f"ratio must satisfy 0 < min <= max, got {ratio}")
+        if cfg.color_jitter < 0:
+            raise ValueError(f"color_jitter must be >= 0, got {cfg.color_jitter}")
+        for name in ("color_jitter_prob", "grayscale_prob"):
+            if not 0.0 <= getattr(cfg, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(cfg, name)}")
+        self.scale = (scale_min, scale_max)
         self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-        self.flip = settings.flip
-        self.color_jitter = settings.color_jitter
-        self.color_jitter_prob = settings.color_jitter_prob
-        self.grayscale_prob = settings.grayscale_prob
+        self.flip = bool(cfg.flip)
+        self.color_jitter = float(cfg.color_jitter)
+        self.color_jitter_prob = float(cfg.color_jitter_prob)
+        self.grayscale_prob = float(cfg.grayscale_prob)
 
     def __call__(self, images: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """Augment a uint8 batch (B, C, H, W); returns a normalised float batch, same shape."""
-        if images.dtype != torch.uint8 or images.dim() != 4:
-            raise ValueError(f"images must be uint8 (B, C, H, W), got {images.dtype} "
-                             f"{tuple(images.shape)}")
-        x = images.float() / 255.0
-        x = self._crop_and_flip(x, generator)
-        if x.shape[1] == 3:
-            if self.color_jitter > 0 and self.color_jitter_prob > 0:
-                x = self._jitter(x, generator)
-            if self.grayscale_prob > 0:
-                x = self._grayscale(x, generator)
-        return (x - MEAN) / STD
+        """Augment a batch.
 
-    def _crop_and_flip(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
-        n, device = x.shape[0], x.device
-        if self.crop_scale == (1.0, 1.0) and not self.flip:
-            return x
-        area = _uniform(*self.crop_scale, n, generator, device)
-        log_ratio = _uniform(*self.log_ratio, n, generator, device)
-        ratio = torch.exp(log_ratio)
-        # Crop width/height as fractions of the side (clamped: a crop cannot exceed the image).
-        width = torch.sqrt(area * ratio).clamp(max=1.0)
-        height = torch.sqrt(area / ratio).clamp(max=1.0)
-        # Centre in grid coordinates [-1, 1] so that the crop stays inside the image.
-        cx = (torch.rand(n, generator=generator, device=device) * 2 - 1) * (1 - width)
-        cy = (torch.rand(n, generator=generator, device=device) * 2 - 1) * (1 - height)
-        sign = torch.ones(n, device=device)
+        Args:
+            images: uint8 (B, C, H, W) on any device.
+            generator: seeds all random parameters (drawn on the generator's device, then
+                moved to the images' device); the global RNG when None.
+
+        Returns:
+            float32 (B, C, H, W), normalised like `to_float`, on the images' device.
+        """
+        if images.dtype != torch.uint8 or images.dim() != 4:
+            raise ValueError(
+                f"expected uint8 images (B, C, H, W), got {images.dtype} {tuple(images.shape)}"
+            )
+        draw_device = generator.device if generator is not None else images.device
+
+        def uniform(low: float, high: float, size: int) -> Tensor:
+            values = torch.rand(size, generator=generator, device=draw_device)
+            return (low + (high - low) * values).to(images.device)
+
+        batch = images.float().div(255.0)
+        batch = self._crop_and_flip(batch, uniform)
+        if batch.shape[1] == 3:
+            if self.color_jitter > 0:
+                batch = self._jitter(batch, uniform)
+            if self.grayscale_prob > 0:
+                to_gray = uniform(0.0, 1.0, len(batch)) < self.grayscale_prob
+                gray = _grayscale(batch).expand_as(batch)
+                batch = torch.where(to_gray.view(-1, 1, 1, 1), gray, batch)
+        return _normalise(batch)
+
+    def _crop_and_flip(self, batch: Tensor, uniform: Any) -> Tensor:
+        size, _, height, width = batch.shape
+        area = uniform(*self.scale, size)
+        aspect = torch.exp(uniform(*self.log_ratio, size))
+        # torchvision redraws a crop that does not fit; batched, we instead clamp the aspect
+        # ratio to the range in which a crop of this area fits, [a W/H, W/(a H)]. The area is
+        # kept exactly, and area 1 gives the whole image.
+        aspect = torch.minimum(torch.maximum(aspect, area * width / height),
+                               width / (area * height))
+        # Crop width/height as fractions of the image width/height (torchvision's formula).
+        crop_w = torch.sqrt(area * aspect * height / width).clamp(max=1.0)
+        crop_h = torch.sqrt(area / aspect * width / height).clamp(max=1.0)
+        # In affine_grid's [-1, 1] coordinates a crop of fraction f has half-width f, so its
+        # centre can move by at most 1 - f.
+        shift_x = (2.0 * uniform(0.0, 1.0, size) - 1.0) * (1.0 - crop_w)
+        shift_y = (2.0 * uniform(0.0, 1.0, size) - 1.0) * (1.0 - crop_h)
+        mirror = torch.ones(size, device=batch.device)
         if self.flip:
-            flips = torch.rand(n, generator=generator, device=device) < 0.5
-            sign = torch.where(flips, -sign, sign)
-        theta = torch.zeros(n, 2, 3, device=device)
-        theta[:, 0, 0] = width * sign
-        theta[:, 0, 2] = cx
-        theta[:, 1, 1] = height
-        theta[:, 1, 2] = cy
-        grid = F.affine_grid(theta, list(x.shape), align_corners=False)
-        return F.grid_sample(x, grid, mode="bilinear", padding_mode="reflection",
+            mirror = torch.where(uniform(0.0, 1.0, size) < 0.5, -1.0, 1.0)
+        theta = torch.zeros(size, 2, 3, device=batch.device)
+        theta[:, 0, 0] = crop_w * mirror
+        theta[:, 0, 2] = shift_x
+        theta[:, 1, 1] = crop_h
+        theta[:, 1, 2] = shift_y
+        grid = F.affine_grid(theta, list(batch.shape), align_corners=False)
+        return F.grid_sample(batch, grid, mode="bilinear", padding_mode="border",
                              align_corners=False)
 
-    def _jitter(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
-        n, device = x.shape[0], x.device
-        s = self.color_jitter
-        apply = (torch.rand(n, generator=generator, device=device)
-                 < self.color_jitter_prob).view(n, 1, 1, 1)
-        brightness = _uniform(max(0.0, 1 - 0.8 * s), 1 + 0.8 * s, n, generator, device)
-        contrast = _uniform(max(0.0, 1 - 0.8 * s), 1 + 0.8 * s, n, generator, device)
-        saturation = _uniform(max(0.0, 1 - 0.8 * s), 1 + 0.8 * s, n, generator, device)
-        hue = _uniform(-min(0.5, 0.2 * s), min(0.5, 0.2 * s), n, generator, device)
-        y = (x * brightness.view(n, 1, 1, 1)).clamp(0, 1)
-        mean = _gray(y).mean(dim=(2, 3), keepdim=True)
-        y = ((y - mean) * contrast.view(n, 1, 1, 1) + mean).clamp(0, 1)
-        gray = _gray(y)
-        y = ((y - gray) * saturation.view(n, 1, 1, 1) + gray).clamp(0, 1)
-        y = self._rotate_hue(y, hue).clamp(0, 1)
-        return torch.where(apply, y, x)
-
-    @staticmethod
-    def _rotate_hue(x: Tensor, hue: Tensor) -> Tensor:
-        """Hue shift as a rotation of the chroma plane in YIQ space (hue in turns)."""
-        to_yiq = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322],
-                               [0.211, -0.523, 0.312]], device=x.device, dtype=x.dtype)
-        from_yiq = torch.linalg.inv(to_yiq)
-        angle = hue * 2 * math.pi
-        cos, sin = torch.cos(angle), torch.sin(angle)
-        rotation = torch.zeros(len(hue), 3, 3, device=x.device, dtype=x.dtype)
-        rotation[:, 0, 0] = 1
-        rotation[:, 1, 1], rotation[:, 1, 2] = cos, -sin
-        rotation[:, 2, 1], rotation[:, 2, 2] = sin, cos
-        transform = from_yiq @ rotation @ to_yiq  # (B, 3, 3)
-        return torch.einsum("bij,bjhw->bihw", transform, x)
-
-    def _grayscale(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
-        n = x.shape[0]
-        apply = (torch.rand(n, generator=generator, device=x.device)
-                 < self.grayscale_prob).view(n, 1, 1, 1)
-        return torch.where(apply, _gray(x).expand_as(x), x)
+    def _jitter(self, batch: Tensor, uniform: Any) -> Tensor:
+        size = len(batch)
+        strength = 0.8 * self.color_jitter
+        hue = min(0.2 * self.color_jitter, 0.5)
+        apply = uniform(0.0, 1.0, size) < self.color_jitter_prob
+        low = max(0.0, 1.0 - strength)
+        jittered = batch * uniform(low, 1.0 + strength, size).view(-1, 1, 1, 1)
+        jittered = jittered.clamp(0.0, 1.0)
+        mean_gray = _grayscale(jittered).mean(dim=(1, 2, 3), keepdim=True)
+        jittered = _blend(jittered, mean_gray, uniform(low, 1.0 + strength, size))
+        jittered = _blend(jittered, _grayscale(jittered), uniform(low, 1.0 + strength, size))
+        jittered = _rotate_hue(jittered, uniform(-hue, hue, size))
+        return torch.where(apply.view(-1, 1, 1, 1), jittered, batch)

@@ -1,0 +1,249 @@
+"""Datasets that exist offline, a stratified train/test split, and an on-disk cache.
+
+`load_dataset(cfg, seed)` is the one entry point the training code needs. It reads only
+attributes of `cfg` (a `DataConfig` or anything with the same field names):
+
+- dataset: one of DATASETS
+- resolution: image side in pixels
+- samples_per_combination (trifeature), num_samples (mnist_fashion), root (folder)
+- test_fraction: share of each class (of the first attribute) held out for testing
+- cache_dir: where the generated arrays are kept (None -> $RAYCL_CACHE or ~/.cache/raycl)
+
+The full image set is cached as one .npz named by a hash of everything that changes its
+content, so Ray workers and later trials load it instead of generating it again. The split is
+recomputed from the seed on every call (it is cheap).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# Bump when a generator changes its output, so stale caches are not reused.
+CACHE_VERSION = 1
+# Class counts fixed by the source, so a small sample missing a class does not shrink them.
+_FIXED_NUM_CLASSES: dict[str, dict[str, int]] = {
+    "trifeature": {"shape": 10, "texture": 10, "color": 10},
+    "mnist_fashion": {"digit": 10, "garment": 10},
+    "digits": {"digit": 10},
+}
+
+
+@dataclass
+class ImageSet:
+    """Images and their labels.
+
+    Attributes:
+        images: uint8 array (N, C, H, W).
+        labels: attribute name -> int64 array (N,), e.g. {"shape", "texture", "color"}.
+    """
+
+    images: np.ndarray
+    labels: dict[str, np.ndarray]
+
+
+@dataclass
+class DatasetSplits:
+    """A dataset split into train and test, with what a model needs to know about it."""
+
+    name: str
+    train: ImageSet
+    test: ImageSet
+    attributes: list[str]
+    num_classes: dict[str, int]
+    channels: int
+    resolution: int
+
+
+DATASETS: dict[str, str] = {
+    "trifeature": "generated shapes x textures x colours (10 each), RGB; attributes shape, "
+    "texture, color; size set by samples_per_combination",
+    "mnist_fashion": "MNIST digit (channel 0) + independent Fashion-MNIST garment (channel 1); "
+    "attributes digit, garment; needs Debian package dataset-fashion-mnist",
+    "digits": "scikit-learn 8x8 digits (1 797 images), 1 channel; attribute digit",
+    "folder": "ImageFolder layout root/<class>/*.png|jpg, RGB; attribute class; needs root",
+}
+
+
+def describe_datasets() -> str:
+    """One line per dataset name with what it is, for error messages and `--help` texts."""
+    return "\n".join(f"  {name}: {text}" for name, text in DATASETS.items())
+
+
+def default_cache_dir() -> Path:
+    """$RAYCL_CACHE if set, else ~/.cache/raycl."""
+    return Path(os.environ.get("RAYCL_CACHE") or Path.home() / ".cache" / "raycl")
+
+
+def _content_key(cfg: Any, seed: int) -> dict[str, Any]:
+    """Every parameter that changes the cached arrays (and nothing that does not)."""
+    name = cfg.dataset
+    key: dict[str, Any] = {"version": CACHE_VERSION, "dataset": name,
+                           "resolution": int(cfg.resolution)}
+    if name == "trifeature":
+        key.update(samples_per_combination=int(cfg.samples_per_combination), seed=int(seed))
+    elif name == "mnist_fashion":
+        num_samples = cfg.num_samples
+        key.update(num_samples=None if num_samples is None else int(num_samples),
+                   seed=int(seed))
+    elif name == "digits":
+        key.update(seed=int(seed))
+    elif name == "folder":
+        from raycl.data.folders import folder_fingerprint
+
+        root = _folder_root(cfg)
+        key.update(root=str(Path(root).resolve()), files=folder_fingerprint(root))
+    return key
+
+
+def _folder_root(cfg: Any) -> str:
+    if not cfg.root:
+        raise ValueError("dataset 'folder' needs data.root (the ImageFolder directory)")
+    return str(cfg.root)
+
+
+def _build_image_set(cfg: Any, seed: int) -> ImageSet:
+    """Generate or read the full image set (no cache). Imports lazily: each source is optional."""
+    name = cfg.dataset
+    if name == "trifeature":
+        from raycl.data import trifeature
+
+        return trifeature.generate_trifeature(cfg.samples_per_combination, cfg.resolution, seed)
+    if name == "mnist_fashion":
+        from raycl.data import pairs
+
+        return pairs.make_mnist_fashion(cfg.num_samples, cfg.resolution, seed)
+    if name == "digits":
+        from raycl.data import pairs
+
+        return pairs.load_digits_set(cfg.resolution, seed)
+    if name == "folder":
+        from raycl.data import folders
+
+        return folders.load_image_folder(_folder_root(cfg), cfg.resolution)
+    raise ValueError(f"unknown dataset {name!r}; choose one of:\n{describe_datasets()}")
+
+
+def _save_atomically(path: Path, image_set: ImageSet) -> None:
+    """Write to a temporary file in the same directory, then rename over `path`.
+
+    Several Ray workers may build the same set at once; os.replace is atomic, so a reader sees
+    either no file or a complete one, and the last writer wins with identical content.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {f"label_{name}": values for name, values in image_set.labels.items()}
+    arrays["attributes"] = np.array(list(image_set.labels))
+    handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as tmp_file:
+            np.savez(tmp_file, images=image_set.images, **arrays)
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def _load_cached(path: Path) -> ImageSet | None:
+    """The cached set, or None when the file is missing or unreadable."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            attributes = [str(name) for name in archive["attributes"]]
+            labels = {name: archive[f"label_{name}"] for name in attributes}
+            return ImageSet(images=archive["images"], labels=labels)
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+
+
+def load_image_set(cfg: Any, seed: int) -> ImageSet:
+    """The full (unsplit) image set, from the cache when it is there.
+
+    Args:
+        cfg: DataConfig-like object (see the module docstring).
+        seed: seeds generation and subsampling (ignored by "folder").
+
+    Returns:
+        ImageSet with all images of the dataset.
+    """
+    if cfg.dataset not in DATASETS:
+        raise ValueError(
+            f"unknown dataset {cfg.dataset!r}; choose one of:\n{describe_datasets()}"
+        )
+    if int(cfg.resolution) < 1:
+        raise ValueError(f"data.resolution must be >= 1, got {cfg.resolution}")
+    key = _content_key(cfg, seed)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+    path = cache_dir / f"{cfg.dataset}-{digest}.npz"
+    cached = _load_cached(path) if path.exists() else None
+    if cached is not None:
+        return cached
+    image_set = _build_image_set(cfg, seed)
+    _save_atomically(path, image_set)
+    return image_set
+
+
+def stratified_split(
+    labels: np.ndarray, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Split indices so that every class keeps (about) the same share in train and test.
+
+    Args:
+        labels: int array (N,) of class labels.
+        test_fraction: share of each class put in the test split, in (0, 1).
+        seed: seeds the choice of test samples.
+
+    Returns:
+        (train_indices, test_indices), both sorted, disjoint, covering range(N). A class
+        always keeps at least one training sample.
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    rng = np.random.default_rng(seed)
+    test_parts = []
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        test_count = min(round(test_fraction * len(members)), len(members) - 1)
+        test_parts.append(members[:test_count])
+    test_indices = np.sort(np.concatenate(test_parts)).astype(np.int64)
+    train_indices = np.setdiff1d(np.arange(len(labels)), test_indices).astype(np.int64)
+    return train_indices, test_indices
+
+
+def _subset(image_set: ImageSet, indices: np.ndarray) -> ImageSet:
+    return ImageSet(images=image_set.images[indices],
+                    labels={name: values[indices] for name, values in image_set.labels.items()})
+
+
+def load_dataset(cfg: Any, seed: int) -> DatasetSplits:
+    """Load (or generate) a dataset and split it into train and test.
+
+    Args:
+        cfg: DataConfig-like object (see the module docstring); only its attributes are read.
+        seed: seeds generation, subsampling and the split; same seed -> same splits.
+
+    Returns:
+        DatasetSplits; the split is stratified on the first attribute.
+    """
+    image_set = load_image_set(cfg, seed)
+    attributes = list(image_set.labels)
+    train_indices, test_indices = stratified_split(
+        image_set.labels[attributes[0]], float(cfg.test_fraction), seed
+    )
+    return DatasetSplits(
+        name=cfg.dataset,
+        train=_subset(image_set, train_indices),
+        test=_subset(image_set, test_indices),
+        attributes=attributes,
+        num_classes=_FIXED_NUM_CLASSES.get(cfg.dataset)
+        or {name: int(values.max()) + 1 for name, values in image_set.labels.items()},
+        channels=int(image_set.images.shape[1]),
+        resolution=int(image_set.images.shape[2]),
+    )

@@ -1,0 +1,167 @@
+"""Batched on-device augmentation: crop/flip geometry, colour ops, determinism, validation."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from raycl.data.augment import BatchAugment, to_float
+
+
+def augment_cfg(**overrides: Any) -> SimpleNamespace:
+    """Stand-in for raycl.config.AugmentConfig with the same field names and defaults."""
+    fields = dict(crop_scale=(0.2, 1.0), flip=True, color_jitter=0.0, color_jitter_prob=0.8,
+                  grayscale_prob=0.0)
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
+def random_images(batch: int = 8, channels: int = 3, side: int = 16, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (batch, channels, side, side), generator=generator,
+                         dtype=torch.uint8)
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_to_float_hand_computed() -> None:
+    images = torch.tensor([0, 255, 51], dtype=torch.uint8).view(1, 3, 1, 1)
+    expected = torch.tensor([-1.0, 1.0, -0.6]).view(1, 3, 1, 1)
+    torch.testing.assert_close(to_float(images), expected)
+    with pytest.raises(ValueError, match="uint8"):
+        to_float(images.float())
+
+
+@pytest.mark.parametrize("channels", [1, 2, 3])
+def test_shape_dtype_device_preserved(channels: int) -> None:
+    images = random_images(channels=channels)
+    out = BatchAugment(augment_cfg(color_jitter=1.0, grayscale_prob=0.5))(images, seeded(0))
+    assert out.shape == images.shape and out.dtype == torch.float32
+    assert out.device == images.device
+    assert out.min() >= -1.0 and out.max() <= 1.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_images_with_cpu_generator_match_cpu() -> None:
+    images = random_images()
+    augment = BatchAugment(augment_cfg(color_jitter=1.0, grayscale_prob=0.5))
+    on_gpu = augment(images.cuda(), seeded(3))
+    assert on_gpu.device.type == "cuda"
+    torch.testing.assert_close(on_gpu.cpu(), augment(images, seeded(3)), atol=1e-4, rtol=0)
+
+
+def test_deterministic_with_seeded_generator() -> None:
+    images = random_images()
+    augment = BatchAugment(augment_cfg(color_jitter=0.5, grayscale_prob=0.2))
+    torch.testing.assert_close(augment(images, seeded(7)), augment(images, seeded(7)),
+                               atol=0, rtol=0)
+    assert not torch.equal(augment(images, seeded(7)), augment(images, seeded(8)))
+
+
+def test_full_crop_without_flip_is_identity() -> None:
+    images = random_images(side=13)
+    out = BatchAugment(augment_cfg(crop_scale=(1.0, 1.0), flip=False))(images, seeded(0))
+    torch.testing.assert_close(out, to_float(images), atol=1e-5, rtol=0)
+
+
+def test_flip_only_mirrors_exactly() -> None:
+    images = random_images(batch=64)
+    out = BatchAugment(augment_cfg(crop_scale=(1.0, 1.0), flip=True))(images, seeded(0))
+    plain, mirrored = to_float(images), to_float(images.flip(-1))
+    is_plain = (out - plain).abs().amax(dim=(1, 2, 3)) < 1e-5
+    is_mirrored = (out - mirrored).abs().amax(dim=(1, 2, 3)) < 1e-5
+    assert torch.all(is_plain | is_mirrored)
+    assert 10 < int(is_mirrored.sum()) < 54  # about half are flipped
+
+
+def test_crop_zooms_in_by_the_side_fraction() -> None:
+    # Horizontal ramp: value 8 * column. A crop of area 1/4 (side 1/2, square) stretches it
+    # to twice the width, so neighbouring output columns differ by 4 instead of 8.
+    ramp = (8 * torch.arange(32)).to(torch.uint8).expand(4, 3, 32, 32).contiguous()
+    augment = BatchAugment(augment_cfg(crop_scale=(0.25, 0.25), flip=False), ratio=(1.0, 1.0))
+    out = augment(ramp, seeded(0)) * 0.5 + 0.5  # back to [0, 1]
+    steps = (out[..., 1:] - out[..., :-1]) * 255
+    torch.testing.assert_close(steps, torch.full_like(steps, 4.0), atol=1e-3, rtol=0)
+
+
+def _tinted(batch: int = 16, side: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images whose every pixel is one colour times a random intensity."""
+    color = torch.tensor([0.9, 0.5, 0.2]).view(1, 3, 1, 1)
+    intensity = torch.rand(batch, 1, side, side, generator=seeded(1)) * 0.8 + 0.2
+    return (intensity * color * 255).round().to(torch.uint8), color.flatten()
+
+
+def test_jitter_off_keeps_colour_ratios() -> None:
+    images, color = _tinted()
+    source = images.float()
+    expected = source[:, 1] / source[:, 0]  # per pixel ratio green / red (= 5/9 up to rounding)
+    augment = BatchAugment(augment_cfg(crop_scale=(0.3, 1.0), color_jitter=0.0))
+    out = augment(images, seeded(2)) * 0.5 + 0.5
+    ratio = out[:, 1] / out[:, 0]
+    # Bilinear mixing of pixels with (almost) the same ratio keeps that ratio.
+    assert (ratio - color[1] / color[0]).abs().max() < 0.03
+    assert (expected - color[1] / color[0]).abs().max() < 0.03
+    jittered = BatchAugment(augment_cfg(crop_scale=(0.3, 1.0), color_jitter=1.0,
+                                        color_jitter_prob=1.0))(images, seeded(2)) * 0.5 + 0.5
+    changed = (jittered[:, 1] / jittered[:, 0].clamp(min=1e-3) - color[1] / color[0]).abs()
+    assert changed.amax(dim=(1, 2)).min() > 0.03, "jitter on must change colour"
+
+
+def test_jitter_probability_zero_is_identity_and_grey_stays_grey() -> None:
+    images = random_images()
+    identity = augment_cfg(crop_scale=(1.0, 1.0), flip=False)
+    out = BatchAugment(augment_cfg(**{**vars(identity), "color_jitter": 1.0,
+                                      "color_jitter_prob": 0.0}))(images, seeded(0))
+    torch.testing.assert_close(out, to_float(images), atol=1e-5, rtol=0)
+    # Brightness, contrast, saturation and hue all map grey pixels to grey pixels.
+    grey = random_images(channels=1).expand(-1, 3, -1, -1).contiguous()
+    jittered = BatchAugment(augment_cfg(**{**vars(identity), "color_jitter": 1.0,
+                                           "color_jitter_prob": 1.0}))(grey, seeded(0))
+    assert (jittered[:, 0] - jittered[:, 1]).abs().max() < 1e-4
+    assert (jittered[:, 0] - jittered[:, 2]).abs().max() < 1e-4
+    assert not torch.allclose(jittered, to_float(grey), atol=1e-2)
+
+
+def test_grayscale_makes_channels_equal_luma() -> None:
+    images = random_images()
+    out = BatchAugment(augment_cfg(crop_scale=(1.0, 1.0), flip=False, grayscale_prob=1.0))(
+        images, seeded(0))
+    torch.testing.assert_close(out[:, 0], out[:, 1], atol=0, rtol=0)
+    torch.testing.assert_close(out[:, 0], out[:, 2], atol=0, rtol=0)
+    pixels = images.float() / 255
+    luma = 0.299 * pixels[:, 0] + 0.587 * pixels[:, 1] + 0.114 * pixels[:, 2]
+    torch.testing.assert_close(out[:, 0], (luma - 0.5) / 0.5, atol=1e-5, rtol=0)
+
+
+def test_colour_ops_skipped_for_other_channel_counts() -> None:
+    images = random_images(channels=2)
+    augment = BatchAugment(augment_cfg(crop_scale=(1.0, 1.0), flip=False, color_jitter=1.0,
+                                       color_jitter_prob=1.0, grayscale_prob=1.0))
+    torch.testing.assert_close(augment(images, seeded(0)), to_float(images), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"crop_scale": (0.9, 0.2)}, "crop_scale"),
+        ({"crop_scale": (0.0, 1.0)}, "crop_scale"),
+        ({"color_jitter": -0.1}, "color_jitter"),
+        ({"color_jitter_prob": 1.5}, "color_jitter_prob"),
+        ({"grayscale_prob": -0.5}, "grayscale_prob"),
+    ],
+)
+def test_invalid_settings_are_rejected(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BatchAugment(augment_cfg(**overrides))
+
+
+def test_rejects_non_uint8_batches() -> None:
+    with pytest.raises(ValueError, match="uint8"):
+        BatchAugment(augment_cfg())(torch.zeros(2, 3, 8, 8))
+    with pytest.raises(ValueError, match="uint8"):
+        BatchAugment(augment_cfg())(torch.zeros(3, 8, 8, dtype=torch.uint8))

@@ -1,0 +1,335 @@
+"""Datasets: Trifeature generator, MNIST+Fashion pairs, digits, image folders, split, cache."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from raycl.data import DATASETS, load_dataset, stratified_split, trifeature
+from raycl.data.folders import load_image_folder
+from raycl.data.pairs import (
+    FASHION_MNIST_DIR,
+    balanced_subset,
+    load_digits_set,
+    load_fashion_mnist,
+    load_mnist,
+    make_mnist_fashion,
+)
+from raycl.data.trifeature import (
+    COLORS,
+    SHAPE_NAMES,
+    TEXTURES,
+    generate_trifeature,
+    render_object,
+)
+
+FASHION_PRESENT = (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").exists()
+needs_fashion = pytest.mark.skipif(
+    not FASHION_PRESENT, reason="Debian package dataset-fashion-mnist not installed"
+)
+
+
+def data_cfg(tmp_path: Path, **overrides: Any) -> SimpleNamespace:
+    """Stand-in for raycl.config.DataConfig: same field names, small defaults."""
+    fields = dict(dataset="trifeature", resolution=16, samples_per_combination=1,
+                  num_samples=None, test_fraction=0.2, root=None, cache_dir=str(tmp_path))
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
+@pytest.fixture(scope="module")
+def small_trifeature():
+    return generate_trifeature(samples_per_combination=1, resolution=16, seed=0)
+
+
+# --- Trifeature ---------------------------------------------------------------------------
+
+
+def test_trifeature_is_deterministic_in_the_seed(small_trifeature) -> None:
+    again = generate_trifeature(1, 16, seed=0)
+    other = generate_trifeature(1, 16, seed=1)
+    assert again.images.tobytes() == small_trifeature.images.tobytes()
+    for name in ("shape", "texture", "color"):
+        np.testing.assert_array_equal(again.labels[name], small_trifeature.labels[name])
+    assert not np.array_equal(other.images, small_trifeature.images)
+
+
+def test_trifeature_shapes_dtypes_and_each_combination_exactly_n_times() -> None:
+    data = generate_trifeature(samples_per_combination=2, resolution=8, seed=5)
+    assert data.images.shape == (2000, 3, 8, 8) and data.images.dtype == np.uint8
+    assert set(data.labels) == {"shape", "texture", "color"}
+    triples = np.stack([data.labels[k] for k in ("shape", "texture", "color")], axis=1)
+    assert triples.dtype == np.int64
+    combos, counts = np.unique(triples, axis=0, return_counts=True)
+    assert len(combos) == 1000 and np.all(counts == 2)
+    # Black background: at 8 px (wide antialiased edges) still a third of every image.
+    assert (data.images.max(axis=1) == 0).mean(axis=(1, 2)).min() > 0.33
+
+
+def test_solid_objects_have_their_table_colour(small_trifeature) -> None:
+    colors = np.array(list(COLORS.values()), dtype=np.float64)
+    solid = np.flatnonzero(small_trifeature.labels["texture"] == TEXTURES.index("solid"))
+    assert len(solid) == 100
+    for index in solid:
+        pixels = small_trifeature.images[index].reshape(3, -1).T.astype(np.float64)
+        brightness = pixels.sum(axis=1)
+        interior = pixels[brightness >= 0.95 * brightness.max()]  # skip antialiased edges
+        mean = interior.mean(axis=0)
+        np.testing.assert_allclose(mean, colors[small_trifeature.labels["color"][index]],
+                                   atol=4.0)
+
+
+def test_colour_table_is_well_separated() -> None:
+    colors = np.array(list(COLORS.values()), dtype=np.float64)
+    distances = np.linalg.norm(colors[:, None] - colors[None], axis=-1)
+    assert distances[~np.eye(10, dtype=bool)].min() > 60
+
+
+def test_each_shape_has_its_own_mask_and_a_sensible_size() -> None:
+    white = list(COLORS).index("white")
+    masks = []
+    for shape in range(len(SHAPE_NAMES)):
+        image = render_object(shape, 0, white, angle=0.3, center=(0.5, 0.5), resolution=32)
+        masks.append(image.max(axis=0) > 127)
+    for mask in masks:
+        assert 0.08 < mask.mean() < 0.45, "object should fill a good part of the image"
+    for first, second in itertools.combinations(range(len(masks)), 2):
+        union = (masks[first] | masks[second]).sum()
+        overlap = (masks[first] & masks[second]).sum() / union
+        assert overlap < 0.9, f"{SHAPE_NAMES[first]} and {SHAPE_NAMES[second]} look alike"
+
+
+def test_rotation_and_textures_change_the_image() -> None:
+    square = SHAPE_NAMES.index("square")
+    upright = render_object(square, 0, 0, angle=0.0, center=(0.5, 0.5), resolution=32)
+    turned = render_object(square, 0, 0, angle=np.pi / 4, center=(0.5, 0.5), resolution=32)
+    assert not np.array_equal(upright > 0, turned > 0)
+    noise = (np.arange(256).reshape(16, 16) % 3 == 0).astype(np.float64)
+    textured = [render_object(square, texture, 0, 0.2, (0.5, 0.5), 32, noise_table=noise)
+                for texture in range(len(TEXTURES))]
+    for first, second in itertools.combinations(range(len(textured)), 2):
+        difference = np.abs(textured[first].astype(int) - textured[second].astype(int)).mean()
+        assert difference > 1.0, f"{TEXTURES[first]} and {TEXTURES[second]} look alike"
+
+
+# --- split and cache ----------------------------------------------------------------------
+
+
+def test_stratified_split_is_disjoint_complete_and_proportional() -> None:
+    labels = np.repeat(np.arange(4), [10, 20, 30, 40])
+    train, test = stratified_split(labels, 0.2, seed=0)
+    assert np.intersect1d(train, test).size == 0
+    np.testing.assert_array_equal(np.sort(np.concatenate([train, test])), np.arange(100))
+    np.testing.assert_array_equal(np.bincount(labels[test]), [2, 4, 6, 8])
+    again = stratified_split(labels, 0.2, seed=0)
+    np.testing.assert_array_equal(again[1], test)
+    assert not np.array_equal(stratified_split(labels, 0.2, seed=1)[1], test)
+    # A singleton class stays in train.
+    train, test = stratified_split(np.array([0, 1, 1, 1, 1]), 0.5, seed=0)
+    assert 0 in train and len(test) == 2
+
+
+def test_load_dataset_trifeature_splits(tmp_path: Path) -> None:
+    splits = load_dataset(data_cfg(tmp_path), seed=0)
+    assert splits.name == "trifeature" and splits.attributes == ["shape", "texture", "color"]
+    assert splits.num_classes == {"shape": 10, "texture": 10, "color": 10}
+    assert (splits.channels, splits.resolution) == (3, 16)
+    assert splits.train.images.shape == (800, 3, 16, 16)
+    assert splits.test.images.shape == (200, 3, 16, 16)
+    # Stratified on the first attribute: 20 test images of each shape.
+    np.testing.assert_array_equal(np.bincount(splits.test.labels["shape"]), [20] * 10)
+    # No image is in both splits (each rendered image is unique).
+    train_rows = {row.tobytes() for row in splits.train.images}
+    assert not any(row.tobytes() in train_rows for row in splits.test.images)
+
+
+def test_cache_is_written_once_and_then_hit(tmp_path: Path, monkeypatch) -> None:
+    calls = []
+    real = trifeature.generate_trifeature
+
+    def counting(*args: Any, **kwargs: Any):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trifeature, "generate_trifeature", counting)
+    cfg = data_cfg(tmp_path, resolution=8)
+    first = load_dataset(cfg, seed=0)
+    files = list(tmp_path.glob("*.npz"))
+    assert len(calls) == 1 and len(files) == 1
+    written = files[0].stat().st_mtime_ns
+    second = load_dataset(cfg, seed=0)
+    assert len(calls) == 1, "second load must come from the cache"
+    assert files[0].stat().st_mtime_ns == written
+    np.testing.assert_array_equal(first.train.images, second.train.images)
+    np.testing.assert_array_equal(first.test.labels["color"], second.test.labels["color"])
+    # A parameter that changes the content gets its own file.
+    load_dataset(cfg, seed=1)
+    load_dataset(data_cfg(tmp_path, resolution=8, samples_per_combination=2), seed=0)
+    assert len(calls) == 3 and len(list(tmp_path.glob("*.npz"))) == 3
+    # test_fraction does not change the cached arrays.
+    load_dataset(data_cfg(tmp_path, resolution=8, test_fraction=0.5), seed=0)
+    assert len(calls) == 3
+    assert not list(tmp_path.glob("*.tmp")), "no temporary files left behind"
+
+
+def test_corrupt_cache_file_is_regenerated(tmp_path: Path) -> None:
+    cfg = data_cfg(tmp_path, resolution=8)
+    expected = load_dataset(cfg, seed=0)
+    (cache_file,) = tmp_path.glob("*.npz")
+    cache_file.write_bytes(b"not a zip file")
+    again = load_dataset(cfg, seed=0)
+    np.testing.assert_array_equal(again.train.images, expected.train.images)
+
+
+def test_cache_dir_none_uses_raycl_cache_env(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("RAYCL_CACHE", str(tmp_path / "env-cache"))
+    load_dataset(data_cfg(tmp_path, dataset="digits", resolution=8, cache_dir=None), seed=0)
+    assert len(list((tmp_path / "env-cache").glob("digits-*.npz"))) == 1
+
+
+def test_unknown_dataset_and_folder_without_root_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"(?s)unknown dataset 'cifar'.*trifeature"):
+        load_dataset(data_cfg(tmp_path, dataset="cifar"), seed=0)
+    with pytest.raises(ValueError, match=r"needs data\.root"):
+        load_dataset(data_cfg(tmp_path, dataset="folder"), seed=0)
+    assert set(DATASETS) == {"trifeature", "mnist_fashion", "digits", "folder"}
+
+
+# --- MNIST + Fashion-MNIST, digits --------------------------------------------------------
+
+
+def _nearest_centroid_accuracy(images: np.ndarray, labels: np.ndarray) -> float:
+    """Fit class means on the first half, classify the second half by the nearest mean."""
+    flat = images.reshape(len(images), -1).astype(np.float64)
+    half = len(flat) // 2
+    means = np.stack([flat[:half][labels[:half] == c].mean(axis=0) for c in range(10)])
+    distances = ((flat[half:, None] - means[None]) ** 2).sum(axis=-1)
+    return float((distances.argmin(axis=1) == labels[half:]).mean())
+
+
+@needs_fashion
+def test_mnist_fashion_channels_carry_digit_and_garment() -> None:
+    data = make_mnist_fashion(num_samples=2000, resolution=28, seed=0)
+    assert data.images.shape == (2000, 2, 28, 28) and data.images.dtype == np.uint8
+    np.testing.assert_array_equal(np.bincount(data.labels["digit"]), [200] * 10)
+    digit, garment = data.labels["digit"], data.labels["garment"]
+    assert _nearest_centroid_accuracy(data.images[:, 0], digit) > 0.6
+    assert _nearest_centroid_accuracy(data.images[:, 1], garment) > 0.5
+    assert _nearest_centroid_accuracy(data.images[:, 0], garment) < 0.3
+    assert _nearest_centroid_accuracy(data.images[:, 1], digit) < 0.3
+    # At 28 px every channel is an untouched source image carrying its own label.
+    mnist_images, mnist_labels = load_mnist()
+    mnist = {(image.tobytes(), int(label))
+             for image, label in zip(mnist_images, mnist_labels, strict=True)}
+    fashion_images, fashion_labels = load_fashion_mnist()
+    fashion = {(image.tobytes(), int(label))
+               for image, label in zip(fashion_images, fashion_labels, strict=True)}
+    for index in range(0, 2000, 97):
+        assert (data.images[index, 0].tobytes(), int(digit[index])) in mnist
+        assert (data.images[index, 1].tobytes(), int(garment[index])) in fashion
+
+
+@needs_fashion
+def test_mnist_fashion_resizes_and_validates(tmp_path: Path) -> None:
+    splits = load_dataset(data_cfg(tmp_path, dataset="mnist_fashion", num_samples=500,
+                                   resolution=32), seed=3)
+    assert splits.attributes == ["digit", "garment"] and splits.channels == 2
+    assert splits.train.images.shape == (400, 2, 32, 32)
+    with pytest.raises(ValueError, match="num_samples"):
+        make_mnist_fashion(num_samples=6000, resolution=28, seed=0)
+
+
+def test_missing_fashion_mnist_names_the_debian_package(tmp_path: Path, monkeypatch) -> None:
+    with pytest.raises(FileNotFoundError, match="dataset-fashion-mnist"):
+        load_fashion_mnist(tmp_path)
+    monkeypatch.setattr("raycl.data.pairs.FASHION_MNIST_DIR", tmp_path)
+    with pytest.raises(FileNotFoundError, match="apt-get install -y dataset-fashion-mnist"):
+        make_mnist_fashion(num_samples=100, resolution=28, seed=0)
+
+
+def test_balanced_subset_counts_differ_by_at_most_one() -> None:
+    labels = np.repeat(np.arange(3), [50, 30, 5])
+    chosen = balanced_subset(labels, 31, np.random.default_rng(0))
+    assert len(np.unique(chosen)) == 31
+    # 5 of the small class, the other 26 split 13/13.
+    np.testing.assert_array_equal(np.bincount(labels[chosen]), [13, 13, 5])
+
+
+def test_digits_set(tmp_path: Path) -> None:
+    data = load_digits_set(resolution=16, seed=0)
+    assert data.images.shape == (1797, 1, 16, 16) and data.images.dtype == np.uint8
+    assert data.images.max() == 255
+    assert np.bincount(data.labels["digit"]).min() >= 174
+    assert _nearest_centroid_accuracy(data.images, data.labels["digit"]) > 0.8
+    native = load_digits_set(resolution=8, seed=0)
+    from sklearn.datasets import load_digits
+
+    source = load_digits()
+    first = native.images[0, 0].astype(np.float64) * 16 / 255
+    match = np.flatnonzero(np.abs(source.images - first).max(axis=(1, 2)) < 0.5)
+    assert native.labels["digit"][0] in source.target[match]
+    splits = load_dataset(data_cfg(tmp_path, dataset="digits", resolution=8), seed=0)
+    assert splits.channels == 1 and splits.num_classes == {"digit": 10}
+
+
+# --- image folders ------------------------------------------------------------------------
+
+
+def _write_image(path: Path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array.astype(np.uint8)).save(path)
+
+
+def _make_folder(root: Path) -> None:
+    # A wide cat image: green side bands that the centre crop must cut away.
+    wide = np.zeros((10, 20, 3))
+    wide[:, :, 1] = 255
+    wide[:, 5:15] = (255, 0, 0)
+    _write_image(root / "cat" / "a.png", wide)
+    _write_image(root / "cat" / "b.png", np.full((12, 12, 3), (255, 0, 0)))
+    _write_image(root / "cat" / "c.jpg", np.full((9, 9, 3), (255, 0, 0)))
+    _write_image(root / "dog" / "a.png", np.full((16, 8, 3), (0, 0, 255)))
+    (root / "dog" / "notes.txt").write_text("not an image")
+    (root / "empty").mkdir()
+
+
+def test_image_folder_loader(tmp_path: Path) -> None:
+    _make_folder(tmp_path / "images")
+    data = load_image_folder(str(tmp_path / "images"), resolution=8)
+    assert data.images.shape == (4, 3, 8, 8) and data.images.dtype == np.uint8
+    np.testing.assert_array_equal(data.labels["class"], [0, 0, 0, 1])
+    means = data.images.reshape(4, 3, -1).mean(axis=2)
+    np.testing.assert_allclose(means[:3], [[255, 0, 0]] * 3, atol=6)  # red cats, bands cropped
+    np.testing.assert_allclose(means[3], [0, 0, 255], atol=6)
+
+
+def test_folder_dataset_cache_follows_the_files(tmp_path: Path) -> None:
+    root = tmp_path / "images"
+    _make_folder(root)
+    cfg = data_cfg(tmp_path / "cache", dataset="folder", root=str(root), resolution=8,
+                   test_fraction=0.5)
+    splits = load_dataset(cfg, seed=0)
+    assert splits.attributes == ["class"] and splits.num_classes == {"class": 2}
+    assert len(splits.train.images) + len(splits.test.images) == 4
+    _write_image(root / "dog" / "b.png", np.full((8, 8, 3), (0, 0, 255)))
+    splits = load_dataset(cfg, seed=0)
+    assert len(splits.train.images) + len(splits.test.images) == 5
+
+
+def test_image_folder_errors_name_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        load_image_folder(str(missing), resolution=8)
+    (tmp_path / "empty" / "cls").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"no images in .*empty"):
+        load_image_folder(str(tmp_path / "empty"), resolution=8)
+    _write_image(tmp_path / "broken" / "cls" / "a.png", np.zeros((4, 4, 3)))
+    (tmp_path / "broken" / "cls" / "b.png").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match=r"cannot read image .*b\.png"):
+        load_image_folder(str(tmp_path / "broken"), resolution=8)
