@@ -19,11 +19,11 @@ import time
 
 import numpy as np
 import torch
-from raycl.data.augment import BatchAugment, to_float
 from torch.utils.data import DataLoader, Dataset
 
 from raycl.config import SearchConfig
 from raycl.data import load_dataset
+from raycl.data.augment import BatchAugment, to_float
 from raycl.methods import build_method
 from raycl.methods.base import Batch
 

@@ -123,7 +123,13 @@ class EvalConfig(_Section):
         "ASHA compares trials on these intermediate evaluations."
     )
     knn_k: int = Field(20, ge=1, description="Neighbours for kNN accuracy.")
-    linear_max_iter: int = Field(200, ge=10, description="Logistic-regression iterations.")
+    linear_max_iter: int = Field(
+        200, ge=10, description="Logistic-regression iterations (epochs of the torch probe)."
+    )
+    linear_backend: Literal["auto", "sklearn", "torch"] = Field(
+        "auto", description="Linear probe: scikit-learn lbfgs, or a torch linear head on the "
+        "worker's device for large sets (auto: torch above 20 000 training samples or on CUDA)."
+    )
     max_train_samples: int | None = Field(
         None, ge=10, description="Cap on probe training samples (None: the whole train split)."
     )

@@ -208,13 +208,19 @@ def evaluate_features(
     train_features: np.ndarray,
     test_features: np.ndarray,
     prefix: str,
+    device: torch.device | None = None,
 ) -> dict[str, float]:
     """Linear probe and kNN per attribute, as ``{prefix}eval/linear/<attribute>`` etc."""
     cap = config.eval.max_train_samples
     train_labels = {name: labels[:cap] for name, labels in data.train.labels.items()}
     train_features = train_features[:cap]
+    backend = config.eval.linear_backend
+    if backend == "auto":
+        large = len(train_features) > 20_000 or (device is not None and device.type == "cuda")
+        backend = "torch" if large else "sklearn"
     linear = evaluate_linear(train_features, train_labels, test_features, data.test.labels,
-                             max_iter=config.eval.linear_max_iter, seed=config.seed)
+                             max_iter=config.eval.linear_max_iter, seed=config.seed,
+                             backend=backend, device=device)
     knn = evaluate_knn(train_features, train_labels, test_features, data.test.labels,
                        k=config.eval.knn_k)
     metrics = {f"{prefix}eval/linear/{name}": value for name, value in linear.items()}
@@ -458,7 +464,7 @@ def run_stage(loop_config: dict[str, Any], session: Session) -> None:
             test_features = embed_images(method, data.test.images, session)
             features = (train_features, test_features)
             if rank == 0:
-                metrics.update(_evaluation_metrics(config, data, inputs, features))
+                metrics.update(_evaluation_metrics(config, data, inputs, features, device))
 
         checkpoint_dir = None
         if rank == 0 and (last or completed % config.train.checkpoint_every == 0):
@@ -491,18 +497,19 @@ def _evaluation_metrics(
     data: DatasetSplits,
     inputs: StageInputs,
     features: tuple[np.ndarray, np.ndarray],
+    device: torch.device,
 ) -> dict[str, float]:
     """This stage's encoder alone, and (MCL) integrated with the frozen earlier stages."""
     train_features, test_features = features
     if config.num_stages == 1:
-        return evaluate_features(config, data, train_features, test_features, prefix="")
+        return evaluate_features(config, data, train_features, test_features, "", device)
     metrics = evaluate_features(config, data, train_features, test_features,
-                                prefix=f"stage{inputs.stage}/")
+                                f"stage{inputs.stage}/", device)
     integrated = evaluate_features(
         config, data,
         integrate([*inputs.train_features, train_features]),
         integrate([*inputs.test_features, test_features]),
-        prefix="",
+        "", device,
     )
     return {**metrics, **integrated}
 
