@@ -100,7 +100,7 @@ def augmentation_only(images: np.ndarray, config: SearchConfig) -> tuple[float, 
 def raycl_loop(config: SearchConfig, num_workers: int) -> float:
     """raycl's worker loop through Ray Train; images/s over the training epochs."""
     from raycl.pipeline import fit_stage
-    from raycl.train import StageInputs
+    from raycl.stages import StageInputs
 
     config = config.model_copy(update={"scaling": config.scaling.model_copy(
         update={"num_workers": num_workers})})

@@ -31,15 +31,15 @@ from ray.train.torch import TorchTrainer
 from raycl.cluster import ami_matrix, kmeans, pseudo_label_codes
 from raycl.config import SearchConfig, apply_overrides, stage_budget_problem
 from raycl.data import load_dataset
-from raycl.train import (
+from raycl.session import InProcessSession
+from raycl.stages import (
     FEATURES_FILE,
     METRICS_FILE,
     PROGRESS_FILE,
-    InProcessSession,
+    STAGE_INPUTS_FILE,
     StageInputs,
-    run_stage,
-    train_loop_per_worker,
 )
+from raycl.train import run_stage, train_loop_per_worker
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def _resume_point(config: SearchConfig) -> tuple[StageInputs, str | None, dict |
         return StageInputs(), None, None
     directory = Path(checkpoint.to_directory(tempfile.mkdtemp(prefix="raycl-resume-")))
     progress = json.loads((directory / PROGRESS_FILE).read_text())
-    inputs = StageInputs.load(directory / "stage_inputs.npz")
+    inputs = StageInputs.load(directory / STAGE_INPUTS_FILE)
     logger.info("resuming trial at stage %s epoch %s", progress["stage"], progress["epoch"])
     if not progress["stage_complete"]:
         return inputs, str(directory), None

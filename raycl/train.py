@@ -7,7 +7,8 @@ reports ``train/*`` metrics, evaluations (``eval/linear/*``, ``eval/knn/*``) and
 The loop knows nothing about a particular method: it calls ``method(batch)`` for the loss,
 ``method.embed(images)`` for evaluation, ``method.param_groups()`` for the optimizer and
 ``method.on_train_step_end`` for EMA/queue updates. MCL only adds pseudo labels and the frozen
-features of earlier stages (see :class:`StageInputs`), handed over by :mod:`raycl.pipeline`.
+features of earlier stages (:class:`raycl.stages.StageInputs`), handed over by
+:mod:`raycl.pipeline`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import shutil
 import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,6 @@ import torch
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 
-from raycl.cluster import l2_normalize
 from raycl.config import SearchConfig
 from raycl.data import DatasetSplits, load_dataset
 from raycl.data.augment import BatchAugment, to_float
@@ -39,62 +38,16 @@ from raycl.data.samplers import PseudoLabelBatchSampler
 from raycl.eval import evaluate_knn, evaluate_linear
 from raycl.methods import build_method
 from raycl.methods.base import Batch, Method
-
-STATE_FILE = "state.pt"
-PROGRESS_FILE = "progress.json"
-FEATURES_FILE = "features.npz"
-METRICS_FILE = "metrics.json"
-
-
-@dataclass
-class StageInputs:
-    """What a stage needs from the stages before it (empty for stage 0 and single-stage methods).
-
-    Attributes:
-        stage: index j of the stage being trained.
-        pseudo_labels: MCL group code of every training sample (None: no feature-aware negatives).
-        train_features: frozen train-split features of stages 0..j-1 (for integrated evaluation).
-        test_features: frozen test-split features of stages 0..j-1.
-        assignments: k-means assignments of stages 0..j-1 (kept in checkpoints for resumption).
-        stage_metrics: final metrics of stages 0..j-1 (for the per-stage diagnostics).
-    """
-
-    stage: int = 0
-    pseudo_labels: np.ndarray | None = None
-    train_features: list[np.ndarray] = field(default_factory=list)
-    test_features: list[np.ndarray] = field(default_factory=list)
-    assignments: list[np.ndarray] = field(default_factory=list)
-    stage_metrics: list[dict[str, Any]] = field(default_factory=list)
-
-    def save(self, path: Path) -> None:
-        arrays: dict[str, np.ndarray] = {
-            "stage": np.asarray(self.stage),
-            "stage_metrics": np.asarray(json.dumps(self.stage_metrics)),
-        }
-        if self.pseudo_labels is not None:
-            arrays["pseudo_labels"] = self.pseudo_labels
-        pairs = zip(self.train_features, self.test_features, strict=True)
-        for j, (train, test) in enumerate(pairs):
-            arrays[f"train_features_{j}"] = train
-            arrays[f"test_features_{j}"] = test
-        for j, assignment in enumerate(self.assignments):
-            arrays[f"assignments_{j}"] = assignment
-        np.savez(path, **arrays)
-
-    @classmethod
-    def load(cls, path: Path) -> StageInputs:
-        with np.load(path) as arrays:
-            stage = int(arrays["stage"])
-            return cls(
-                stage=stage,
-                pseudo_labels=arrays.get("pseudo_labels", None),
-                train_features=[arrays[f"train_features_{j}"] for j in range(stage)],
-                test_features=[arrays[f"test_features_{j}"] for j in range(stage)],
-                assignments=[arrays[f"assignments_{j}"] for j in range(stage)
-                             if f"assignments_{j}" in arrays],
-                stage_metrics=json.loads(str(arrays["stage_metrics"])),
-            )
-
+from raycl.session import InProcessSession, RayTrainSession, Session
+from raycl.stages import (
+    FEATURES_FILE,
+    METRICS_FILE,
+    PROGRESS_FILE,
+    STAGE_INPUTS_FILE,
+    STATE_FILE,
+    StageInputs,
+    integrate,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Small helpers
@@ -181,12 +134,15 @@ def embed_images(
     start, stop = min(total, rank * shard), min(total, (rank + 1) * shard)
     was_training = method.training
     method.eval()
-    chunks = []
-    for begin in range(start, stop, batch_size):
-        batch = torch.from_numpy(images[begin:min(stop, begin + batch_size)]).to(device)
-        chunks.append(method.embed(to_float(batch)).float())
-    method.train(was_training)
-    dim = _feature_dim(method, images, device) if not chunks else chunks[0].shape[1]
+    try:
+        chunks = [method.embed(to_float(torch.from_numpy(images[i:min(stop, i + batch_size)])
+                                        .to(device))).float()
+                  for i in range(start, stop, batch_size)]
+        # A rank with an empty shard still needs the width for the padded all_gather.
+        dim = chunks[0].shape[1] if chunks else method.embed(
+            to_float(torch.from_numpy(images[:1]).to(device))).shape[1]
+    finally:
+        method.train(was_training)
     local = torch.cat(chunks) if chunks else torch.zeros(0, dim, device=device)
     if world == 1:
         return local.cpu().numpy()
@@ -195,11 +151,6 @@ def embed_images(
     gathered = [torch.zeros_like(padded) for _ in range(world)]
     torch.distributed.all_gather(gathered, padded)
     return torch.cat(gathered)[:total].cpu().numpy()
-
-
-def _feature_dim(method: Method, images: np.ndarray, device: torch.device) -> int:
-    probe = torch.from_numpy(images[:1]).to(device)
-    return int(method.embed(to_float(probe)).shape[1])
 
 
 def evaluate_features(
@@ -228,83 +179,8 @@ def evaluate_features(
     return metrics
 
 
-def integrate(features: list[np.ndarray]) -> np.ndarray:
-    """MCL cross-stage integration: concatenate L2-normalised stage features, normalise again.
-
-    Normalising each stage first keeps one stage from dominating by scale; the authors'
-    code L2-normalises the concatenation again before evaluation.
-    """
-    if len(features) == 1:
-        return features[0]
-    return l2_normalize(np.concatenate([l2_normalize(f) for f in features], axis=1))
-
-
 # ---------------------------------------------------------------------------------------------
 # Checkpoints and reports
-
-
-class RayTrainSession:
-    """The loop's view of Ray Train: rank, device, reports and the checkpoint to resume from."""
-
-    def __init__(self) -> None:
-        context = ray.train.get_context()
-        self.rank = context.get_world_rank()
-        self.world_size = context.get_world_size()
-        self.device = ray.train.torch.get_device()
-
-    def latest_checkpoint(self) -> ray.train.Checkpoint | None:
-        return ray.train.get_checkpoint()
-
-    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
-        checkpoint = (ray.train.Checkpoint.from_directory(checkpoint_dir)
-                      if checkpoint_dir else None)
-        ray.train.report(metrics, checkpoint=checkpoint)
-        if checkpoint_dir:  # uploaded to the run's storage by now (synchronous upload)
-            shutil.rmtree(checkpoint_dir, ignore_errors=True)
-
-
-class InProcessSession:
-    """``scaling.num_workers: 0``: the loop runs in the calling (trial) process, no TorchTrainer.
-
-    Ray Train V2's own local mode (``ScalingConfig(num_workers=0)``) refuses every
-    ``ray.train.*`` call inside a Tune trial (ray-project/ray#49454) and runs no callbacks, so
-    this session reports straight to Tune instead, which also persists each checkpoint to the
-    trial's storage; a restarted trial resumes from ``tune.get_checkpoint()``.
-    """
-
-    def __init__(self, device: torch.device, resume_from: str | None = None) -> None:
-        from ray.tune.trainable.trainable_fn_utils import _in_tune_session
-
-        self.rank, self.world_size, self.device = 0, 1, device
-        self.resume_from = resume_from
-        self.in_tune = _in_tune_session()
-        self.last_checkpoint_dir: str | None = None
-        self.last_metrics: dict[str, Any] = {}
-
-    def latest_checkpoint(self) -> ray.train.Checkpoint | None:
-        return ray.train.Checkpoint(self.resume_from) if self.resume_from else None
-
-    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
-        self.last_metrics = metrics
-        if checkpoint_dir:
-            # Tune copies each checkpoint into the trial's storage; keep only the newest here,
-            # which the pipeline reads (and removes) when the stage ends.
-            if self.last_checkpoint_dir:
-                shutil.rmtree(self.last_checkpoint_dir, ignore_errors=True)
-            self.last_checkpoint_dir = checkpoint_dir
-        if self.in_tune:
-            from ray import tune
-
-            checkpoint = tune.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
-            tune.report(metrics, checkpoint=checkpoint)
-
-
-Session = RayTrainSession | InProcessSession
-
-
-def read_progress(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
-    with checkpoint.as_directory() as directory:
-        return json.loads((Path(directory) / PROGRESS_FILE).read_text())
 
 
 def _report_finished(checkpoint: ray.train.Checkpoint, session: Session) -> None:
@@ -331,7 +207,7 @@ def _write_checkpoint(
 ) -> None:
     torch.save({"model": method.state_dict(), "optimizer": optimizer.state_dict(),
                 "scaler": scaler.state_dict()}, directory / STATE_FILE)
-    inputs.save(directory / "stage_inputs.npz")
+    inputs.save(directory / STAGE_INPUTS_FILE)
     if features is not None:
         np.savez(directory / FEATURES_FILE, train=features[0], test=features[1])
     (directory / METRICS_FILE).write_text(json.dumps(metrics))
@@ -514,5 +390,4 @@ def _evaluation_metrics(
     return {**metrics, **integrated}
 
 
-__all__ = ["InProcessSession", "RayTrainSession", "StageInputs", "embed_images", "integrate",
-           "lr_factor", "run_stage", "train_loop_per_worker"]
+__all__ = ["embed_images", "lr_factor", "run_stage", "train_loop_per_worker"]

@@ -140,7 +140,8 @@ def build_tuner(
     search_alg = None
     if config.tune.searcher == "optuna" and param_space:
         from optuna.samplers import TPESampler
-        from ray.tune.search.optuna import OptunaSearch
+
+        from raycl.searchers import OptunaSearch
 
         search_alg = OptunaSearch(sampler=TPESampler(seed=config.seed))
     scheduler = FIFOScheduler()

@@ -10,7 +10,7 @@ from raycl.config import SearchConfig
 from raycl.data.samplers import PseudoLabelBatchSampler
 from raycl.losses import nt_xent, same_label_mask
 from raycl.pipeline import next_stage_inputs
-from raycl.train import StageInputs, integrate
+from raycl.stages import StageInputs, integrate
 
 
 def blobs(centres: np.ndarray, per_centre: int, seed: int) -> np.ndarray:

@@ -1,0 +1,74 @@
+"""How the worker loop talks to its runtime: rank, device, reports, the checkpoint to resume.
+
+:class:`RayTrainSession` is a Ray Train worker (``scaling.num_workers >= 1``);
+:class:`InProcessSession` runs the same loop inside the trial process (``num_workers: 0``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+import ray
+import ray.train
+import ray.train.torch
+import torch
+
+
+class RayTrainSession:
+    """The loop's view of Ray Train: rank, device, reports and the checkpoint to resume from."""
+
+    def __init__(self) -> None:
+        context = ray.train.get_context()
+        self.rank = context.get_world_rank()
+        self.world_size = context.get_world_size()
+        self.device = ray.train.torch.get_device()
+
+    def latest_checkpoint(self) -> ray.train.Checkpoint | None:
+        return ray.train.get_checkpoint()
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
+        checkpoint = (ray.train.Checkpoint.from_directory(checkpoint_dir)
+                      if checkpoint_dir else None)
+        ray.train.report(metrics, checkpoint=checkpoint)
+        if checkpoint_dir:  # uploaded to the run's storage by now (synchronous upload)
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
+
+
+class InProcessSession:
+    """``scaling.num_workers: 0``: the loop runs in the calling (trial) process, no TorchTrainer.
+
+    Ray Train V2's own local mode (``ScalingConfig(num_workers=0)``) refuses every
+    ``ray.train.*`` call inside a Tune trial (ray-project/ray#49454) and runs no callbacks, so
+    this session reports straight to Tune instead, which also persists each checkpoint to the
+    trial's storage; a restarted trial resumes from ``tune.get_checkpoint()``.
+    """
+
+    def __init__(self, device: torch.device, resume_from: str | None = None) -> None:
+        from ray.tune.trainable.trainable_fn_utils import _in_tune_session
+
+        self.rank, self.world_size, self.device = 0, 1, device
+        self.resume_from = resume_from
+        self.in_tune = _in_tune_session()
+        self.last_checkpoint_dir: str | None = None
+        self.last_metrics: dict[str, Any] = {}
+
+    def latest_checkpoint(self) -> ray.train.Checkpoint | None:
+        return ray.train.Checkpoint(self.resume_from) if self.resume_from else None
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
+        self.last_metrics = metrics
+        if checkpoint_dir:
+            # Tune copies each checkpoint into the trial's storage; keep only the newest here,
+            # which the pipeline reads (and removes) when the stage ends.
+            if self.last_checkpoint_dir:
+                shutil.rmtree(self.last_checkpoint_dir, ignore_errors=True)
+            self.last_checkpoint_dir = checkpoint_dir
+        if self.in_tune:
+            from ray import tune
+
+            checkpoint = tune.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+            tune.report(metrics, checkpoint=checkpoint)
+
+
+Session = RayTrainSession | InProcessSession
