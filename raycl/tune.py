@@ -97,7 +97,7 @@ def max_reports(config: SearchConfig) -> int:
     return max(1, epochs * stages)
 
 
-def _set_aside(experiment_path: str) -> str:
+def _set_aside(experiment_path: str) -> None:
     """--fresh keeps the old sweep's state (nothing a user ran is lost): it is renamed."""
     if "://" in experiment_path:
         raise ConfigError(f"--fresh: {experiment_path} is remote; choose a new --name instead")
@@ -105,7 +105,6 @@ def _set_aside(experiment_path: str) -> str:
     aside = f"{experiment_path}.{stamp}"
     shutil.move(experiment_path, aside)
     print(f"raycl: --fresh: previous sweep state moved to {aside}", flush=True)
-    return experiment_path
 
 
 def build_tuner(
@@ -127,14 +126,7 @@ def build_tuner(
     storage = _storage_path(config.tune.storage_path)
     trainable = tune.with_parameters(run_trial, base_config=config.to_dict(),
                                      storage_path=f"{storage}/{config.name}-train", fault=fault)
-    if config.scaling.num_workers == 0:
-        # Training runs inside the trial process: reserve the worker's resources for the trial.
-        resources = {"CPU": config.scaling.cpus_per_worker}
-        if config.scaling.use_gpu:
-            resources["GPU"] = config.scaling.gpus_per_worker
-    else:
-        resources = {"CPU": config.tune.trial_cpus}
-    trainable = tune.with_resources(trainable, resources)
+    trainable = tune.with_resources(trainable, trial_resources(config))
 
     param_space = {key: _domain(domain) for key, domain in config.tune.search_space.items()}
     search_alg = None
@@ -157,9 +149,9 @@ def build_tuner(
         verbose=1,
     )
     experiment_path = f"{storage}/{config.name}"
-    if fresh and tune.Tuner.can_restore(experiment_path):
-        experiment_path = _set_aside(experiment_path)
-    if not fresh and tune.Tuner.can_restore(experiment_path):
+    if tune.Tuner.can_restore(experiment_path) and fresh:
+        _set_aside(experiment_path)
+    elif tune.Tuner.can_restore(experiment_path):
         print(f"raycl: resuming sweep {config.name!r} from {experiment_path}", flush=True)
         return tune.Tuner.restore(experiment_path, trainable, resume_unfinished=True,
                                   resume_errored=True, param_space=param_space)
@@ -174,14 +166,25 @@ def build_tuner(
     )
 
 
-def trial_demand(config: SearchConfig) -> dict[str, float]:
-    """Resources one trial holds at once: its driver plus its worker group."""
+def trial_resources(config: SearchConfig) -> dict[str, float]:
+    """What the trial process itself reserves (its Ray Train workers reserve their own)."""
     scaling = config.scaling
-    if scaling.num_workers == 0:
-        return {"CPU": scaling.cpus_per_worker,
-                "GPU": scaling.gpus_per_worker if scaling.use_gpu else 0.0}
-    return {"CPU": config.tune.trial_cpus + scaling.num_workers * scaling.cpus_per_worker,
-            "GPU": scaling.num_workers * scaling.gpus_per_worker if scaling.use_gpu else 0.0}
+    if scaling.num_workers > 0:
+        return {"CPU": config.tune.trial_cpus}
+    # Training runs inside the trial process: reserve the worker's resources for the trial.
+    return {"CPU": scaling.cpus_per_worker,
+            **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {})}
+
+
+def trial_demand(config: SearchConfig) -> dict[str, float]:
+    """Resources one trial holds at once: its own process plus its worker group."""
+    scaling = config.scaling
+    demand = trial_resources(config)
+    if scaling.num_workers > 0:
+        demand["CPU"] += scaling.num_workers * scaling.cpus_per_worker
+        if scaling.use_gpu:
+            demand["GPU"] = scaling.num_workers * scaling.gpus_per_worker
+    return demand
 
 
 def _warn_if_trials_cannot_fit(config: SearchConfig) -> None:

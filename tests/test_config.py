@@ -200,3 +200,30 @@ def test_schema_choices_match_what_exists() -> None:
 
     assert set(get_args(DataConfig.model_fields["dataset"].annotation)) == set(DATASETS)
     assert set(get_args(ModelConfig.model_fields["backbone"].annotation)) == set(BACKBONES)
+
+
+def test_trial_resources_and_demand() -> None:
+    from raycl.tune import trial_demand, trial_resources
+
+    in_process = SearchConfig.model_validate(
+        {"name": "x", "scaling": {"num_workers": 0, "cpus_per_worker": 2}})
+    assert trial_resources(in_process) == {"CPU": 2} == trial_demand(in_process)
+    workers = SearchConfig.model_validate(
+        {"name": "x", "scaling": {"num_workers": 4, "cpus_per_worker": 2, "use_gpu": True},
+         "tune": {"trial_cpus": 0.5}})
+    assert trial_resources(workers) == {"CPU": 0.5}
+    assert trial_demand(workers) == {"CPU": 8.5, "GPU": 4.0}
+
+
+def test_fresh_sets_the_old_sweep_aside(tmp_path: Path) -> None:
+    from raycl.tune import _set_aside
+
+    old = tmp_path / "sweep"
+    old.mkdir()
+    (old / "experiment_state.json").write_text("{}")
+    _set_aside(str(old))
+    assert not old.exists()
+    (aside,) = tmp_path.glob("sweep.*")
+    assert (aside / "experiment_state.json").read_text() == "{}"
+    with pytest.raises(ConfigError, match="remote"):
+        _set_aside("s3://bucket/sweep")
