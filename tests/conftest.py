@@ -11,7 +11,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
-def ray_session():
+def ray_session(data_cache: Path):
+    """Started after data_cache so that Ray's workers inherit RAYCL_CACHE."""
     import ray
 
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
