@@ -28,7 +28,7 @@ from ray import tune
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
-from raycl.cluster import ami_matrix, kmeans, pseudo_label_codes
+from raycl.cluster import ami_matrix, group_size_histogram, kmeans, pseudo_label_codes
 from raycl.config import SearchConfig, apply_overrides, stage_budget_problem
 from raycl.data import load_dataset
 from raycl.session import InProcessSession
@@ -212,7 +212,7 @@ def log_mcl_diagnostics(config: SearchConfig, final: StageInputs, attributes: li
 
     ami = ami_matrix(final.assignments)
     codes = pseudo_label_codes(final.assignments[:-1], config.mcl.clusters)
-    _, sizes = np.unique(codes, return_counts=True)
+    sizes = group_size_histogram(codes)  # largest first
     metrics: dict[str, float] = {}
     for i in range(len(ami)):
         for j in range(i + 1, len(ami)):
@@ -224,7 +224,7 @@ def log_mcl_diagnostics(config: SearchConfig, final: StageInputs, attributes: li
     with tempfile.TemporaryDirectory() as directory:
         out = Path(directory)
         (out / "ami_matrix.json").write_text(json.dumps(ami.round(4).tolist()))
-        np.savetxt(out / "group_sizes.txt", np.sort(sizes)[::-1], fmt="%d")
+        np.savetxt(out / "group_sizes.txt", sizes, fmt="%d")
         _plot_diagnostics(out, ami, sizes, final.stage_metrics, attributes, config.num_stages)
         tracking.log_to_trial_run(config, _trial_id(), metrics, out)
 
@@ -243,7 +243,7 @@ def _plot_diagnostics(
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, 3, figsize=(15, 4))
-    axes[0].bar(range(len(sizes)), np.sort(sizes)[::-1])
+    axes[0].bar(range(len(sizes)), sizes)
     axes[0].set(title="pseudo-label group sizes (last stage)", xlabel="group (sorted)",
                 ylabel="samples")
     image = axes[1].imshow(ami, vmin=0, vmax=1, cmap="viridis")

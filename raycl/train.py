@@ -329,6 +329,10 @@ def run_stage(loop_config: dict[str, Any], session: Session) -> None:
             "epoch": completed,
             "resumed_from_epoch": start_epoch,
         })
+        if isinstance(batch_sampler, PseudoLabelBatchSampler):
+            # How the pseudo-label groups filled batches: pure vs pooled leftovers vs dropped.
+            metrics.update({f"train/sampler_{key}": float(value)
+                            for key, value in batch_sampler.stats().items()})
         if config.num_stages > 1:
             metrics = {**metrics, **{f"stage{inputs.stage}/{key}": value
                                      for key, value in metrics.items() if "/" in key}}

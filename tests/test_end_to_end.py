@@ -201,3 +201,6 @@ def test_mcl_under_data_parallelism_with_two_workers(ray_session, data_cache, tm
     assert child.info.status == "FINISHED"
     assert "stage1/eval/linear/mean" in metrics and "eval/linear/mean" in metrics
     assert "mcl/ami/stage0_stage1" in metrics
+    # Stage 1 used the pseudo-label sampler; how groups filled batches is logged.
+    assert metrics["stage1/train/sampler_groups"] == 2
+    assert metrics["stage1/train/sampler_pure_batches"] >= 1
