@@ -190,6 +190,8 @@ def _report_finished(checkpoint: ray.train.Checkpoint, session: Session) -> None
         with checkpoint.as_directory() as directory:
             shutil.copytree(directory, checkpoint_dir, dirs_exist_ok=True)
         metrics = json.loads((Path(checkpoint_dir) / METRICS_FILE).read_text())
+        # Training curves were logged when the stage ran; repeat only the evaluation.
+        metrics = {key: value for key, value in metrics.items() if "train/" not in key}
     else:
         metrics = {}
     session.report(metrics, checkpoint_dir)

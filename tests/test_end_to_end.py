@@ -204,3 +204,26 @@ def test_mcl_under_data_parallelism_with_two_workers(ray_session, data_cache, tm
     # Stage 1 used the pseudo-label sampler; how groups filled batches is logged.
     assert metrics["stage1/train/sampler_groups"] == 2
     assert metrics["stage1/train/sampler_pure_batches"] >= 1
+
+
+def test_worker_mode_trial_restart_fast_forwards_finished_stages(
+    ray_session, data_cache, tmp_path
+) -> None:
+    """With a Ray Train worker and no worker retries, a crash in stage 1 fails the trial; Tune
+    restarts it, stage 0's trainer (same run name) is restored from storage instead of retrained,
+    and the trial finishes."""
+    config = tiny_config(tmp_path, "mcl_k_n.yaml", "train.epochs=2", "tune.num_samples=1",
+                         "tune.search_space={}", "mcl.stages=2", "mcl.clusters=2",
+                         "scaling.num_workers=1", "scaling.cpus_per_worker=1",
+                         "scaling.max_failures=0", "tune.max_failures=1", "name=e2e-restart")
+    marker = tmp_path / "crashed"
+    results = build_tuner(config, None, fault={"stage": 1, "after_epoch": 1,
+                                               "marker": str(marker)}).fit()
+    assert marker.exists()
+    assert results[0].error is None
+    assert results[0].metrics["stage"] == 1 and results[0].metrics["epoch"] == 2
+    client, _, children = runs_of(tmp_path, "e2e-restart")
+    (child,) = children
+    assert child.info.status == "FINISHED"
+    assert len(client.get_metric_history(child.info.run_id, "stage0/train/loss")) == 2
+    assert "mcl/ami/stage0_stage1" in child.data.metrics
