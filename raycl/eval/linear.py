@@ -214,24 +214,12 @@ def evaluate_linear(
         raise ValueError(f"backend must be 'sklearn' or 'torch', got {backend!r}")
     results: dict[str, float] = {}
     for attribute in attributes:
+        split = (train_feats, train_labels[attribute], test_feats, test_labels[attribute])
         if backend == "sklearn":
-            results[attribute] = linear_probe_accuracy(
-                train_feats,
-                train_labels[attribute],
-                test_feats,
-                test_labels[attribute],
-                max_iter=max_iter,
-                seed=seed,
-            )
+            results[attribute] = linear_probe_accuracy(*split, max_iter=max_iter, seed=seed)
         else:
             results[attribute] = torch_linear_probe_accuracy(
-                train_feats,
-                train_labels[attribute],
-                test_feats,
-                test_labels[attribute],
-                epochs=max_iter,
-                seed=seed,
-                device=device,
+                *split, epochs=max_iter, seed=seed, device=device
             )
     results["mean"] = float(np.mean([results[attribute] for attribute in attributes]))
     return results
