@@ -134,7 +134,9 @@ def main() -> None:
     print(f"plain PyTorch loop            {plain:8.0f} img/s")
     import ray
 
-    ray.init(num_cpus=args.threads, log_to_driver=False)
+    from raycl.tune import init_ray
+
+    init_ray(num_cpus=args.threads, log_to_driver=False)
     for workers in (0, 1):
         rate = raycl_loop(config, workers)
         print(f"raycl loop, num_workers={workers}   {rate:8.0f} img/s   ratio to plain "

@@ -105,7 +105,7 @@ def fit_stage(
 
     ``scaling.num_workers >= 1``: a ``TorchTrainer`` whose run name is stable per trial and
     stage, so a restarted trial's trainer resumes from Ray Train's storage. ``0``: the same loop
-    in this process (see :class:`raycl.train.InProcessSession`).
+    in this process (see :class:`raycl.session.InProcessSession`).
     """
     loop_config = {"config": config.to_dict(), "inputs": inputs, "fault": fault}
     if config.scaling.num_workers == 0:

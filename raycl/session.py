@@ -51,13 +51,11 @@ class InProcessSession:
         self.resume_from = resume_from
         self.in_tune = _in_tune_session()
         self.last_checkpoint_dir: str | None = None
-        self.last_metrics: dict[str, Any] = {}
 
     def latest_checkpoint(self) -> ray.train.Checkpoint | None:
         return ray.train.Checkpoint(self.resume_from) if self.resume_from else None
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
-        self.last_metrics = metrics
         if checkpoint_dir:
             # Tune copies each checkpoint into the trial's storage; keep only the newest here,
             # which the pipeline reads (and removes) when the stage ends.

@@ -200,19 +200,27 @@ def _warn_if_trials_cannot_fit(config: SearchConfig) -> None:
                   f"tune.trial_cpus)", file=sys.stderr, flush=True)
 
 
+def init_ray(**init_kwargs: Any) -> None:
+    """Start (or join) Ray the way every raycl sweep needs it; tests and benchmarks use it too.
+
+    Intermediate reports without the objective are fine (evaluation every N epochs, MCL's skipped
+    trials): ASHA and our Optuna searcher ignore them, so Tune's strict metric check is turned off
+    in the driver and, through the runtime env, in every trial process.
+    """
+    import ray
+
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    if not ray.is_initialized():
+        ray.init(runtime_env={"env_vars": {"TUNE_DISABLE_STRICT_METRIC_CHECKING": "1"}},
+                 **init_kwargs)
+
+
 def run(config: SearchConfig, search_file: str | None = None, fresh: bool = False,
         address: str | None = None) -> int:
     """Run the sweep on the current (or a new embedded) Ray; return the process exit code."""
-    import ray
-
     from raycl.leaderboard import print_leaderboard
 
-    # Intermediate reports without the objective are fine (evaluation every N epochs, MCL's
-    # skipped trials); ASHA and Optuna simply ignore them.
-    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
-    if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=True,
-                 runtime_env={"env_vars": {"TUNE_DISABLE_STRICT_METRIC_CHECKING": "1"}})
+    init_ray(address=address, log_to_driver=True)
     _warn_if_trials_cannot_fit(config)
     tuner = build_tuner(config, search_file, fresh=fresh)
     results = tuner.fit()

@@ -15,10 +15,9 @@ def ray_session(data_cache: Path):
     """Started after data_cache so that Ray's workers inherit RAYCL_CACHE."""
     import ray
 
-    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False,
-                 runtime_env={"env_vars": {"TUNE_DISABLE_STRICT_METRIC_CHECKING": "1"}})
+    from raycl.tune import init_ray
+
+    init_ray(num_cpus=2, include_dashboard=True, log_to_driver=False)
     yield ray
     ray.shutdown()
 
