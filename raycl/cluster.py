@@ -8,6 +8,7 @@ tensor (`Batch.pseudo_labels`) and be compared with `==` in the masked loss.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import faiss
@@ -24,6 +25,7 @@ def kmeans(
     niter: int = 50,
     normalize: bool = True,
     use_gpu: bool | None = None,
+    max_points: int | None = None,
 ) -> np.ndarray:
     """Cluster feature rows with faiss k-means.
 
@@ -36,6 +38,8 @@ def kmeans(
             (k-means on unit vectors approximates clustering by cosine similarity, which is
             the geometry the contrastive loss shapes).
         use_gpu: run on all visible GPUs; None means "if faiss sees any GPU".
+        max_points: fit the centroids on at most this many rows (a subset faiss draws with
+            ``seed``); None fits on every row. Every row is assigned either way.
 
     Returns:
         int64 array (N,) of cluster ids in [0, k).
@@ -53,30 +57,47 @@ def kmeans(
     if not np.all(np.isfinite(features)):
         raise ValueError("features contain NaN or inf")
 
+    data = np.ascontiguousarray(features, dtype=np.float32)
+    if normalize:
+        data = l2_normalize(data)
+    clustering = fit_kmeans(data, k, seed, niter, use_gpu, max_points)
+    _, assignments = clustering.index.search(data, 1)
+    return assignments.reshape(-1).astype(np.int64)
+
+
+def fit_kmeans(
+    data: np.ndarray,
+    k: int,
+    seed: int,
+    niter: int = 50,
+    use_gpu: bool | None = None,
+    max_points: int | None = None,
+) -> faiss.Kmeans:
+    """The trained faiss k-means on float32 rows (see :func:`kmeans` for the arguments)."""
+    if max_points is not None and max_points < k:
+        raise ValueError(f"max_points must be >= k={k}, got {max_points}")
     num_gpus = faiss.get_num_gpus()
     if use_gpu is None:
         use_gpu = num_gpus > 0
     if use_gpu and num_gpus == 0:
         raise ValueError("use_gpu=True but faiss sees no GPU (is faiss-gpu installed?)")
-
-    data = np.ascontiguousarray(features, dtype=np.float32)
-    if normalize:
-        data = l2_normalize(data)
-
+    # faiss fits on k * max_points_per_centroid rows (default 256 per centroid: 512 of 4 000
+    # rows for K=2); MCL's pseudo labels should come from all of them unless capped.
+    cap = len(data) if max_points is None else min(max_points, len(data))
     clustering = faiss.Kmeans(
-        dim,
+        data.shape[1],
         k,
         niter=niter,
         seed=seed,
         gpu=bool(use_gpu),
         verbose=False,
+        max_points_per_centroid=math.ceil(cap / k),
         # Small datasets are legitimate here (tests, tiny HPO trials); the default of 39
         # points per centroid only triggers a warning, so silence it.
         min_points_per_centroid=1,
     )
     clustering.train(data)
-    _, assignments = clustering.index.search(data, 1)
-    return assignments.reshape(-1).astype(np.int64)
+    return clustering
 
 
 def l2_normalize(features: np.ndarray, eps: float = 1e-12) -> np.ndarray:

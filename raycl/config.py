@@ -10,10 +10,10 @@ one line naming the file and the dotted key, and ``python -m raycl.tune`` turns 
 from __future__ import annotations
 
 import copy
-import math
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -40,8 +40,13 @@ class DataConfig(_Section):
     num_samples: int | None = Field(
         None, ge=10, description="mnist_fashion: number of pairs to draw (None: 5000)."
     )
+    val_fraction: float = Field(
+        0.1, gt=0.0, lt=1.0, description="Share of each class held out for validation: probes "
+        "are fit on train and scored here at every evaluation; sweeps select on it."
+    )
     test_fraction: float = Field(
-        0.2, gt=0.0, lt=1.0, description="Held-out fraction used for linear/kNN evaluation."
+        0.2, gt=0.0, lt=1.0, description="Share of each class held out for the test split, "
+        "scored once at the end of each trial and never optimised."
     )
     root: str | None = Field(None, description="folder: root directory with one folder per class.")
     cache_dir: str | None = Field(
@@ -53,6 +58,9 @@ class DataConfig(_Section):
     def _folder_needs_root(self) -> DataConfig:
         if self.dataset == "folder" and not self.root:
             raise ValueError("data.root is required when data.dataset is 'folder'")
+        if self.val_fraction + self.test_fraction >= 1.0:
+            raise ValueError("data.val_fraction + data.test_fraction must be < 1 (a training "
+                             "split must remain)")
         return self
 
 
@@ -115,6 +123,11 @@ class MCLConfig(_Section):
         "drawn from one pseudo-label group) or by masking the loss's denominator; 'none' is the "
         "ablation: fresh encoders with ordinary negatives (the integration is then an ensemble)."
     )
+    kmeans_max_points: int | None = Field(
+        None, ge=2, description="Cap on the training points k-means fits its centroids on "
+        "(a seeded random subset; every point is still assigned). None: all points."
+    )
+    kmeans_iterations: int = Field(50, ge=1, description="Lloyd iterations of k-means.")
 
 
 class EvalConfig(_Section):
@@ -131,7 +144,8 @@ class EvalConfig(_Section):
         "worker's device for large sets (auto: torch above 20 000 training samples or on CUDA)."
     )
     max_train_samples: int | None = Field(
-        None, ge=10, description="Cap on probe training samples (None: the whole train split)."
+        None, ge=10, description="Cap on probe training samples, a seeded subset stratified on "
+        "the first attribute (None: the whole train split)."
     )
 
 
@@ -186,7 +200,9 @@ class Domain(_Section):
 
 class SchedulerConfig(_Section):
     type: Literal["asha", "none"] = Field("asha", description="Early stopping scheduler.")
-    grace_period: int = Field(2, ge=1, description="ASHA: reports before a trial can be stopped.")
+    grace_period: int = Field(
+        2, ge=1, description="ASHA: reports before a trial can be stopped (clamped to max_t)."
+    )
     reduction_factor: float = Field(2.0, gt=1.0, description="ASHA: halving rate.")
     max_t: int | None = Field(
         None, ge=1, description="ASHA: max reports per trial (None: epochs x stages)."
@@ -194,14 +210,24 @@ class SchedulerConfig(_Section):
 
 
 class TuneSection(_Section):
-    num_samples: int = Field(4, ge=1, description="Trials to run.")
-    metric: str = Field("eval/linear/mean", description="Objective reported by every trial.")
+    num_samples: int = Field(
+        4, ge=1, description="Trials to run. With an empty search space the trials differ only "
+        "by seed (seed, seed+1, ...): repeats of one configuration."
+    )
+    metric: str = Field(
+        "val/linear/mean", description="Objective the searcher and scheduler select on: a "
+        "validation metric (val/linear/<attribute>, val/knn/<attribute>, val/linear/mean, "
+        "stage<j>/val/...) or a train/ metric; test/ metrics are never optimised."
+    )
     mode: Literal["max", "min"] = Field("max", description="Maximise or minimise the metric.")
     search_space: dict[str, Domain] = Field(
         default_factory=dict, description="Dotted config key -> domain, e.g. "
         "{'loss.temperature': {'loguniform': [0.1, 0.5]}}."
     )
-    searcher: Literal["optuna", "random"] = Field("optuna", description="Search algorithm.")
+    searcher: Literal["optuna", "random"] = Field(
+        "optuna", description="Optuna's TPE, or Optuna's random sampler; both are offered only "
+        "feasible combinations of constrained keys (batch size, MCL's K and N)."
+    )
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     max_concurrent_trials: int = Field(1, ge=1, description="Trials running at once.")
     trial_cpus: float = Field(
@@ -213,6 +239,27 @@ class TuneSection(_Section):
         "./ray_results", description="Where Ray keeps trial state and checkpoints (S3/GCS/NFS "
         "on multi-node clusters). Re-running the same name resumes the sweep."
     )
+
+    @field_validator("metric")
+    @classmethod
+    def _selects_on_validation(cls, metric: str) -> str:
+        parts = metric.split("/")
+        if parts and re.fullmatch(r"stage\d+", parts[0]):
+            parts = parts[1:]
+        if parts and parts[0] == "eval":
+            renamed = metric.replace("eval/", "val/", 1)
+            raise ValueError(f"{metric!r} was renamed to {renamed!r} (probes are scored on the "
+                             f"validation split during a sweep, on test once per trial)")
+        if parts and parts[0] == "test":
+            raise ValueError(f"{metric!r} is a test metric: it is reported once at the end of a "
+                             f"trial and never optimised; select on its val/ counterpart")
+        return metric
+
+
+def reported_test_metric(metric: str) -> str | None:
+    """The test-split metric reported beside a validation objective (None for train/ etc.)."""
+    renamed = re.sub(r"(^|/)val/", r"\1test/", metric, count=1)
+    return renamed if renamed != metric else None
 
 
 class MLflowSection(_Section):
@@ -242,6 +289,19 @@ class SearchConfig(_Section):
     @property
     def num_stages(self) -> int:
         return self.mcl.stages if self.method == "mcl" else 1
+
+    def max_reports(self) -> int:
+        """ASHA's max_t: ``scheduler.max_t``, or the reports (epochs x stages) of the longest
+        trial the search space allows."""
+        if self.tune.scheduler.max_t:
+            return self.tune.scheduler.max_t
+        space = self.tune.search_space
+
+        def largest(key: str, value: int) -> int:
+            return max(int(v) for v in space[key].candidates()) if key in space else value
+
+        stages = largest("mcl.stages", self.mcl.stages) if self.method == "mcl" else 1
+        return max(1, largest("train.epochs", self.train.epochs) * stages)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -276,9 +336,19 @@ def _field_paths(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
 CONFIG_KEYS: tuple[str, ...] = tuple(_field_paths(SearchConfig))
 
 
+SEARCH_SPACE_PREFIX = "tune.search_space."
+
+
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    """Set ``tree["a"]["b"] = value`` for ``"a.b"``, creating sections as needed."""
-    *parents, leaf = dotted.split(".")
+    """Set ``tree["a"]["b"] = value`` for ``"a.b"``, creating sections as needed.
+
+    A search-space entry is keyed by a dotted config key itself: ``tune.search_space.loss.tau``
+    sets ``tree["tune"]["search_space"]["loss.tau"]``.
+    """
+    if dotted.startswith(SEARCH_SPACE_PREFIX):
+        parents, leaf = ["tune", "search_space"], dotted[len(SEARCH_SPACE_PREFIX):]
+    else:
+        *parents, leaf = dotted.split(".")
     node = tree
     for part in parents:
         child = node.get(part)
@@ -326,10 +396,10 @@ def schema_markdown() -> str:
 def _format_error(source: str, error: ValidationError) -> str:
     first = error.errors()[0]
     key = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    message = first["msg"]
+    message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "unknown key"
-    elif "input" in first and first["type"] not in ("missing",):
+    elif "input" in first and first["type"] not in ("missing", "value_error"):
         shown = repr(first["input"])
         message = f"{message} (got {shown[:60]})"
     more = len(error.errors()) - 1
@@ -350,38 +420,38 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def estimated_train_size(data: DataConfig) -> int | None:
-    """Training-split size known without loading data (None when it depends on files)."""
-    total = {
-        "trifeature": 1000 * data.samples_per_combination,
-        "mnist_fashion": data.num_samples or 5000,
-        "digits": 1797,
-    }.get(data.dataset)
-    if total is None:
-        return None
-    return total - math.ceil(total * data.test_fraction)
+# Keys a search may not vary: they name the sweep, or they change what is measured (the
+# validation and test splits), which would make trials incomparable.
+UNSEARCHABLE_KEYS = ("name", "data.val_fraction", "data.test_fraction", "data.cache_dir")
+UNSEARCHABLE_SECTIONS = ("tune.", "mlflow.")
+# Attributes each dataset labels (folder datasets: the class folder).
+DATASET_ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "trifeature": ("shape", "texture", "color"),
+    "mnist_fashion": ("digit", "garment"),
+    "digits": ("digit",),
+    "folder": ("class",),
+}
 
 
-def stage_budget_problem(
-    clusters: int, stages: int, train_size: int, batch_size: int
-) -> str | None:
-    """MCL's constraint K^N <= M/b in the paper's literal form (Eq. 4), as the issue asks.
-
-    :func:`raycl.cluster.check_stage_budget` explains why K^(N-1) would suffice; the literal
-    form is K times stricter and guarantees every last-stage group averages K batches.
-    """
-    from raycl.cluster import check_stage_budget  # late: faiss is slow to import
-
-    problem = check_stage_budget(clusters, stages, train_size, batch_size,
-                                 count_final_clustering=True)
-    return f"MCL needs K^N <= M/b with K={clusters}, N={stages}: {problem}" if problem else None
+def _is_integer_key(key: str) -> bool:
+    model: type[BaseModel] = SearchConfig
+    *parents, leaf = key.split(".")
+    for part in parents:
+        model = model.model_fields[part].annotation  # type: ignore[assignment]
+    annotation = model.model_fields[leaf].annotation
+    return annotation is int or (int in get_args(annotation) and float not in get_args(annotation))
 
 
 def _check_search_space(config: SearchConfig, source: str) -> None:
     for key, domain in config.tune.search_space.items():
         where = f"{source}: tune.search_space.{key}"
-        if key not in CONFIG_KEYS or key.startswith(("tune.", "mlflow.", "name")):
+        if key not in CONFIG_KEYS or key.startswith(UNSEARCHABLE_SECTIONS):
             raise ConfigError(f"{where}: not a searchable config key")
+        if key in UNSEARCHABLE_KEYS:
+            raise ConfigError(f"{where}: not searchable: it changes the sweep's name or the "
+                              f"splits trials are compared on")
+        if domain.kind in ("uniform", "loguniform") and _is_integer_key(key):
+            raise ConfigError(f"{where}: {key} is an integer: search it with randint or choice")
         for value in domain.candidates():
             try:
                 apply_overrides(config, {key: value})
@@ -390,22 +460,53 @@ def _check_search_space(config: SearchConfig, source: str) -> None:
                                   f"{exc.errors()[0]['msg']}") from None
 
 
-def _check_mcl(config: SearchConfig, source: str) -> None:
-    if config.method != "mcl":
+def _check_metric(config: SearchConfig, source: str) -> None:
+    """A probe metric must name an attribute the dataset has."""
+    match = re.fullmatch(r"(?:stage\d+/)?val/(?:linear|knn)/(\w+)", config.tune.metric)
+    known = DATASET_ATTRIBUTES.get(config.data.dataset)
+    if match and known and match.group(1) not in (*known, "mean"):
+        raise ConfigError(f"{source}: tune.metric: {config.data.dataset} has no attribute "
+                          f"{match.group(1)!r} (attributes: {', '.join(known)}, or mean)")
+
+
+def _check_data(config: SearchConfig, source: str) -> None:
+    data = config.data
+    if data.dataset == "folder":
+        root = Path(str(data.root)).expanduser()
+        if not root.is_dir():
+            raise ConfigError(f"{source}: data.root: not a directory: {data.root}")
+        from raycl.data.folders import list_image_files
+
+        try:
+            list_image_files(root)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: data.root: {exc}") from None
+    if data.dataset == "mnist_fashion":
+        from raycl.data.pairs import FASHION_MNIST_DIR, FASHION_MNIST_PACKAGE
+
+        if not FASHION_MNIST_DIR.is_dir():
+            raise ConfigError(f"{source}: data.dataset: mnist_fashion needs Fashion-MNIST in "
+                              f"{FASHION_MNIST_DIR} (Debian package {FASHION_MNIST_PACKAGE})")
+
+
+def _check_feasible(config: SearchConfig, source: str) -> None:
+    """Batch size and MCL budget: fixed values must fit; searched ones must leave a choice."""
+    from raycl.constraints import CONSTRAINED_KEYS, joint_domain, trial_problem
+
+    if not any(key in config.tune.search_space for key in CONSTRAINED_KEYS):
+        problem = trial_problem(config)
+        if problem:
+            raise ConfigError(f"{source}: {problem[0]}: {problem[1]}")
         return
-    train_size = estimated_train_size(config.data)
-    if train_size is None:
-        return  # checked by the trial once the folder is read
-    space = config.tune.search_space
-    searched = any(k in space for k in ("mcl.clusters", "mcl.stages", "train.batch_size"))
-    problem = stage_budget_problem(config.mcl.clusters, config.mcl.stages, train_size,
-                                   config.train.batch_size)
-    if problem and not searched:
-        raise ConfigError(f"{source}: mcl.clusters/mcl.stages: {problem}")
+    try:
+        joint_domain(config)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: tune.search_space: {exc}") from None
 
 
 def validate_references(config: SearchConfig, source: str) -> None:
-    """Checks that need more than field types: registry names, search space, MCL budget."""
+    """Checks that need more than field types: registry names, data on disk, the metric, the
+    search space, and whether the trials can train at all (batch size, MCL budget)."""
     from raycl.methods import METHODS  # late: keeps `--help` and config errors fast
 
     if config.method != "mcl" and config.method not in METHODS:
@@ -414,13 +515,36 @@ def validate_references(config: SearchConfig, source: str) -> None:
     if config.method == "mcl" and config.mcl.base not in METHODS:
         raise ConfigError(f"{source}: mcl.base: unknown method {config.mcl.base!r} "
                           f"(known: {', '.join(sorted(METHODS))})")
-    if config.scaling.num_workers > 0 and config.train.batch_size % config.scaling.num_workers:
-        raise ConfigError(f"{source}: train.batch_size: {config.train.batch_size} is not "
-                          f"divisible by scaling.num_workers={config.scaling.num_workers}")
-    if config.data.dataset == "folder" and not Path(str(config.data.root)).expanduser().is_dir():
-        raise ConfigError(f"{source}: data.root: not a directory: {config.data.root}")
+    _check_data(config, source)
+    _check_metric(config, source)
     _check_search_space(config, source)
-    _check_mcl(config, source)
+    _check_feasible(config, source)
+
+
+def _resolve_search(raw: dict[str, Any], pinned: dict[str, Any], notices: list[str]) -> None:
+    """What the command line means beyond setting values, applied to the raw YAML tree.
+
+    A ``--set`` of a searched key pins it: the key leaves the search space. ASHA's grace period
+    longer than the longest trial is clamped (Ray would assert after start-up).
+    """
+    tune = raw.get("tune") if isinstance(raw.get("tune"), dict) else None
+    space = tune.get("search_space") if tune else None
+    if isinstance(space, dict):
+        for key, value in pinned.items():
+            if key in space:
+                del space[key]
+                notices.append(f"--set {key}={value} pins a searched key: removed from "
+                               f"tune.search_space")
+
+
+def _clamp_scheduler(config: SearchConfig, notices: list[str]) -> SearchConfig:
+    scheduler = config.tune.scheduler
+    if scheduler.type != "asha" or scheduler.grace_period <= config.max_reports():
+        return config
+    max_t = config.max_reports()
+    notices.append(f"tune.scheduler.grace_period={scheduler.grace_period} exceeds the "
+                   f"{max_t} report(s) of the longest trial: clamped to {max_t}")
+    return apply_overrides(config, {"tune.scheduler.grace_period": max_t})
 
 
 def load_search(
@@ -428,13 +552,19 @@ def load_search(
     overrides: list[str] | None = None,
     *,
     check_references: bool = True,
+    notices: list[str] | None = None,
 ) -> SearchConfig:
     """Read a search YAML, apply ``--set key=value`` overrides, validate everything.
+
+    A ``--set`` of a key in ``tune.search_space`` pins it (the key leaves the space); an ASHA
+    grace period longer than the longest trial is clamped. Each such decision is appended to
+    ``notices`` as one line, for the command line to print.
 
     Raises:
         ConfigError: one line naming the file (or ``--set``) and the dotted key.
     """
     source = str(path)
+    notices = [] if notices is None else notices
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -449,15 +579,24 @@ def load_search(
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: (top level): expected a mapping of sections")
     raw = copy.deepcopy(raw)
+    pinned: dict[str, Any] = {}
     for text_override in overrides or []:
         key, value = parse_override(text_override)
-        if key not in CONFIG_KEYS and not key.startswith("tune.search_space."):
+        if key not in CONFIG_KEYS and not key.startswith(SEARCH_SPACE_PREFIX):
             raise ConfigError(f"--set {key}: unknown key")
         set_dotted(raw, key, value)
+        if not key.startswith("tune."):
+            pinned[key] = value
+    _resolve_search(raw, pinned, notices)
     try:
         config = SearchConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_format_error(source, exc)) from None
+    config = _clamp_scheduler(config, notices)
     if check_references:
         validate_references(config, source)
+    if not config.tune.search_space and config.tune.num_samples > 1:
+        first, count = config.seed, config.tune.num_samples
+        notices.append(f"tune.search_space is empty: the {count} trials are repeats that differ "
+                       f"only by seed ({first}..{first + count - 1}), each run to the end")
     return config

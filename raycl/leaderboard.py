@@ -1,7 +1,9 @@
 """``python -m raycl.leaderboard``: a sweep's best trials from MLflow, as a table.
 
-By default the most recent sweep (parent run) of the experiment; ``--all`` ranks the trials of
-every sweep in it.
+Trials are ranked by the sweep's objective (a validation metric); the test counterpart of the
+objective and of every per-attribute probe stands beside it, reported, never used to rank. By
+default the most recent sweep (parent run) of the experiment; ``--all`` ranks the trials of every
+sweep in it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import math
 import sys
 
+from raycl.config import reported_test_metric
 from raycl.tracking import PARENT_TAG, ROLE_TAG, _client, resolve_tracking_uri
 
 
@@ -25,7 +28,7 @@ def leaderboard_rows(
                                  order_by=["attributes.start_time DESC"])
     if not parents:
         raise LookupError(f"experiment {experiment!r} has no raycl sweep")
-    metric = parents[0].data.tags.get("raycl.metric", "eval/linear/mean")
+    metric = parents[0].data.tags.get("raycl.metric", "val/linear/mean")
     mode = parents[0].data.tags.get("raycl.mode", "max")
     filter_string = f"tags.`{ROLE_TAG}` = 'trial'"
     if not all_sweeps:
@@ -41,19 +44,25 @@ def leaderboard_rows(
     children.sort(key=score)
     searched = sorted({key for run in children
                        for key in _searched(run.data.tags.get("raycl.searched", ""))})
-    extra = sorted({key for run in children for key in run.data.metrics
-                    if key.startswith("eval/linear/") and key != metric})
-    header = ["#", "trial", "status", metric, *searched, *extra]
+    objective_test = reported_test_metric(metric)
+    attributes = sorted({key.split("/", 2)[2] for run in children for key in run.data.metrics
+                         if key.startswith("val/linear/")})
+    extra = [key for attribute in attributes
+             for key in (f"val/linear/{attribute}", f"test/linear/{attribute}")
+             if key not in (metric, objective_test)]
+    header = ["#", "trial", "status", metric, *([objective_test] if objective_test else []),
+              *searched, *extra]
     rows = []
     for rank, run in enumerate(children[:top], start=1):
         values = _searched(run.data.tags.get("raycl.searched", ""))
         status = run.data.tags.get("raycl.ended", run.info.status.lower())
         rows.append([str(rank), run.info.run_name or run.info.run_id[:8], status,
                      _fmt(run.data.metrics.get(metric)),
+                     *([_fmt(run.data.metrics.get(objective_test))] if objective_test else []),
                      *[_fmt(values.get(key)) for key in searched],
                      *[_fmt(run.data.metrics.get(key)) for key in extra]])
     title = (f"{experiment}: {len(children)} trial(s), best {top} by {metric} ({mode})"
-             f"{'' if all_sweeps else ', latest sweep'}")
+             f"{'' if all_sweeps else ', latest sweep'}; test/ columns are reported, not ranked on")
     return header, rows, title
 
 

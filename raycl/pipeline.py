@@ -29,14 +29,16 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from raycl.cluster import ami_matrix, group_size_histogram, kmeans, pseudo_label_codes
-from raycl.config import SearchConfig, apply_overrides, stage_budget_problem
-from raycl.data import load_dataset
+from raycl.config import DATASET_ATTRIBUTES, SearchConfig, apply_overrides
+from raycl.constraints import trial_problem
+from raycl.data import split_sizes_for
 from raycl.session import InProcessSession
 from raycl.stages import (
     FEATURES_FILE,
     METRICS_FILE,
     PROGRESS_FILE,
     STAGE_INPUTS_FILE,
+    Features,
     StageInputs,
 )
 from raycl.train import run_stage, train_loop_per_worker
@@ -49,18 +51,19 @@ SKIPPED_KEY = "raycl/skipped"
 def next_stage_inputs(
     config: SearchConfig,
     inputs: StageInputs,
-    train_features: np.ndarray,
-    test_features: np.ndarray,
+    features: Features,
     metrics: dict[str, Any] | None = None,
 ) -> StageInputs:
-    """Cluster stage j's features and build stage j+1's inputs (pseudo labels over all stages)."""
-    assignment = kmeans(train_features, config.mcl.clusters, seed=config.seed + inputs.stage)
+    """Cluster stage j's training features and build stage j+1's inputs (pseudo labels over all
+    stages). k-means fits on every training point unless ``mcl.kmeans_max_points`` caps it."""
+    assignment = kmeans(features["train"], config.mcl.clusters, seed=config.seed + inputs.stage,
+                        niter=config.mcl.kmeans_iterations,
+                        max_points=config.mcl.kmeans_max_points)
     assignments = [*inputs.assignments, assignment]
     return StageInputs(
         stage=inputs.stage + 1,
         pseudo_labels=pseudo_label_codes(assignments, config.mcl.clusters),
-        train_features=[*inputs.train_features, train_features],
-        test_features=[*inputs.test_features, test_features],
+        features=[*inputs.features, features],
         assignments=assignments,
         stage_metrics=[*inputs.stage_metrics, metrics or {}],
     )
@@ -87,11 +90,11 @@ def _device(config: SearchConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def _read_stage_output(directory: Path) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    with np.load(directory / FEATURES_FILE) as features:
-        train_features, test_features = features["train"], features["test"]
+def _read_stage_output(directory: Path) -> tuple[Features, dict[str, Any]]:
+    with np.load(directory / FEATURES_FILE) as arrays:
+        features = {split: arrays[split] for split in arrays.files}
     metrics = json.loads((directory / METRICS_FILE).read_text())
-    return train_features, test_features, metrics
+    return features, metrics
 
 
 def fit_stage(
@@ -100,8 +103,8 @@ def fit_stage(
     storage_path: str,
     resume_from: str | None = None,
     fault: dict[str, Any] | None = None,
-) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    """Train one stage; return its train/test features and final metrics (from its checkpoint).
+) -> tuple[Features, dict[str, Any]]:
+    """Train one stage; return its features per split and final metrics (from its checkpoint).
 
     ``scaling.num_workers >= 1``: a ``TorchTrainer`` whose run name is stable per trial and
     stage, so a restarted trial's trainer resumes from Ray Train's storage. ``0``: the same loop
@@ -160,8 +163,8 @@ def _resume_point(config: SearchConfig) -> tuple[StageInputs, str | None, dict |
     logger.info("resuming trial at stage %s epoch %s", progress["stage"], progress["epoch"])
     if not progress["stage_complete"]:
         return inputs, str(directory), None
-    train_features, test_features, metrics = _read_stage_output(directory)
-    return inputs, None, {"features": (train_features, test_features), "metrics": metrics}
+    features, metrics = _read_stage_output(directory)
+    return inputs, None, {"features": features, "metrics": metrics}
 
 
 def run_trial(
@@ -175,38 +178,37 @@ def run_trial(
     ``fault`` is a test hook (see ``raycl.train._maybe_inject_fault``).
     """
     config = apply_overrides(SearchConfig.model_validate(base_config), params)
-    data = load_dataset(config.data, config.seed)
-    if config.method == "mcl":
-        problem = stage_budget_problem(config.mcl.clusters, config.mcl.stages,
-                                       len(data.train.images), config.train.batch_size)
-        if problem:
-            # Pruned before any training: Optuna records a trial without the metric as PRUNED.
-            logger.warning("skipping trial: %s", problem)
-            tune.report({SKIPPED_KEY: 1.0, "raycl/skip_reason": problem})
-            return
+    # A safety net: the searcher only proposes feasible trials (raycl.constraints), but a trial
+    # that still cannot train is pruned before any training. Optuna records a trial without the
+    # metric as PRUNED.
+    problem = trial_problem(config, split_sizes_for(config.data)["train"])
+    if problem:
+        reason = f"{problem[0]}: {problem[1]}"
+        logger.warning("skipping trial: %s", reason)
+        tune.report({SKIPPED_KEY: 1.0, "raycl/skip_reason": reason})
+        return
 
     inputs, resume_from, finished = _resume_point(config)
     while True:
         if finished is None:
-            train_features, test_features, metrics = fit_stage(config, inputs, storage_path,
-                                                               resume_from, fault)
+            features, metrics = fit_stage(config, inputs, storage_path, resume_from, fault)
         else:
-            (train_features, test_features), metrics = finished["features"], finished["metrics"]
+            features, metrics = finished["features"], finished["metrics"]
         resume_from, finished = None, None
         if config.num_stages == 1:
             return
         # After the last stage the clustering only feeds the diagnostics (AMI between stages).
-        inputs = next_stage_inputs(config, inputs, train_features, test_features, metrics)
+        inputs = next_stage_inputs(config, inputs, features, metrics)
         if inputs.stage >= config.num_stages:
             break
-    log_mcl_diagnostics(config, inputs, data.attributes)
+    log_mcl_diagnostics(config, inputs)
 
 
 # ---------------------------------------------------------------------------------------------
 # MCL diagnostics
 
 
-def log_mcl_diagnostics(config: SearchConfig, final: StageInputs, attributes: list[str]) -> None:
+def log_mcl_diagnostics(config: SearchConfig, final: StageInputs) -> None:
     """AMI between stage clusterings, pseudo-label group sizes, per-stage accuracy plot."""
     from raycl import tracking
 
@@ -225,6 +227,7 @@ def log_mcl_diagnostics(config: SearchConfig, final: StageInputs, attributes: li
         out = Path(directory)
         (out / "ami_matrix.json").write_text(json.dumps(ami.round(4).tolist()))
         np.savetxt(out / "group_sizes.txt", sizes, fmt="%d")
+        attributes = list(DATASET_ATTRIBUTES[config.data.dataset])
         _plot_diagnostics(out, ami, sizes, final.stage_metrics, attributes, config.num_stages)
         tracking.log_to_trial_run(config, _trial_id(), metrics, out)
 
@@ -252,13 +255,13 @@ def _plot_diagnostics(
     width = 0.8 / (len(attributes) + 1)
     positions = np.arange(stages + 1)
     for a, attribute in enumerate([*attributes, "mean"]):
-        values = [stage_metrics[j].get(f"stage{j}/eval/linear/{attribute}", math.nan)
+        values = [stage_metrics[j].get(f"stage{j}/test/linear/{attribute}", math.nan)
                   for j in range(stages)]
-        values.append(stage_metrics[-1].get(f"eval/linear/{attribute}", math.nan))
+        values.append(stage_metrics[-1].get(f"test/linear/{attribute}", math.nan))
         axes[2].bar(positions + a * width, values, width, label=attribute)
     axes[2].set_xticks(positions + 0.4 - width / 2,
                        [f"stage {j}" for j in range(stages)] + ["integrated"])
-    axes[2].set(title="linear probe accuracy", ylim=(0, 1.05))
+    axes[2].set(title="linear probe accuracy (test split)", ylim=(0, 1.05))
     axes[2].legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(out / "mcl_diagnostics.png", dpi=100)

@@ -1,12 +1,64 @@
-"""Search algorithms, with the workarounds they need in one place."""
+"""Search algorithms, with the workarounds they need in one place.
+
+The searcher is always Optuna (TPE, or its random sampler for ``tune.searcher: random``) driven by
+a define-by-run space (:class:`ConstrainedSpace`): keys that decide whether a trial can train at
+all (batch size, MCL's K and N) are offered only in feasible combinations, so Optuna never
+proposes a trial that would be skipped.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ray.tune.search.optuna import OptunaSearch as _RayOptunaSearch
+
+from raycl.config import Domain, SearchConfig
+from raycl.constraints import JOINT_PREFIX, JointDomain, joint_domain
+
+if TYPE_CHECKING:
+    import optuna
+
+
+def suggest(trial: optuna.Trial, key: str, domain: Domain) -> Any:
+    """One value of ``domain`` from an Optuna trial, under the config key's name."""
+    if domain.choice is not None:
+        return trial.suggest_categorical(key, domain.choice)
+    if domain.randint is not None:
+        return trial.suggest_int(key, *domain.randint)  # both ends included, as documented
+    if domain.loguniform is not None:
+        return trial.suggest_float(key, *domain.loguniform, log=True)
+    assert domain.uniform is not None
+    return trial.suggest_float(key, *domain.uniform)
+
+
+class ConstrainedSpace:
+    """A define-by-run search space for Ray's ``OptunaSearch``.
+
+    Independent keys are suggested one by one. The searched keys tied by a feasibility
+    constraint are suggested together as one categorical parameter over their feasible
+    combinations (Optuna has no dynamic categorical domains, so K's choices cannot depend on N);
+    the returned dict puts their values under their own config keys. A class rather than a
+    closure so that Tune can pickle the searcher with the experiment state.
+    """
+
+    def __init__(self, config: SearchConfig) -> None:
+        self.space = dict(config.tune.search_space)
+        self.joint: JointDomain | None = joint_domain(config)
+
+    def __call__(self, trial: optuna.Trial) -> dict[str, Any] | None:
+        tied = set(self.joint.keys) if self.joint else set()
+        for key, domain in self.space.items():
+            if key not in tied:
+                suggest(trial, key, domain)
+        if self.joint is None:
+            return None
+        label = trial.suggest_categorical(self.joint.name, self.joint.labels())
+        return self.joint.values(label)
 
 
 class OptunaSearch(_RayOptunaSearch):
-    """Ray's ``OptunaSearch`` that ignores reports without the objective.
+    """Ray's ``OptunaSearch`` that hides the joint parameter from trials and ignores reports
+    without the objective.
 
     Ray 2.60's ``OptunaSearch.on_trial_result`` indexes ``result[metric]`` unconditionally
     (ray/tune/search/optuna/optuna_search.py; no upstream issue found) and the KeyError kills the
@@ -16,6 +68,24 @@ class OptunaSearch(_RayOptunaSearch):
     missing metric by recording the trial as pruned.
     """
 
+    def suggest(self, trial_id: str) -> dict | None:
+        config = super().suggest(trial_id)
+        if isinstance(config, dict):
+            # The joint parameter is Optuna's business; the trial gets the keys it stands for.
+            config = {key: value for key, value in config.items()
+                      if not key.startswith(JOINT_PREFIX)}
+        return config
+
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if self.metric in result:
             super().on_trial_result(trial_id, result)
+
+
+def build_searcher(config: SearchConfig) -> OptunaSearch:
+    """The seeded Optuna searcher for a config with a non-empty search space."""
+    from optuna.samplers import RandomSampler, TPESampler
+
+    sampler = (TPESampler(seed=config.seed) if config.tune.searcher == "optuna"
+               else RandomSampler(seed=config.seed))
+    return OptunaSearch(space=ConstrainedSpace(config), metric=config.tune.metric,
+                        mode=config.tune.mode, sampler=sampler)

@@ -23,6 +23,10 @@ METRICS_FILE = "metrics.json"
 STAGE_INPUTS_FILE = "stage_inputs.npz"
 
 
+# Split name ("train", "val", "test") -> (N_split, D) features of one stage.
+Features = dict[str, np.ndarray]
+
+
 @dataclass
 class StageInputs:
     """What a stage needs from the stages before it (empty for stage 0 and single-stage methods).
@@ -30,18 +34,21 @@ class StageInputs:
     Attributes:
         stage: index j of the stage being trained.
         pseudo_labels: MCL group code of every training sample (None: no feature-aware negatives).
-        train_features: frozen train-split features of stages 0..j-1 (for integrated evaluation).
-        test_features: frozen test-split features of stages 0..j-1.
+        features: frozen features of stages 0..j-1, per split (for integrated evaluation).
         assignments: k-means assignments of stages 0..j-1 (kept in checkpoints for resumption).
         stage_metrics: final metrics of stages 0..j-1 (for the per-stage diagnostics).
     """
 
     stage: int = 0
     pseudo_labels: np.ndarray | None = None
-    train_features: list[np.ndarray] = field(default_factory=list)
-    test_features: list[np.ndarray] = field(default_factory=list)
+    features: list[Features] = field(default_factory=list)
     assignments: list[np.ndarray] = field(default_factory=list)
     stage_metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    def integrated(self, current: Features) -> Features:
+        """The integration of the earlier stages with ``current``, for each split it holds."""
+        return {split: integrate([*(f[split] for f in self.features), values])
+                for split, values in current.items()}
 
     def save(self, path: Path) -> None:
         arrays: dict[str, np.ndarray] = {
@@ -50,10 +57,9 @@ class StageInputs:
         }
         if self.pseudo_labels is not None:
             arrays["pseudo_labels"] = self.pseudo_labels
-        pairs = zip(self.train_features, self.test_features, strict=True)
-        for j, (train, test) in enumerate(pairs):
-            arrays[f"train_features_{j}"] = train
-            arrays[f"test_features_{j}"] = test
+        for j, features in enumerate(self.features):
+            for split, values in features.items():
+                arrays[f"features_{j}_{split}"] = values
         for j, assignment in enumerate(self.assignments):
             arrays[f"assignments_{j}"] = assignment
         np.savez(path, **arrays)
@@ -62,11 +68,15 @@ class StageInputs:
     def load(cls, path: Path) -> StageInputs:
         with np.load(path) as arrays:
             stage = int(arrays["stage"])
+            features: list[Features] = [{} for _ in range(stage)]
+            for name in arrays.files:
+                if name.startswith("features_"):
+                    _, j, split = name.split("_", 2)
+                    features[int(j)][split] = arrays[name]
             return cls(
                 stage=stage,
                 pseudo_labels=arrays.get("pseudo_labels", None),
-                train_features=[arrays[f"train_features_{j}"] for j in range(stage)],
-                test_features=[arrays[f"test_features_{j}"] for j in range(stage)],
+                features=features,
                 assignments=[arrays[f"assignments_{j}"] for j in range(stage)
                              if f"assignments_{j}" in arrays],
                 stage_metrics=json.loads(str(arrays["stage_metrics"])),

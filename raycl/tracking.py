@@ -238,14 +238,35 @@ class MLflowSweepCallback(Callback):
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         if self.parent_run_id is None:
             return
-        metric, mode = self.config.tune.metric, self.config.tune.mode
-        values = [t.last_result.get(metric) for t in trials if t.last_result]
-        values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-        if values:
-            best = max(values) if mode == "max" else min(values)
-            self.client.log_metric(self.parent_run_id, f"best/{metric}", best)
+        best = best_trial(trials, self.config.tune.metric, self.config.tune.mode)
+        if best is not None:
+            trial, value = best
+            # The winner is chosen on validation; its test numbers are reported beside it.
+            metrics = {f"best/{self.config.tune.metric}": value}
+            metrics.update({f"best/{key}": v for key, v in _numeric_metrics(
+                trial.last_result or {}).items() if key.startswith("test/")})
+            for key, v in metrics.items():
+                self.client.log_metric(self.parent_run_id, key, v)
+            self.client.set_tag(self.parent_run_id, "raycl.best_trial", trial.trial_id)
+            run_id = self._children.get(trial.trial_id)
+            if run_id:
+                self.client.set_tag(self.parent_run_id, "raycl.best_run", run_id)
         self.client.log_metric(self.parent_run_id, "sweep/trials", len(trials))
         self.client.set_terminated(self.parent_run_id, status="FINISHED")
+
+
+def best_trial(trials: list[Trial], metric: str, mode: str) -> tuple[Trial, float] | None:
+    """The trial whose last reported objective is best, with that value (None if no trial
+    reported it). Selection uses the objective only: a validation metric."""
+    scored = []
+    for trial in trials:
+        value = trial.metric_analysis.get(metric, {}).get("last")
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            scored.append((value if mode == "max" else -value, trial, value))
+    if not scored:
+        return None
+    _, trial, value = max(scored, key=lambda item: item[0])
+    return trial, value
 
 
 def find_trial_run(client: MlflowClient, experiment_id: str, trial_id: str) -> str | None:

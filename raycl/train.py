@@ -2,7 +2,9 @@
 
 ``train_loop_per_worker`` trains one stage of one trial: it builds the data, the method (from the
 registry) and the optimizer, resumes from the latest checkpoint when there is one, and every epoch
-reports ``train/*`` metrics, evaluations (``eval/linear/*``, ``eval/knn/*``) and a checkpoint.
+reports ``train/*`` metrics, evaluations and a checkpoint. Evaluations fit probes on the training
+split and score the validation split (``val/linear/*``, ``val/knn/*``: what a sweep selects on);
+the last epoch of a stage scores the test split too (``test/...``), once.
 
 The loop knows nothing about a particular method: it calls ``method(batch)`` for the loss,
 ``method.embed(images)`` for evaluation, ``method.param_groups()`` for the optimizer and
@@ -32,10 +34,10 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 
 from raycl.config import SearchConfig
-from raycl.data import DatasetSplits, load_dataset
+from raycl.data import DatasetSplits, load_dataset, stratified_subset
 from raycl.data.augment import BatchAugment, to_float
 from raycl.data.samplers import PseudoLabelBatchSampler
-from raycl.eval import evaluate_knn, evaluate_linear
+from raycl.eval import evaluate_knn, evaluate_linear_splits
 from raycl.methods import build_method
 from raycl.methods.base import Batch, Method
 from raycl.session import InProcessSession, RayTrainSession, Session
@@ -45,8 +47,8 @@ from raycl.stages import (
     PROGRESS_FILE,
     STAGE_INPUTS_FILE,
     STATE_FILE,
+    Features,
     StageInputs,
-    integrate,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -156,26 +158,37 @@ def embed_images(
 def evaluate_features(
     config: SearchConfig,
     data: DatasetSplits,
-    train_features: np.ndarray,
-    test_features: np.ndarray,
-    prefix: str,
+    features: Features,
+    prefix: str = "",
     device: torch.device | None = None,
 ) -> dict[str, float]:
-    """Linear probe and kNN per attribute, as ``{prefix}eval/linear/<attribute>`` etc."""
+    """Linear probe and kNN per attribute, fit on ``features["train"]`` and scored on every other
+    split in ``features``, as ``{prefix}{split}/linear/<attribute>``, ``.../knn/...``.
+
+    ``eval.max_train_samples`` caps the probe's training set with a seeded subset stratified on
+    the first attribute (the first rows of a folder dataset would be its first classes).
+    """
+    train_features = features["train"]
+    train_labels = data.train.labels
     cap = config.eval.max_train_samples
-    train_labels = {name: labels[:cap] for name, labels in data.train.labels.items()}
-    train_features = train_features[:cap]
+    if cap is not None and cap < len(train_features):
+        keep = stratified_subset(train_labels[data.attributes[0]], cap, config.seed)
+        train_features = train_features[keep]
+        train_labels = {name: labels[keep] for name, labels in train_labels.items()}
+    eval_sets = {split: (values, data.split(split).labels)
+                 for split, values in features.items() if split != "train"}
     backend = config.eval.linear_backend
     if backend == "auto":
         large = len(train_features) > 20_000 or (device is not None and device.type == "cuda")
         backend = "torch" if large else "sklearn"
-    linear = evaluate_linear(train_features, train_labels, test_features, data.test.labels,
-                             max_iter=config.eval.linear_max_iter, seed=config.seed,
-                             backend=backend, device=device)
-    knn = evaluate_knn(train_features, train_labels, test_features, data.test.labels,
-                       k=config.eval.knn_k)
-    metrics = {f"{prefix}eval/linear/{name}": value for name, value in linear.items()}
-    metrics.update({f"{prefix}eval/knn/{name}": value for name, value in knn.items()})
+    linear = evaluate_linear_splits(train_features, train_labels, eval_sets,
+                                    max_iter=config.eval.linear_max_iter, seed=config.seed,
+                                    backend=backend, device=device)
+    metrics: dict[str, float] = {}
+    for split, (values, labels) in eval_sets.items():
+        knn = evaluate_knn(train_features, train_labels, values, labels, k=config.eval.knn_k)
+        metrics.update({f"{prefix}{split}/linear/{name}": v for name, v in linear[split].items()})
+        metrics.update({f"{prefix}{split}/knn/{name}": v for name, v in knn.items()})
     return metrics
 
 
@@ -204,14 +217,15 @@ def _write_checkpoint(
     scaler: torch.amp.GradScaler,
     progress: dict[str, Any],
     inputs: StageInputs,
-    features: tuple[np.ndarray, np.ndarray] | None,
+    features: Features | None,
     metrics: dict[str, Any],
 ) -> None:
+    # Tensors, numbers, strings and plain containers only: read back with weights_only=True.
     torch.save({"model": method.state_dict(), "optimizer": optimizer.state_dict(),
                 "scaler": scaler.state_dict()}, directory / STATE_FILE)
     inputs.save(directory / STAGE_INPUTS_FILE)
     if features is not None:
-        np.savez(directory / FEATURES_FILE, train=features[0], test=features[1])
+        np.savez(directory / FEATURES_FILE, **features)
     (directory / METRICS_FILE).write_text(json.dumps(metrics))
     # Written last: a checkpoint directory with progress.json is complete.
     (directory / PROGRESS_FILE).write_text(json.dumps(progress))
@@ -267,8 +281,9 @@ def run_stage(loop_config: dict[str, Any], session: Session) -> None:
         with checkpoint.as_directory() as directory:
             progress = json.loads((Path(directory) / PROGRESS_FILE).read_text())
             if progress["stage"] == inputs.stage:
+                # weights_only: a checkpoint on shared storage must not be able to run code.
                 state = torch.load(Path(directory) / STATE_FILE, map_location=device,
-                                   weights_only=False)
+                                   weights_only=True)
                 method.load_state_dict(state["model"])
                 optimizer.load_state_dict(state["optimizer"])
                 scaler.load_state_dict(state["scaler"])
@@ -342,9 +357,10 @@ def run_stage(loop_config: dict[str, Any], session: Session) -> None:
         every = config.eval.every_n_epochs
         features = None
         if last or (every and completed % every == 0):
-            train_features = embed_images(method, data.train.images, session)
-            test_features = embed_images(method, data.test.images, session)
-            features = (train_features, test_features)
+            # The test split is embedded and scored once per stage, after its last epoch.
+            splits = ("train", "val", "test") if last else ("train", "val")
+            features = {split: embed_images(method, data.split(split).images, session)
+                        for split in splits}
             if rank == 0:
                 metrics.update(_evaluation_metrics(config, data, inputs, features, device))
 
@@ -378,22 +394,21 @@ def _evaluation_metrics(
     config: SearchConfig,
     data: DatasetSplits,
     inputs: StageInputs,
-    features: tuple[np.ndarray, np.ndarray],
+    features: Features,
     device: torch.device,
 ) -> dict[str, float]:
-    """This stage's encoder alone, and (MCL) integrated with the frozen earlier stages."""
-    train_features, test_features = features
+    """This stage's encoder alone, and (MCL) integrated with the frozen earlier stages.
+
+    The integrated representation is the trial's result: its test split is scored only after
+    the last stage, so every trial scores test exactly once.
+    """
     if config.num_stages == 1:
-        return evaluate_features(config, data, train_features, test_features, "", device)
-    metrics = evaluate_features(config, data, train_features, test_features,
-                                f"stage{inputs.stage}/", device)
-    integrated = evaluate_features(
-        config, data,
-        integrate([*inputs.train_features, train_features]),
-        integrate([*inputs.test_features, test_features]),
-        "", device,
-    )
-    return {**metrics, **integrated}
+        return evaluate_features(config, data, features, "", device)
+    metrics = evaluate_features(config, data, features, f"stage{inputs.stage}/", device)
+    integrated = inputs.integrated(features)
+    if inputs.stage < config.num_stages - 1:
+        integrated.pop("test", None)
+    return {**metrics, **evaluate_features(config, data, integrated, "", device)}
 
 
 __all__ = ["embed_images", "lr_factor", "run_stage", "train_loop_per_worker"]

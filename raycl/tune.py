@@ -1,8 +1,10 @@
 """``python -m raycl.tune SEARCH.yaml``: run (or resume) a sweep.
 
 Every trial is :func:`raycl.pipeline.run_trial`, which builds and fits a ``TorchTrainer`` per
-stage (the Ray Train V2 pattern); Optuna proposes the trials, ASHA stops weak ones early, and
-:class:`raycl.tracking.MLflowSweepCallback` mirrors everything into MLflow.
+stage (the Ray Train V2 pattern); Optuna proposes the trials (feasible ones only), ASHA stops weak
+ones early on the validation objective, and :class:`raycl.tracking.MLflowSweepCallback` mirrors
+everything into MLflow. With an empty search space the trials are repeats that differ only by
+seed, each run to the end.
 
 Exit codes: 0 when at least one trial finished, 1 when none did, 2 for invalid input (nothing is
 launched).
@@ -18,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raycl.config import ConfigError, Domain, SearchConfig, load_search, schema_markdown
+from raycl.config import ConfigError, SearchConfig, load_search, schema_markdown
+from raycl.preflight import preflight
 
 EPILOG = """\
 examples:
@@ -56,45 +59,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def resolve(args: argparse.Namespace) -> SearchConfig:
-    """Load the YAML with all command-line overrides applied (raises ConfigError)."""
+def resolve(args: argparse.Namespace, notices: list[str] | None = None) -> SearchConfig:
+    """Load the YAML with all command-line overrides applied (raises ConfigError); decisions
+    such as a pinned search key are appended to ``notices``."""
     overrides = list(args.overrides)
     for flag, key in (("num_samples", "tune.num_samples"), ("name", "name"),
                       ("storage", "tune.storage_path"), ("tracking_uri", "mlflow.tracking_uri")):
         value = getattr(args, flag)
         if value is not None:
             overrides.append(f"{key}={value}")
-    return load_search(args.search, overrides)
+    return load_search(args.search, overrides, notices=notices)
 
 
 def _storage_path(path: str) -> str:
     return path if "://" in path else str(Path(path).expanduser().resolve())
-
-
-def _domain(domain: Domain) -> Any:
-    from ray import tune
-
-    kind = domain.kind
-    if kind == "choice":
-        return tune.choice(domain.choice)
-    low, high = getattr(domain, kind)
-    return {"loguniform": tune.loguniform, "uniform": tune.uniform,
-            "randint": lambda a, b: tune.randint(a, b + 1)}[kind](low, high)
-
-
-def max_reports(config: SearchConfig) -> int:
-    """ASHA's max_t: reports of the longest trial the search space allows."""
-    if config.tune.scheduler.max_t:
-        return config.tune.scheduler.max_t
-    stages = config.num_stages
-    domain = config.tune.search_space.get("mcl.stages")
-    if config.method == "mcl" and domain is not None:
-        stages = max(int(v) for v in domain.candidates())
-    epochs = config.train.epochs
-    domain = config.tune.search_space.get("train.epochs")
-    if domain is not None:
-        epochs = max(int(v) for v in domain.candidates())
-    return max(1, epochs * stages)
 
 
 def _set_aside(experiment_path: str) -> None:
@@ -121,6 +99,7 @@ def build_tuner(
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from raycl.pipeline import run_trial
+    from raycl.searchers import build_searcher
     from raycl.tracking import MLflowSweepCallback
 
     storage = _storage_path(config.tune.storage_path)
@@ -128,19 +107,22 @@ def build_tuner(
                                      storage_path=f"{storage}/{config.name}-train", fault=fault)
     trainable = tune.with_resources(trainable, trial_resources(config))
 
-    param_space = {key: _domain(domain) for key, domain in config.tune.search_space.items()}
-    search_alg = None
-    if config.tune.searcher == "optuna" and param_space:
-        from optuna.samplers import TPESampler
-
-        from raycl.searchers import OptunaSearch
-
-        search_alg = OptunaSearch(sampler=TPESampler(seed=config.seed))
-    scheduler = FIFOScheduler()
-    if config.tune.scheduler.type == "asha":
-        scheduler = ASHAScheduler(time_attr="training_iteration", max_t=max_reports(config),
-                                  grace_period=config.tune.scheduler.grace_period,
-                                  reduction_factor=config.tune.scheduler.reduction_factor)
+    if config.tune.search_space:
+        # The searcher owns the space (define-by-run, feasible combinations only).
+        param_space: dict[str, Any] = {}
+        search_alg, num_samples = build_searcher(config), config.tune.num_samples
+        scheduler = FIFOScheduler()
+        if config.tune.scheduler.type == "asha":
+            scheduler = ASHAScheduler(time_attr="training_iteration",
+                                      max_t=config.max_reports(),
+                                      grace_period=config.tune.scheduler.grace_period,
+                                      reduction_factor=config.tune.scheduler.reduction_factor)
+    else:
+        # Nothing searched: repeats of one configuration that differ only by seed, all run to
+        # the end (stopping a repeat early would bias the spread it is there to measure).
+        seeds = [config.seed + i for i in range(config.tune.num_samples)]
+        param_space = {"seed": tune.grid_search(seeds)}
+        search_alg, num_samples, scheduler = None, 1, FIFOScheduler()
     run_config = tune.RunConfig(
         name=config.name,
         storage_path=storage,
@@ -160,7 +142,7 @@ def build_tuner(
         param_space=param_space,
         tune_config=tune.TuneConfig(
             metric=config.tune.metric, mode=config.tune.mode, search_alg=search_alg,
-            scheduler=scheduler, num_samples=config.tune.num_samples,
+            scheduler=scheduler, num_samples=num_samples,
             max_concurrent_trials=config.tune.max_concurrent_trials),
         run_config=run_config,
     )
@@ -239,11 +221,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.search:
         print("error: give a search YAML (see searches/), or --show-schema", file=sys.stderr)
         return 2
+    notices: list[str] = []
     try:
-        config = resolve(args)
+        config = resolve(args, notices)
+        preflight(config, args.search)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for notice in notices:
+        print(f"raycl: {notice}", flush=True)
     if args.dry_run:
         import yaml
 

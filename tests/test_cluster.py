@@ -139,3 +139,24 @@ def test_check_stage_budget() -> None:
     assert check_stage_budget(10, 4, 10_000_000, 8192) is None
     with pytest.raises(ValueError):
         check_stage_budget(k=0, stages=3, num_samples=10, batch_size=2)
+
+
+def test_kmeans_fits_on_every_point_unless_capped() -> None:
+    """faiss's default fits on 256 points per centroid (512 of 4 000 for K=2); ours fits on all
+    of them, so each centroid is the mean of every point assigned to it (Lloyd's fixed point)."""
+    from raycl.cluster import fit_kmeans, l2_normalize
+
+    rng = np.random.default_rng(0)
+    data = l2_normalize(np.concatenate([rng.normal(0, 1, (2000, 8)) + 3,
+                                        rng.normal(0, 1, (2000, 8)) - 3]))
+
+    def centroid_error(max_points: int | None) -> float:
+        clustering = fit_kmeans(data, 2, seed=0, niter=50, max_points=max_points)
+        _, assigned = clustering.index.search(data, 1)
+        means = np.stack([data[assigned.ravel() == c].mean(axis=0) for c in range(2)])
+        return float(np.abs(clustering.centroids - means).max())
+
+    assert centroid_error(None) < 1e-5
+    assert centroid_error(512) > 1e-3  # fitted on a subset: off the full-data means
+    with pytest.raises(ValueError, match="max_points"):
+        kmeans(data, 4, seed=0, max_points=3)

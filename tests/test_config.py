@@ -16,10 +16,11 @@ from raycl.config import (
     apply_overrides,
     flatten,
     load_search,
+    reported_test_metric,
     schema_markdown,
-    stage_budget_problem,
 )
-from raycl.tune import main, max_reports
+from raycl.constraints import stage_budget_problem
+from raycl.tune import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -123,11 +124,12 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_mcl_budget_rejected_when_not_searched(tmp_path: Path) -> None:
-    # Trifeature with 2 per combination: 1600 training samples, b=64 -> M/b = 25 < 5^3.
+    # Trifeature with 2 per combination: 2000 images, 200 per shape of which 40 test and 20
+    # validation -> M = 1400 training samples, b=64 -> M/b = 21.9 < 5^3.
     text = BASE.replace("method: simclr", "method: mcl") + "mcl: {stages: 3, clusters: 5}\n"
     message = error_of(tmp_path, text)
     assert "mcl.clusters/mcl.stages" in message and "K=5, N=3" in message
-    assert "M/b = 1600/64" in message
+    assert "M/b = 1400/64" in message
 
 
 def test_mcl_budget_left_to_trials_when_searched(tmp_path: Path) -> None:
@@ -141,6 +143,8 @@ def test_mcl_budget_left_to_trials_when_searched(tmp_path: Path) -> None:
 def test_stage_budget_formula() -> None:
     assert stage_budget_problem(2, 3, 1000, 100) is None  # 8 <= 10
     assert stage_budget_problem(5, 2, 1000, 100) is not None  # 25 > 10
+    # One stage never clusters: K cannot make it infeasible.
+    assert stage_budget_problem(50, 1, 1000, 100) is None
 
 
 def test_apply_overrides_and_flatten() -> None:
@@ -164,7 +168,7 @@ def test_max_reports_uses_largest_stage_count(tmp_path: Path) -> None:
     config = SearchConfig.model_validate({
         "name": "x", "method": "mcl", "train": {"epochs": 3},
         "tune": {"search_space": {"mcl.stages": {"choice": [1, 2, 4]}}}})
-    assert max_reports(config) == 12
+    assert config.max_reports() == 12
 
 
 def test_cli_exit_code_2_and_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -227,3 +231,91 @@ def test_fresh_sets_the_old_sweep_aside(tmp_path: Path) -> None:
     assert (aside / "experiment_state.json").read_text() == "{}"
     with pytest.raises(ConfigError, match="remote"):
         _set_aside("s3://bucket/sweep")
+
+
+# --- what the command line means beyond values --------------------------------------------
+
+
+def test_set_of_a_searched_key_pins_it(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE + "    train.lr: {loguniform: [0.001, 0.01]}\n")
+    notices: list[str] = []
+    config = load_search(path, ["loss.temperature=0.2"], notices=notices)
+    assert config.loss.temperature == 0.2
+    assert list(config.tune.search_space) == ["train.lr"]
+    assert notices == ["--set loss.temperature=0.2 pins a searched key: removed from "
+                       "tune.search_space"]
+    # Setting a domain is not pinning: the key is searched, under its dotted name.
+    config = load_search(path, ["tune.search_space.train.epochs={choice: [1, 3]}"])
+    assert config.tune.search_space["train.epochs"].choice == [1, 3]
+    assert "train.lr" in config.tune.search_space
+
+
+def test_empty_space_means_seed_repeats(tmp_path: Path) -> None:
+    notices: list[str] = []
+    load_search(write(tmp_path, BASE), ["tune.search_space={}", "seed=4"], notices=notices)
+    assert notices == ["tune.search_space is empty: the 2 trials are repeats that differ only "
+                       "by seed (4..5), each run to the end"]
+
+
+def test_asha_grace_period_is_clamped_to_the_run(tmp_path: Path) -> None:
+    notices: list[str] = []
+    config = load_search(REPO / "searches" / "quickstart.yaml", ["train.epochs=1"],
+                         notices=notices)
+    assert config.tune.scheduler.grace_period == 1
+    assert notices == ["tune.scheduler.grace_period=2 exceeds the 1 report(s) of the longest "
+                       "trial: clamped to 1"]
+    config = load_search(REPO / "searches" / "quickstart.yaml", ["train.epochs=3"])
+    assert config.tune.scheduler.grace_period == 2
+
+
+@pytest.mark.parametrize(
+    ("metric", "why"),
+    [
+        ("eval/linear/mean", "'eval/linear/mean' was renamed to 'val/linear/mean'"),
+        ("stage1/eval/knn/shape", "renamed to 'stage1/val/knn/shape'"),
+        ("test/linear/mean", "is a test metric"),
+        ("val/linear/colour", "trifeature has no attribute 'colour'"),
+    ],
+)
+def test_objective_must_be_a_validation_metric(tmp_path: Path, metric: str, why: str) -> None:
+    message = error_of(tmp_path, BASE.replace("  num_samples: 2", f"  metric: {metric}\n"
+                                              "  num_samples: 2"))
+    assert ": tune.metric: " in message and why in message
+
+
+def test_reported_test_metric() -> None:
+    assert reported_test_metric("val/linear/mean") == "test/linear/mean"
+    assert reported_test_metric("stage2/val/knn/shape") == "stage2/test/knn/shape"
+    assert reported_test_metric("train/loss") is None
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "why"),
+    [
+        ("train.batch_size=100000", "train.batch_size",
+         "100000 exceeds the training split (1400 samples)"),
+        ("data.val_fraction=0.8", "data", "val_fraction + data.test_fraction must be < 1"),
+        ("tune.search_space={train.epochs: {uniform: [1, 4]}}", "tune.search_space.train.epochs",
+         "is an integer: search it with randint or choice"),
+        ("tune.search_space={data.val_fraction: {uniform: [0.1, 0.2]}}",
+         "tune.search_space.data.val_fraction", "not searchable"),
+        ("tune.search_space={train.batch_size: {choice: [5000, 100000]}}", "tune.search_space",
+         "no combination of train.batch_size can train"),
+    ],
+)
+def test_knowable_problems_are_caught_at_load(
+    tmp_path: Path, override: str, key: str, why: str
+) -> None:
+    message = error_of(tmp_path, BASE, [override])
+    assert message.startswith(f"{tmp_path / 'search.yaml'}: {key}: ")
+    assert why in message
+
+
+def test_searched_batch_size_keeps_only_feasible_choices(tmp_path: Path) -> None:
+    from raycl.constraints import joint_domain
+
+    config = load_search(write(tmp_path, BASE),
+                         ["tune.search_space={train.batch_size: {choice: [64, 100000]}}"])
+    joint = joint_domain(config)
+    assert joint is not None and joint.keys == ("train.batch_size",)
+    assert joint.combinations == ((64,),)

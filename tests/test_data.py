@@ -11,7 +11,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from raycl.data import DATASETS, load_dataset, stratified_split, trifeature
+from raycl.data import (
+    DATASETS,
+    class_counts,
+    load_dataset,
+    split_sizes,
+    split_sizes_for,
+    stratified_split,
+    stratified_subset,
+    trifeature,
+)
 from raycl.data.folders import load_image_folder
 from raycl.data.pairs import (
     FASHION_MNIST_DIR,
@@ -38,7 +47,8 @@ needs_fashion = pytest.mark.skipif(
 def data_cfg(tmp_path: Path, **overrides: Any) -> SimpleNamespace:
     """Stand-in for raycl.config.DataConfig: same field names, small defaults."""
     fields = dict(dataset="trifeature", resolution=16, samples_per_combination=1,
-                  num_samples=None, test_fraction=0.2, root=None, cache_dir=str(tmp_path))
+                  num_samples=None, val_fraction=0.1, test_fraction=0.2, root=None,
+                  cache_dir=str(tmp_path))
     fields.update(overrides)
     return SimpleNamespace(**fields)
 
@@ -123,16 +133,61 @@ def test_rotation_and_textures_change_the_image() -> None:
 
 def test_stratified_split_is_disjoint_complete_and_proportional() -> None:
     labels = np.repeat(np.arange(4), [10, 20, 30, 40])
-    train, test = stratified_split(labels, 0.2, seed=0)
-    assert np.intersect1d(train, test).size == 0
-    np.testing.assert_array_equal(np.sort(np.concatenate([train, test])), np.arange(100))
+    train, val, test = stratified_split(labels, 0.2, seed=0, val_fraction=0.1)
+    for a, b in ((train, val), (train, test), (val, test)):
+        assert np.intersect1d(a, b).size == 0
+    np.testing.assert_array_equal(np.sort(np.concatenate([train, val, test])), np.arange(100))
     np.testing.assert_array_equal(np.bincount(labels[test]), [2, 4, 6, 8])
-    again = stratified_split(labels, 0.2, seed=0)
-    np.testing.assert_array_equal(again[1], test)
-    assert not np.array_equal(stratified_split(labels, 0.2, seed=1)[1], test)
+    np.testing.assert_array_equal(np.bincount(labels[val]), [1, 2, 3, 4])
+    again = stratified_split(labels, 0.2, seed=0, val_fraction=0.1)
+    for first, second in zip(again, (train, val, test), strict=True):
+        np.testing.assert_array_equal(first, second)
+    assert not np.array_equal(stratified_split(labels, 0.2, seed=1, val_fraction=0.1)[1], val)
+    # The test split does not move when a validation split is carved out of the rest.
+    np.testing.assert_array_equal(stratified_split(labels, 0.2, seed=0)[2], test)
     # A singleton class stays in train.
-    train, test = stratified_split(np.array([0, 1, 1, 1, 1]), 0.5, seed=0)
-    assert 0 in train and len(test) == 2
+    train, val, test = stratified_split(np.array([0, 1, 1, 1, 1]), 0.5, seed=0, val_fraction=0.25)
+    assert 0 in train and len(test) == 2 and len(val) == 1
+    with pytest.raises(ValueError, match="val_fraction"):
+        stratified_split(labels, 0.5, seed=0, val_fraction=0.5)
+
+
+@pytest.mark.parametrize("counts", [[10, 20, 30, 40], [1, 1, 7], [500] * 10, [3, 5, 9, 11, 13]])
+@pytest.mark.parametrize(("val_fraction", "test_fraction"), [(0.1, 0.2), (0.25, 0.25), (0.05, 0.5)])
+def test_split_sizes_match_the_split(counts, val_fraction, test_fraction) -> None:
+    """The sizes a config check computes without data are the sizes the split produces."""
+    labels = np.repeat(np.arange(len(counts)), counts)
+    train, val, test = stratified_split(labels, test_fraction, seed=3, val_fraction=val_fraction)
+    assert split_sizes(counts, val_fraction, test_fraction) == {
+        "train": len(train), "val": len(val), "test": len(test)}
+
+
+def test_split_sizes_for_configs_match_loaded_datasets(tmp_path: Path) -> None:
+    for cfg in (data_cfg(tmp_path, resolution=8),
+                data_cfg(tmp_path, dataset="digits", resolution=8, val_fraction=0.15)):
+        splits = load_dataset(cfg, seed=0)
+        assert split_sizes_for(cfg) == {name: len(splits.split(name).images)
+                                        for name in ("train", "val", "test")}
+    # mnist_fashion's digit counts are those balanced_subset draws (no Fashion-MNIST needed).
+    rng = np.random.default_rng(0)
+    digits = balanced_subset(np.repeat(np.arange(10), 500), 1234, rng)
+    expected = np.bincount(np.repeat(np.arange(10), 500)[digits])
+    cfg = data_cfg(tmp_path, dataset="mnist_fashion", num_samples=1234)
+    assert sorted(class_counts(cfg)) == sorted(expected.tolist())
+
+
+def test_stratified_subset_keeps_class_proportions() -> None:
+    # Sorted by class, as a folder dataset is: the first rows would all be class 0.
+    labels = np.repeat(np.arange(3), [600, 300, 100])
+    keep = stratified_subset(labels, 100, seed=0)
+    assert len(keep) == 100 and len(np.unique(keep)) == 100
+    np.testing.assert_array_equal(np.bincount(labels[keep]), [60, 30, 10])
+    np.testing.assert_array_equal(keep, stratified_subset(labels, 100, seed=0))
+    assert not np.array_equal(keep, stratified_subset(labels, 100, seed=1))
+    # Largest remainders: 7 of (5, 3, 2) -> exact shares 3.5, 2.1, 1.4 -> 4, 2, 1.
+    small = np.repeat(np.arange(3), [5, 3, 2])
+    np.testing.assert_array_equal(np.bincount(small[stratified_subset(small, 7, 0)]), [4, 2, 1])
+    np.testing.assert_array_equal(stratified_subset(labels, 5000, seed=0), np.arange(1000))
 
 
 def test_load_dataset_trifeature_splits(tmp_path: Path) -> None:
@@ -140,13 +195,16 @@ def test_load_dataset_trifeature_splits(tmp_path: Path) -> None:
     assert splits.name == "trifeature" and splits.attributes == ["shape", "texture", "color"]
     assert splits.num_classes == {"shape": 10, "texture": 10, "color": 10}
     assert (splits.channels, splits.resolution) == (3, 16)
-    assert splits.train.images.shape == (800, 3, 16, 16)
+    assert splits.train.images.shape == (700, 3, 16, 16)
+    assert splits.val.images.shape == (100, 3, 16, 16)
     assert splits.test.images.shape == (200, 3, 16, 16)
-    # Stratified on the first attribute: 20 test images of each shape.
+    # Stratified on the first attribute: 20 test and 10 validation images of each shape.
     np.testing.assert_array_equal(np.bincount(splits.test.labels["shape"]), [20] * 10)
-    # No image is in both splits (each rendered image is unique).
-    train_rows = {row.tobytes() for row in splits.train.images}
-    assert not any(row.tobytes() in train_rows for row in splits.test.images)
+    np.testing.assert_array_equal(np.bincount(splits.val.labels["shape"]), [10] * 10)
+    # No image is in two splits (each rendered image is unique).
+    rows = [{row.tobytes() for row in splits.split(name).images} for name in ("train", "val",
+                                                                             "test")]
+    assert not (rows[0] & rows[1] or rows[0] & rows[2] or rows[1] & rows[2])
 
 
 def test_cache_is_written_once_and_then_hit(tmp_path: Path, monkeypatch) -> None:
@@ -316,10 +374,11 @@ def test_folder_dataset_cache_follows_the_files(tmp_path: Path) -> None:
                    test_fraction=0.5)
     splits = load_dataset(cfg, seed=0)
     assert splits.attributes == ["class"] and splits.num_classes == {"class": 2}
-    assert len(splits.train.images) + len(splits.test.images) == 4
+    assert sum(len(splits.split(n).images) for n in ("train", "val", "test")) == 4
     _write_image(root / "dog" / "b.png", np.full((8, 8, 3), (0, 0, 255)))
     splits = load_dataset(cfg, seed=0)
-    assert len(splits.train.images) + len(splits.test.images) == 5
+    assert sum(len(splits.split(n).images) for n in ("train", "val", "test")) == 5
+    assert split_sizes_for(cfg)["train"] == len(splits.train.images)
 
 
 def test_image_folder_errors_name_the_path(tmp_path: Path) -> None:

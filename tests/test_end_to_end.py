@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from raycl.config import SearchConfig, load_search
+from raycl.config import SearchConfig, apply_overrides, load_search
 from raycl.leaderboard import leaderboard_rows
 from raycl.tracking import PARENT_TAG, ROLE_TAG, resolve_tracking_uri
 from raycl.tune import build_tuner, main
@@ -51,7 +51,7 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
     code = main(quickstart_args(tmp_path))
     assert code == 0
     printed = capsys.readouterr().out
-    assert "e2e-quick: 2 trial(s)" in printed and "eval/linear/mean" in printed
+    assert "e2e-quick: 2 trial(s)" in printed and "val/linear/mean" in printed
 
     client, parents, children = runs_of(tmp_path, "e2e-quick")
     assert len(parents) == 1 and len(children) == 2
@@ -68,21 +68,33 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
         history = client.get_metric_history(child.info.run_id, "train/loss")
         assert [m.step for m in history] == list(range(1, len(history) + 1))
         metrics = child.data.metrics
+        assert not any(key.startswith("eval/") for key in metrics)
         if child.data.tags["raycl.ended"] == "completed":
             assert len(history) == 2
-            for attribute in ("shape", "texture", "color", "mean"):
-                assert 0.0 <= metrics[f"eval/linear/{attribute}"] <= 1.0
-                assert 0.0 <= metrics[f"eval/knn/{attribute}"] <= 1.0
-            assert math.isclose(metrics["eval/linear/mean"], sum(
-                metrics[f"eval/linear/{a}"] for a in ("shape", "texture", "color")) / 3)
+            for split in ("val", "test"):
+                for attribute in ("shape", "texture", "color", "mean"):
+                    assert 0.0 <= metrics[f"{split}/linear/{attribute}"] <= 1.0
+                    assert 0.0 <= metrics[f"{split}/knn/{attribute}"] <= 1.0
+                assert math.isclose(metrics[f"{split}/linear/mean"], sum(
+                    metrics[f"{split}/linear/{a}"] for a in ("shape", "texture", "color")) / 3)
+            # The test split is scored once, at the end; validation at every evaluation.
+            assert len(client.get_metric_history(child.info.run_id, "test/linear/mean")) == 1
         artifacts = [a.path for a in client.list_artifacts(child.info.run_id)]
         assert "config.yaml" in artifacts
     # Chance is 0.1: even two tiny epochs learn colour.
-    best = max(c.data.metrics.get("eval/linear/color", 0) for c in children)
+    best = max(c.data.metrics.get("val/linear/color", 0) for c in children)
     assert best > 0.3
 
+    # The parent records the winner (chosen on validation) and that trial's test numbers.
+    (winner,) = [c for c in children if c.info.run_id == parent.data.tags["raycl.best_run"]]
+    for key in ("val/linear/mean", "test/linear/mean", "test/linear/shape"):
+        assert parent.data.metrics[f"best/{key}"] == winner.data.metrics[key]
+    assert winner.data.metrics["val/linear/mean"] == max(
+        c.data.metrics.get("val/linear/mean", -1) for c in children)
+
     header, rows, _ = leaderboard_rows(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e-quick")
-    assert header[3] == "eval/linear/mean" and "loss.temperature" in header
+    assert header[3:5] == ["val/linear/mean", "test/linear/mean"]
+    assert "loss.temperature" in header and "test/linear/shape" in header
     assert len(rows) == 2
 
     # Running the same sweep again resumes it: nothing new is launched or logged.
@@ -124,22 +136,53 @@ def test_trial_resumes_from_checkpoint_after_crash(
     assert child.info.status == "FINISHED"
     epochs = [value for _, value in _history(client, child.info.run_id, "train/lr")]
     assert len(epochs) >= 3
-    assert "eval/linear/mean" in child.data.metrics
+    assert "val/linear/mean" in child.data.metrics and "test/linear/mean" in child.data.metrics
 
 
-def test_mcl_trial_logs_every_stage_and_ami(ray_session, data_cache, tmp_path) -> None:
-    config = tiny_config(tmp_path, "mcl_k_n.yaml", "train.epochs=1", "tune.num_samples=1",
-                         "tune.search_space={}", "mcl.stages=2", "mcl.clusters=2",
-                         "name=e2e-mcl")
+def test_quickstart_shortened_to_one_epoch(ray_session, data_cache, tmp_path, capsys) -> None:
+    """The README's way to shrink a sweep: ASHA's grace period is clamped, not asserted."""
+    args = quickstart_args(tmp_path)
+    args[args.index("train.epochs=2")] = "train.epochs=1"
+    args[args.index("e2e-quick")] = "e2e-one-epoch"
+    assert main(args) == 0
+    assert "grace_period=2 exceeds the 1 report(s)" in capsys.readouterr().out
+    _, _, children = runs_of(tmp_path, "e2e-one-epoch")
+    assert len(children) == 2
+    assert all("test/linear/mean" in child.data.metrics for child in children)
+
+
+def test_empty_space_runs_seed_repeats(ray_session, data_cache, tmp_path) -> None:
+    config = tiny_config(tmp_path, "quickstart.yaml", "train.epochs=1", "tune.num_samples=2",
+                         "tune.search_space={}", "seed=3", "name=e2e-repeats")
     results = build_tuner(config, None).fit()
-    assert results[0].error is None
+    assert sorted(result.config["seed"] for result in results) == [3, 4]
+    _, _, children = runs_of(tmp_path, "e2e-repeats")
+    assert sorted(child.data.params["seed"] for child in children) == ["3", "4"]
+    assert all(child.data.tags["raycl.ended"] == "completed" for child in children)
+
+
+def test_mcl_trial_logs_every_stage_and_ami(ray_session, data_cache, tmp_path, capsys) -> None:
+    """The issue's command: --set pins K and N although the YAML searches them."""
+    overrides = [*TINY, "train.epochs=1", "mcl.clusters=2", "mcl.stages=2"]
+    code = main([str(REPO / "searches" / "mcl_k_n.yaml"),
+                 *[arg for override in overrides for arg in ("--set", override)],
+                 "--num-samples", "1", "--name", "e2e-mcl", "--storage", str(tmp_path / "ray"),
+                 "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "--set mcl.clusters=2 pins a searched key" in printed
     client, _, children = runs_of(tmp_path, "e2e-mcl")
     (child,) = children
+    assert child.data.params["mcl.clusters"] == "2" and child.data.params["mcl.stages"] == "2"
+    assert child.data.tags["raycl.searched"].startswith("loss.temperature=")
     metrics = child.data.metrics
     for stage in (0, 1):
-        for attribute in ("shape", "texture", "color", "mean"):
-            assert f"stage{stage}/eval/linear/{attribute}" in metrics
-    assert "eval/linear/mean" in metrics  # the integrated representation
+        for split in ("val", "test"):
+            for attribute in ("shape", "texture", "color", "mean"):
+                assert f"stage{stage}/{split}/linear/{attribute}" in metrics
+    # The integrated representation: validation at every stage, test once at the very end.
+    assert "val/linear/mean" in metrics and "test/linear/mean" in metrics
+    assert len(client.get_metric_history(child.info.run_id, "test/linear/mean")) == 1
     assert 0.0 <= metrics["mcl/ami/stage0_stage1"] <= 1.0
     assert metrics["mcl/groups"] == 2
     artifacts = {a.path for a in client.list_artifacts(child.info.run_id, "diagnostics")}
@@ -151,10 +194,13 @@ def test_mcl_trial_logs_every_stage_and_ami(ray_session, data_cache, tmp_path) -
 
 
 def test_mcl_trial_over_budget_is_skipped_not_crashed(ray_session, data_cache, tmp_path) -> None:
-    # 800 training images, b=64: M/b = 12 < 5^2 -> pruned before any training.
-    config = tiny_config(tmp_path, "mcl_k_n.yaml", "train.epochs=1", "tune.num_samples=1",
-                         "tune.search_space={mcl.clusters: {choice: [5]}}", "mcl.stages=2",
-                         "tune.searcher=random", "name=e2e-skip")
+    """The safety net behind the loader and the searcher: a trial that cannot train (here
+    built without the loader's checks) is pruned before any training."""
+    # 700 training images, b=64: M/b = 10.9 < 5^2.
+    config = apply_overrides(
+        tiny_config(tmp_path, "mcl_k_n.yaml", "train.epochs=1", "tune.num_samples=1",
+                    "tune.search_space={}", "mcl.stages=2", "name=e2e-skip"),
+        {"mcl.clusters": 5})
     results = build_tuner(config, None).fit()
     assert results[0].error is None
     assert results[0].metrics["raycl/skipped"] == 1.0
@@ -199,7 +245,7 @@ def test_mcl_under_data_parallelism_with_two_workers(ray_session, data_cache, tm
     (child,) = children
     metrics = child.data.metrics
     assert child.info.status == "FINISHED"
-    assert "stage1/eval/linear/mean" in metrics and "eval/linear/mean" in metrics
+    assert "stage1/val/linear/mean" in metrics and "val/linear/mean" in metrics
     assert "mcl/ami/stage0_stage1" in metrics
     # Stage 1 used the pseudo-label sampler; how groups filled batches is logged.
     assert metrics["stage1/train/sampler_groups"] == 2

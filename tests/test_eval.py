@@ -144,3 +144,26 @@ def test_singular_values_of_centred_matrix() -> None:
     values = singular_values(data)
     np.testing.assert_allclose(values, [np.sqrt(18.0), 0.0], atol=1e-9)
     assert singular_values(data, center=False)[0] > 14.0
+
+
+def test_one_probe_scores_validation_and_test() -> None:
+    """Validation and test numbers come from the same fitted probe, split by split."""
+    from raycl.eval import evaluate_linear_splits, linear_probe_scores
+
+    train_x, train_y = _separable(400, seed=0)
+    val_x, val_y = _separable(100, seed=1)
+    noise_x, noise_y = _random(300, seed=2)
+    scores = linear_probe_scores(train_x, train_y, {"val": (val_x, val_y),
+                                                   "test": (noise_x, noise_y)})
+    assert scores["val"] == 1.0 and scores["test"] < 0.5
+    assert scores["test"] == linear_probe_accuracy(train_x, train_y, noise_x, noise_y)
+    for backend in ("sklearn", "torch"):
+        results = evaluate_linear_splits(
+            train_x, {"signal": train_y}, {"val": (val_x, {"signal": val_y}),
+                                           "test": (noise_x, {"signal": noise_y})},
+            max_iter=50, backend=backend)
+        assert list(results) == ["val", "test"]
+        assert results["val"] == {"signal": 1.0, "mean": 1.0}
+        assert results["test"]["signal"] < 0.5
+    with pytest.raises(ValueError, match="attributes differ"):
+        evaluate_linear_splits(train_x, {"signal": train_y}, {"val": (val_x, {"x": val_y})})

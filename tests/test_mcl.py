@@ -26,10 +26,10 @@ def test_next_stage_inputs_encodes_every_stage() -> None:
     directions = np.eye(4, dtype=np.float32)
     stage0 = blobs(directions[[0, 1]], 40, seed=0)
     stage1 = np.concatenate([blobs(directions[[2, 3, 2, 3]], 10, seed=s) for s in (1, 2)])
-    inputs = next_stage_inputs(config, StageInputs(), stage0, stage0[:5])
+    inputs = next_stage_inputs(config, StageInputs(), {"train": stage0, "val": stage0[:5]})
     assert inputs.stage == 1 and len(np.unique(inputs.pseudo_labels)) == 2
-    inputs = next_stage_inputs(config, inputs, stage1, stage1[:5])
-    assert inputs.stage == 2 and len(inputs.train_features) == 2
+    inputs = next_stage_inputs(config, inputs, {"train": stage1, "val": stage1[:5]})
+    assert inputs.stage == 2 and len(inputs.features) == 2
     # Four groups = every (stage-0, stage-1) combination, 20 samples each. Encoding only the
     # latest stage (the authors' slip) would give two groups of 40.
     _, sizes = np.unique(inputs.pseudo_labels, return_counts=True)
@@ -41,16 +41,23 @@ def test_next_stage_inputs_encodes_every_stage() -> None:
 def test_stage_inputs_round_trip(tmp_path) -> None:
     rng = np.random.default_rng(0)
     inputs = StageInputs(stage=2, pseudo_labels=np.arange(6) % 3,
-                         train_features=[rng.random((6, 4)), rng.random((6, 4))],
-                         test_features=[rng.random((2, 4)), rng.random((2, 4))],
-                         assignments=[np.arange(6) % 2, np.arange(6) % 3])
+                         features=[{"train": rng.random((6, 4)), "val": rng.random((3, 4)),
+                                    "test": rng.random((2, 4))} for _ in range(2)],
+                         assignments=[np.arange(6) % 2, np.arange(6) % 3],
+                         stage_metrics=[{"stage0/val/linear/mean": 0.5}, {}])
     inputs.save(tmp_path / "s.npz")
     loaded = StageInputs.load(tmp_path / "s.npz")
-    assert loaded.stage == 2
+    assert loaded.stage == 2 and loaded.stage_metrics == inputs.stage_metrics
     np.testing.assert_array_equal(loaded.pseudo_labels, inputs.pseudo_labels)
-    for a, b in zip(loaded.train_features + loaded.assignments,
-                    inputs.train_features + inputs.assignments, strict=True):
+    for a, b in zip(loaded.assignments, inputs.assignments, strict=True):
         np.testing.assert_array_equal(a, b)
+    for a, b in zip(loaded.features, inputs.features, strict=True):
+        assert sorted(a) == ["test", "train", "val"]
+        for split in a:
+            np.testing.assert_array_equal(a[split], b[split])
+    # The integration covers exactly the splits the current stage brings.
+    joint = loaded.integrated({"train": rng.random((6, 4)), "val": rng.random((3, 4))})
+    assert sorted(joint) == ["train", "val"] and joint["train"].shape == (6, 12)
 
 
 def test_integration_weights_stages_equally() -> None:

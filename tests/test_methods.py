@@ -184,3 +184,33 @@ def test_state_dict_round_trip() -> None:
     torch.testing.assert_close(target.embed(images), source.embed(images))
     for key, value in source.state_dict().items():
         assert torch.equal(target.state_dict()[key], value), key
+
+
+def test_checkpoint_state_round_trips_under_weights_only(tmp_path) -> None:
+    """raycl checkpoints hold tensors, numbers and plain containers only, so they load with
+    ``torch.load(weights_only=True)``: a checkpoint on shared storage cannot run code."""
+    from raycl.stages import StageInputs
+    from raycl.train import _write_checkpoint
+
+    source = build_simclr(seed=0)
+    optimizer = torch.optim.AdamW([{"params": list(source.parameters()), "name": "default",
+                                    "initial_lr": 1e-3}], lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    loss = source(make_batch())["loss"]
+    loss.backward()
+    optimizer.step()
+    _write_checkpoint(tmp_path, source, optimizer, scaler, {"stage": 0, "epoch": 1,
+                                                            "stage_complete": False},
+                      StageInputs(), None, {"train/loss": loss.item()})
+    state = torch.load(tmp_path / "state.pt", map_location="cpu", weights_only=True)
+
+    target = build_simclr(seed=1)
+    target.load_state_dict(state["model"])
+    restored = torch.optim.AdamW(target.parameters(), lr=1e-3)
+    restored.load_state_dict(state["optimizer"])
+    for key, value in source.state_dict().items():
+        assert torch.equal(target.state_dict()[key], value), key
+    first = next(iter(optimizer.state.values()))
+    again = next(iter(restored.state.values()))
+    torch.testing.assert_close(again["exp_avg"], first["exp_avg"])
+    assert restored.param_groups[0]["name"] == "default"

@@ -1,4 +1,4 @@
-"""Datasets that exist offline, a stratified train/test split, and an on-disk cache.
+"""Datasets that exist offline, a stratified train/validation/test split, and an on-disk cache.
 
 `load_dataset(cfg, seed)` is the one entry point the training code needs. It reads only
 attributes of `cfg` (a `DataConfig` or anything with the same field names):
@@ -6,12 +6,14 @@ attributes of `cfg` (a `DataConfig` or anything with the same field names):
 - dataset: one of DATASETS
 - resolution: image side in pixels
 - samples_per_combination (trifeature), num_samples (mnist_fashion), root (folder)
-- test_fraction: share of each class (of the first attribute) held out for testing
+- val_fraction, test_fraction: share of each class (of the first attribute) held out for
+  validation (model selection) and for the final test
 - cache_dir: where the generated arrays are kept (None -> $RAYCL_CACHE or ~/.cache/raycl)
 
 The full image set is cached as one .npz named by a hash of everything that changes its
 content, so Ray workers and later trials load it instead of generating it again. The split is
-recomputed from the seed on every call (it is cheap).
+recomputed from the seed on every call (it is cheap). :func:`split_sizes_for` gives the exact
+split sizes from the config alone, so a search can be checked before anything is loaded.
 """
 
 from __future__ import annotations
@@ -50,17 +52,30 @@ class ImageSet:
     labels: dict[str, np.ndarray]
 
 
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+
+
 @dataclass
 class DatasetSplits:
-    """A dataset split into train and test, with what a model needs to know about it."""
+    """A dataset split into train, validation and test, with what a model needs to know.
+
+    Probes are fit on ``train``; a sweep selects on ``val``; ``test`` is scored once per trial.
+    """
 
     name: str
     train: ImageSet
+    val: ImageSet
     test: ImageSet
     attributes: list[str]
     num_classes: dict[str, int]
     channels: int
     resolution: int
+
+    def split(self, name: str) -> ImageSet:
+        """The split called ``name`` (one of :data:`SPLITS`)."""
+        if name not in SPLITS:
+            raise ValueError(f"unknown split {name!r}; splits: {', '.join(SPLITS)}")
+        return getattr(self, name)
 
 
 DATASETS: dict[str, str] = {
@@ -190,31 +205,136 @@ def load_image_set(cfg: Any, seed: int) -> ImageSet:
     return image_set
 
 
+def _class_split_counts(size: int, val_fraction: float, test_fraction: float) -> tuple[int, int]:
+    """(val, test) counts of one class of ``size`` samples; at least one sample stays in train."""
+    test = min(round(test_fraction * size), size - 1)
+    val = min(round(val_fraction * size), size - 1 - test)
+    return val, test
+
+
+def _check_fractions(val_fraction: float, test_fraction: float) -> None:
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    if not 0.0 <= val_fraction < 1.0 or val_fraction + test_fraction >= 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1) with val_fraction + test_fraction < 1, "
+                         f"got {val_fraction} and {test_fraction}")
+
+
+def split_sizes(
+    class_counts: list[int], val_fraction: float, test_fraction: float
+) -> dict[str, int]:
+    """Exact sizes of the splits :func:`stratified_split` makes for these class sizes.
+
+    Args:
+        class_counts: samples per class of the stratifying attribute.
+        val_fraction: share of each class put in the validation split.
+        test_fraction: share of each class put in the test split.
+
+    Returns:
+        ``{"train": n, "val": n, "test": n}``.
+    """
+    _check_fractions(val_fraction, test_fraction)
+    sizes = {"train": 0, "val": 0, "test": 0}
+    for count in class_counts:
+        val, test = _class_split_counts(count, val_fraction, test_fraction)
+        sizes["train"] += count - val - test
+        sizes["val"] += val
+        sizes["test"] += test
+    return sizes
+
+
 def stratified_split(
-    labels: np.ndarray, test_fraction: float, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Split indices so that every class keeps (about) the same share in train and test.
+    labels: np.ndarray, test_fraction: float, seed: int, val_fraction: float = 0.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split indices so that every class keeps (about) the same share in each split.
 
     Args:
         labels: int array (N,) of class labels.
         test_fraction: share of each class put in the test split, in (0, 1).
-        seed: seeds the choice of test samples.
+        seed: seeds the choice of held-out samples.
+        val_fraction: share of each class put in the validation split, in [0, 1).
 
     Returns:
-        (train_indices, test_indices), both sorted, disjoint, covering range(N). A class
-        always keeps at least one training sample.
+        (train_indices, val_indices, test_indices), each sorted, pairwise disjoint, covering
+        range(N). A class always keeps at least one training sample. The test split does not
+        depend on ``val_fraction``: validation samples are taken from what test leaves.
     """
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    _check_fractions(val_fraction, test_fraction)
     rng = np.random.default_rng(seed)
-    test_parts = []
+    val_parts, test_parts = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for label in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == label))
-        test_count = min(round(test_fraction * len(members)), len(members) - 1)
+        val_count, test_count = _class_split_counts(len(members), val_fraction, test_fraction)
         test_parts.append(members[:test_count])
+        val_parts.append(members[test_count:test_count + val_count])
     test_indices = np.sort(np.concatenate(test_parts)).astype(np.int64)
-    train_indices = np.setdiff1d(np.arange(len(labels)), test_indices).astype(np.int64)
-    return train_indices, test_indices
+    val_indices = np.sort(np.concatenate(val_parts)).astype(np.int64)
+    held_out = np.concatenate([val_indices, test_indices])
+    train_indices = np.setdiff1d(np.arange(len(labels)), held_out).astype(np.int64)
+    return train_indices, val_indices, test_indices
+
+
+def stratified_subset(labels: np.ndarray, count: int, seed: int) -> np.ndarray:
+    """``count`` indices whose class proportions follow ``labels`` (largest remainders).
+
+    Used to cap the linear probe's training set: taking the first rows instead would, for a
+    folder dataset sorted by class, show the probe only the first classes.
+
+    Args:
+        labels: int array (N,) of class labels.
+        count: how many indices to return; ``count >= N`` returns every index.
+        seed: seeds which members of each class are taken.
+
+    Returns:
+        Sorted int64 array of ``min(count, N)`` distinct indices.
+    """
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    if count >= len(labels):
+        return np.arange(len(labels), dtype=np.int64)
+    classes, counts = np.unique(labels, return_counts=True)
+    exact = counts * (count / len(labels))
+    quota = np.floor(exact).astype(np.int64)
+    # Hand the remaining places to the classes with the largest fractional parts.
+    remainder = count - int(quota.sum())
+    quota[np.argsort(-(exact - quota), kind="stable")[:remainder]] += 1
+    rng = np.random.default_rng(seed)
+    chosen = [rng.permutation(np.flatnonzero(labels == label))[:take]
+              for label, take in zip(classes, quota, strict=True)]
+    return np.sort(np.concatenate(chosen)).astype(np.int64)
+
+
+def class_counts(cfg: Any) -> list[int]:
+    """Samples per class of the stratifying (first) attribute, known without loading images.
+
+    Generated and packaged sets know their counts from the config; a folder is listed.
+    """
+    name = cfg.dataset
+    if name == "trifeature":
+        # Every (shape, texture, colour) combination appears samples_per_combination times.
+        return [100 * int(cfg.samples_per_combination)] * 10
+    if name == "mnist_fashion":
+        from raycl.data.pairs import MNIST_SIZE
+
+        total = MNIST_SIZE if cfg.num_samples is None else int(cfg.num_samples)
+        # balanced_subset: class counts differ by at most one.
+        return [total // 10 + (1 if digit < total % 10 else 0) for digit in range(10)]
+    if name == "digits":
+        from sklearn.datasets import load_digits
+
+        return np.bincount(load_digits().target).tolist()
+    if name == "folder":
+        from collections import Counter
+
+        from raycl.data.folders import list_image_files
+
+        return list(Counter(label for _, label in list_image_files(_folder_root(cfg))).values())
+    raise ValueError(f"unknown dataset {name!r}; choose one of:\n{describe_datasets()}")
+
+
+def split_sizes_for(cfg: Any) -> dict[str, int]:
+    """Exact train/val/test sizes :func:`load_dataset` will produce for this config."""
+    return split_sizes(class_counts(cfg), float(cfg.val_fraction), float(cfg.test_fraction))
 
 
 def _subset(image_set: ImageSet, indices: np.ndarray) -> ImageSet:
@@ -223,7 +343,7 @@ def _subset(image_set: ImageSet, indices: np.ndarray) -> ImageSet:
 
 
 def load_dataset(cfg: Any, seed: int) -> DatasetSplits:
-    """Load (or generate) a dataset and split it into train and test.
+    """Load (or generate) a dataset and split it into train, validation and test.
 
     Args:
         cfg: DataConfig-like object (see the module docstring); only its attributes are read.
@@ -234,12 +354,14 @@ def load_dataset(cfg: Any, seed: int) -> DatasetSplits:
     """
     image_set = load_image_set(cfg, seed)
     attributes = list(image_set.labels)
-    train_indices, test_indices = stratified_split(
-        image_set.labels[attributes[0]], float(cfg.test_fraction), seed
+    train_indices, val_indices, test_indices = stratified_split(
+        image_set.labels[attributes[0]], float(cfg.test_fraction), seed,
+        val_fraction=float(cfg.val_fraction),
     )
     return DatasetSplits(
         name=cfg.dataset,
         train=_subset(image_set, train_indices),
+        val=_subset(image_set, val_indices),
         test=_subset(image_set, test_indices),
         attributes=attributes,
         num_classes=_FIXED_NUM_CLASSES.get(cfg.dataset)

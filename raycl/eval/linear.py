@@ -13,6 +13,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 ArrayLike = np.ndarray | torch.Tensor
+# Split name -> (features, labels): every set a fitted probe is scored on.
+EvalSets = Mapping[str, tuple[ArrayLike, ArrayLike]]
 
 
 def to_numpy(array: ArrayLike) -> np.ndarray:
@@ -59,6 +61,64 @@ def check_probe_inputs(
     return train_x, train_y.astype(np.int64), test_x, test_y.astype(np.int64)
 
 
+def _check_eval_sets(
+    train_x: ArrayLike, train_y: ArrayLike, eval_sets: EvalSets
+) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    if not eval_sets:
+        raise ValueError("no evaluation set to score")
+    checked: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    train_np = train_labels = None
+    for name, (features, labels) in eval_sets.items():
+        train_np, train_labels, features_np, labels_np = check_probe_inputs(
+            train_x, train_y, features, labels)
+        checked[name] = (features_np, labels_np)
+    assert train_np is not None and train_labels is not None
+    return train_np, train_labels, checked
+
+
+def linear_probe_scores(
+    train_x: ArrayLike,
+    train_y: ArrayLike,
+    eval_sets: EvalSets,
+    max_iter: int = 200,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Fit one multinomial logistic regression on frozen features; score every evaluation set.
+
+    Features are standardised with statistics fitted on the training set only. Fitting once
+    and scoring validation and test with the same probe keeps the two numbers comparable.
+
+    Args:
+        train_x: (N, D) training features.
+        train_y: (N,) integer labels.
+        eval_sets: split name -> ((M, D) features, (M,) integer labels).
+        max_iter: lbfgs iteration cap.
+        seed: random_state of the classifier.
+
+    Returns:
+        Split name -> accuracy in [0, 1].
+
+    Example:
+        >>> scores = linear_probe_scores(x_train, y_train, {"val": (x_val, y_val)})
+    """
+    train_x, train_y, checked = _check_eval_sets(train_x, train_y, eval_sets)
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+    classes = np.unique(train_y)
+    if len(classes) == 1:
+        # LogisticRegression refuses a single class; the only possible prediction is it.
+        return {name: float(np.mean(y == classes[0])) for name, (_, y) in checked.items()}
+    scaler = StandardScaler().fit(train_x)
+    # lbfgs fits the multinomial (softmax) model for multi-class targets.
+    classifier = LogisticRegression(solver="lbfgs", max_iter=max_iter, random_state=seed)
+    with warnings.catch_warnings():
+        # A capped iteration budget is part of the protocol, not an error worth logging.
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        classifier.fit(scaler.transform(train_x), train_y)
+    return {name: float(np.mean(classifier.predict(scaler.transform(x)) == y))
+            for name, (x, y) in checked.items()}
+
+
 def linear_probe_accuracy(
     train_x: ArrayLike,
     train_y: ArrayLike,
@@ -69,35 +129,10 @@ def linear_probe_accuracy(
 ) -> float:
     """Top-1 test accuracy of a multinomial logistic regression on frozen features.
 
-    Features are standardised with statistics fitted on the training set only.
-
-    Args:
-        train_x: (N, D) training features.
-        train_y: (N,) integer labels.
-        test_x: (M, D) test features.
-        test_y: (M,) integer labels.
-        max_iter: lbfgs iteration cap.
-        seed: random_state of the classifier.
-
-    Returns:
-        Accuracy in [0, 1].
+    One evaluation set of :func:`linear_probe_scores`.
     """
-    train_x, train_y, test_x, test_y = check_probe_inputs(train_x, train_y, test_x, test_y)
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
-    classes = np.unique(train_y)
-    if len(classes) == 1:
-        # LogisticRegression refuses a single class; the only possible prediction is it.
-        return float(np.mean(test_y == classes[0]))
-    scaler = StandardScaler().fit(train_x)
-    # lbfgs fits the multinomial (softmax) model for multi-class targets.
-    classifier = LogisticRegression(solver="lbfgs", max_iter=max_iter, random_state=seed)
-    with warnings.catch_warnings():
-        # A capped iteration budget is part of the protocol, not an error worth logging.
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        classifier.fit(scaler.transform(train_x), train_y)
-    predictions = classifier.predict(scaler.transform(test_x))
-    return float(np.mean(predictions == test_y))
+    return linear_probe_scores(train_x, train_y, {"test": (test_x, test_y)}, max_iter,
+                               seed)["test"]
 
 
 def _resolve_device(features: ArrayLike, device: str | torch.device | None) -> torch.device:
@@ -108,19 +143,18 @@ def _resolve_device(features: ArrayLike, device: str | torch.device | None) -> t
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def torch_linear_probe_accuracy(
+def torch_linear_probe_scores(
     train_x: ArrayLike,
     train_y: ArrayLike,
-    test_x: ArrayLike,
-    test_y: ArrayLike,
+    eval_sets: EvalSets,
     epochs: int = 100,
     lr: float = 1e-2,
     weight_decay: float = 0.0,
     batch_size: int = 4096,
     seed: int = 0,
     device: str | torch.device | None = None,
-) -> float:
-    """Top-1 test accuracy of a softmax linear head trained with Adam (for large sets).
+) -> dict[str, float]:
+    """Fit one softmax linear head with Adam (for large sets); score every evaluation set.
 
     Full-batch when the training set fits in one `batch_size`, mini-batch otherwise.
     Features are standardised with training statistics; the head starts at zero (the
@@ -129,8 +163,7 @@ def torch_linear_probe_accuracy(
     Args:
         train_x: (N, D) training features.
         train_y: (N,) integer labels.
-        test_x: (M, D) test features.
-        test_y: (M,) integer labels.
+        eval_sets: split name -> ((M, D) features, (M,) integer labels).
         epochs: passes over the training set.
         lr: Adam learning rate.
         weight_decay: Adam L2 penalty.
@@ -140,7 +173,7 @@ def torch_linear_probe_accuracy(
             CUDA when available.
 
     Returns:
-        Accuracy in [0, 1].
+        Split name -> accuracy in [0, 1].
     """
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
@@ -149,19 +182,15 @@ def torch_linear_probe_accuracy(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     target_device = _resolve_device(train_x, device)
-    train_np, train_labels, test_np, test_labels = check_probe_inputs(
-        train_x, train_y, test_x, test_y
-    )
+    train_np, train_labels, checked = _check_eval_sets(train_x, train_y, eval_sets)
     classes = np.unique(train_labels)
-    # Map labels to 0..C-1; test labels unseen in training can never be predicted.
+    # Map labels to 0..C-1; evaluation labels unseen in training can never be predicted.
     train_targets = torch.as_tensor(np.searchsorted(classes, train_labels), device=target_device)
 
     train_feats = torch.as_tensor(train_np, dtype=torch.float32, device=target_device)
-    test_feats = torch.as_tensor(test_np, dtype=torch.float32, device=target_device)
     mean = train_feats.mean(dim=0)
     std = train_feats.std(dim=0, unbiased=False).clamp_min(1e-6)
     train_feats = (train_feats - mean) / std
-    test_feats = (test_feats - mean) / std
 
     head = torch.nn.Linear(train_feats.shape[1], len(classes)).to(target_device)
     torch.nn.init.zeros_(head.weight)
@@ -179,9 +208,81 @@ def torch_linear_probe_accuracy(
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
+    scores = {}
     with torch.no_grad():
-        predicted = head(test_feats).argmax(dim=1).cpu().numpy()
-    return float(np.mean(classes[predicted] == test_labels))
+        for name, (features, labels) in checked.items():
+            feats = torch.as_tensor(features, dtype=torch.float32, device=target_device)
+            predicted = head((feats - mean) / std).argmax(dim=1).cpu().numpy()
+            scores[name] = float(np.mean(classes[predicted] == labels))
+    return scores
+
+
+def torch_linear_probe_accuracy(
+    train_x: ArrayLike,
+    train_y: ArrayLike,
+    test_x: ArrayLike,
+    test_y: ArrayLike,
+    epochs: int = 100,
+    lr: float = 1e-2,
+    weight_decay: float = 0.0,
+    batch_size: int = 4096,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+) -> float:
+    """Top-1 test accuracy of the torch linear head: one set of :func:`torch_linear_probe_scores`.
+    """
+    return torch_linear_probe_scores(train_x, train_y, {"test": (test_x, test_y)}, epochs=epochs,
+                                     lr=lr, weight_decay=weight_decay, batch_size=batch_size,
+                                     seed=seed, device=device)["test"]
+
+
+def evaluate_linear_splits(
+    train_feats: ArrayLike,
+    train_labels: Mapping[str, ArrayLike],
+    eval_sets: Mapping[str, tuple[ArrayLike, Mapping[str, ArrayLike]]],
+    max_iter: int = 200,
+    seed: int = 0,
+    backend: Literal["sklearn", "torch"] = "sklearn",
+    device: str | torch.device | None = None,
+) -> dict[str, dict[str, float]]:
+    """Linear-probe accuracy for every labelled attribute, one probe per attribute fit on the
+    training features and scored on every evaluation split (validation, test).
+
+    Args:
+        train_feats: (N, D) training features.
+        train_labels: attribute name -> (N,) integer labels.
+        eval_sets: split name -> ((M, D) features, attribute name -> (M,) labels).
+        max_iter: lbfgs iterations (sklearn) or epochs (torch).
+        seed: probe seed.
+        backend: "sklearn" (exact lbfgs, small sets) or "torch" (Adam, large sets / GPU).
+        device: torch backend only; see `torch_linear_probe_scores`.
+
+    Returns:
+        ``{split: {attribute: accuracy, ..., "mean": mean over attributes}}``.
+    """
+    if backend not in ("sklearn", "torch"):
+        raise ValueError(f"backend must be 'sklearn' or 'torch', got {backend!r}")
+    if not eval_sets:
+        raise ValueError("no evaluation split to score")
+    # Every split must label the same attributes as the training set.
+    attributes = check_attributes(train_labels, next(iter(eval_sets.values()))[1])
+    for _, labels in eval_sets.values():
+        check_attributes(train_labels, labels)
+    results: dict[str, dict[str, float]] = {split: {} for split in eval_sets}
+    for attribute in attributes:
+        sets = {split: (features, labels[attribute])
+                for split, (features, labels) in eval_sets.items()}
+        if backend == "sklearn":
+            scores = linear_probe_scores(train_feats, train_labels[attribute], sets,
+                                         max_iter=max_iter, seed=seed)
+        else:
+            scores = torch_linear_probe_scores(train_feats, train_labels[attribute], sets,
+                                               epochs=max_iter, seed=seed, device=device)
+        for split, score in scores.items():
+            results[split][attribute] = score
+    for split_results in results.values():
+        split_results["mean"] = float(np.mean([split_results[a] for a in attributes]))
+    return results
 
 
 def evaluate_linear(
@@ -194,35 +295,15 @@ def evaluate_linear(
     backend: Literal["sklearn", "torch"] = "sklearn",
     device: str | torch.device | None = None,
 ) -> dict[str, float]:
-    """Linear-probe accuracy for every labelled attribute of a dataset.
-
-    Args:
-        train_feats: (N, D) training features.
-        train_labels: attribute name -> (N,) integer labels.
-        test_feats: (M, D) test features.
-        test_labels: attribute name -> (M,) labels; same keys as `train_labels`.
-        max_iter: lbfgs iterations (sklearn) or epochs (torch).
-        seed: probe seed.
-        backend: "sklearn" (exact lbfgs, small sets) or "torch" (Adam, large sets / GPU).
-        device: torch backend only; see `torch_linear_probe_accuracy`.
+    """Linear-probe accuracy for every labelled attribute on one evaluation split.
 
     Returns:
-        {attribute: accuracy, ..., "mean": mean over attributes}.
+        {attribute: accuracy, ..., "mean": mean over attributes}; see
+        :func:`evaluate_linear_splits`.
     """
-    attributes = check_attributes(train_labels, test_labels)
-    if backend not in ("sklearn", "torch"):
-        raise ValueError(f"backend must be 'sklearn' or 'torch', got {backend!r}")
-    results: dict[str, float] = {}
-    for attribute in attributes:
-        split = (train_feats, train_labels[attribute], test_feats, test_labels[attribute])
-        if backend == "sklearn":
-            results[attribute] = linear_probe_accuracy(*split, max_iter=max_iter, seed=seed)
-        else:
-            results[attribute] = torch_linear_probe_accuracy(
-                *split, epochs=max_iter, seed=seed, device=device
-            )
-    results["mean"] = float(np.mean([results[attribute] for attribute in attributes]))
-    return results
+    return evaluate_linear_splits(train_feats, train_labels, {"test": (test_feats, test_labels)},
+                                  max_iter=max_iter, seed=seed, backend=backend,
+                                  device=device)["test"]
 
 
 def check_attributes(

@@ -1,0 +1,83 @@
+"""Everything knowable before launch fails before launch: one line, exit 2, nothing started."""
+
+from __future__ import annotations
+
+import http.server
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from raycl.preflight import check_storage_path, check_tracking_uri
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_tracking_uri_that_does_not_answer() -> None:
+    started = time.monotonic()
+    problem = check_tracking_uri("http://127.0.0.1:1", timeout_s=2.0)
+    assert problem is not None and "no MLflow server answers at http://127.0.0.1:1" in problem
+    assert time.monotonic() - started < 5.0
+
+
+def test_tracking_uri_that_answers_with_any_status() -> None:
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert check_tracking_uri(f"http://127.0.0.1:{server.server_port}") is None
+    finally:
+        server.shutdown()
+
+
+def test_sqlite_and_file_stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert check_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}") is None
+    problem = check_tracking_uri(f"sqlite:///{tmp_path / 'missing' / 'mlflow.db'}")
+    assert problem is not None and "does not exist" in problem
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    problem = check_tracking_uri(str(tmp_path / "mlruns"))
+    assert problem is not None and "refuses plain file stores" in problem
+
+
+def test_storage_path(tmp_path: Path) -> None:
+    assert check_storage_path(str(tmp_path / "new" / "deeper")) is None
+    assert check_storage_path("s3://bucket/raycl") is None
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    problem = check_storage_path(str(blocker / "ray"))
+    assert problem is not None and "is not a directory" in problem
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--tracking-uri", "http://127.0.0.1:1"],
+         ": mlflow.tracking_uri: no MLflow server answers at http://127.0.0.1:1"),
+        (["--set", "train.batch_size=100000"],
+         ": train.batch_size: 100000 exceeds the training split (3500 samples)"),
+        (["--storage", "/proc/version/ray"], ": tune.storage_path: /proc/version is not a "
+         "directory"),
+    ],
+)
+def test_cli_rejects_before_launch(tmp_path: Path, args: list[str], expected: str) -> None:
+    search = REPO / "searches" / "quickstart.yaml"
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "raycl.tune", str(search), *args],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {search}") and expected in lines[0]
+    assert elapsed < 15.0
+    assert not (tmp_path / "ray_results").exists() and not (tmp_path / "mlflow.db").exists()

@@ -1,0 +1,64 @@
+"""The searcher proposes only trials that can train: constrained keys as feasible combinations."""
+
+from __future__ import annotations
+
+import pickle
+import random
+from pathlib import Path
+
+import pytest
+
+from raycl.config import apply_overrides, load_search
+from raycl.constraints import JOINT_PREFIX, joint_domain, trial_problem
+from raycl.searchers import build_searcher
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def proposals(config, count: int) -> list[dict]:
+    """Ask the sweep's searcher for ``count`` trials, completing each with a random score."""
+    searcher = build_searcher(config)
+    rng = random.Random(0)
+    suggested = []
+    for index in range(count):
+        params = searcher.suggest(f"t{index}")
+        suggested.append(params)
+        searcher.on_trial_complete(f"t{index}", {config.tune.metric: rng.random()})
+    return suggested
+
+
+@pytest.mark.parametrize("searcher", ["optuna", "random"])
+def test_default_mcl_space_proposes_no_infeasible_pair(searcher: str) -> None:
+    config = load_search(REPO / "searches" / "mcl_k_n.yaml", [f"tune.searcher={searcher}"])
+    suggested = proposals(config, 50)
+    for params in suggested:
+        assert set(params) == {"mcl.clusters", "mcl.stages", "loss.temperature"}
+        assert trial_problem(apply_overrides(config, params)) is None, params
+    pairs = {(p["mcl.clusters"], p["mcl.stages"]) for p in suggested}
+    # M = 3500, b = 128: K^N <= 27.3 leaves these; with one stage K is never used, so N=1 is
+    # offered once, not once per K.
+    assert pairs <= {(2, 1), (2, 2), (5, 2), (2, 3)}
+    assert len(pairs) >= 3
+    temperatures = {round(p["loss.temperature"], 6) for p in suggested}
+    assert len(temperatures) > 40 and all(0.1 <= t <= 0.5 for t in temperatures)
+
+
+def test_joint_domain_only_when_needed() -> None:
+    config = load_search(REPO / "searches" / "mcl_k_n.yaml")
+    joint = joint_domain(config)
+    assert joint is not None and joint.keys == ("mcl.clusters", "mcl.stages")
+    assert joint.name.startswith(JOINT_PREFIX)
+    assert joint.values(joint.labels()[0]) == {"mcl.clusters": 2, "mcl.stages": 1}
+    # Every combination feasible and distinct: the keys stay independent parameters.
+    relaxed = load_search(REPO / "searches" / "mcl_k_n.yaml",
+                          ["tune.search_space={mcl.clusters: {choice: [2, 3]}}"])
+    assert joint_domain(relaxed) is None
+
+
+def test_searcher_survives_pickling_with_the_experiment_state() -> None:
+    config = load_search(REPO / "searches" / "mcl_k_n.yaml")
+    searcher = build_searcher(config)
+    searcher.suggest("t0")
+    restored = pickle.loads(pickle.dumps(searcher))
+    params = restored.suggest("t1")
+    assert trial_problem(apply_overrides(config, params)) is None
