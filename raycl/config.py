@@ -38,7 +38,8 @@ class DataConfig(_Section):
         "(1000 combinations; the paper uses 100)."
     )
     num_samples: int | None = Field(
-        None, ge=10, description="mnist_fashion: number of pairs to draw (None: 5000)."
+        None, ge=10, le=5000, description="mnist_fashion: number of pairs to draw (None: all "
+        "5000 of the offline MNIST subset)."
     )
     val_fraction: float = Field(
         0.1, gt=0.0, lt=1.0, description="Share of each class held out for validation: probes "
@@ -365,6 +366,31 @@ def apply_overrides(config: SearchConfig, values: Mapping[str, Any]) -> SearchCo
     for key, value in values.items():
         set_dotted(raw, key, value)
     return SearchConfig.model_validate(raw)
+
+
+def resolve_tracking_uri(uri: str) -> str:
+    """Make a relative ``sqlite:///x.db`` absolute (against the current directory)."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
+
+
+def with_absolute_paths(config: SearchConfig) -> SearchConfig:
+    """The config with relative paths made absolute against this (the driver's) directory.
+
+    Ray Tune runs every trial in a working directory of its own, where a relative
+    ``sqlite:///mlflow.db``, ``data.root`` or ``data.cache_dir`` would name another file (a trial
+    would log its diagnostics into an empty database of its own).
+    """
+    values: dict[str, Any] = {"mlflow.tracking_uri": resolve_tracking_uri(
+        config.mlflow.tracking_uri)}
+    for key in ("data.root", "data.cache_dir"):
+        section, field = key.split(".")
+        path = getattr(getattr(config, section), field)
+        if path is not None and "://" not in path:
+            values[key] = str(Path(path).expanduser().resolve())
+    return apply_overrides(config, values)
 
 
 def schema_markdown() -> str:

@@ -12,8 +12,8 @@ import argparse
 import math
 import sys
 
-from raycl.config import reported_test_metric
-from raycl.tracking import PARENT_TAG, ROLE_TAG, _client, resolve_tracking_uri
+from raycl.config import reported_test_metric, resolve_tracking_uri
+from raycl.tracking import PARENT_TAG, ROLE_TAG, _client
 
 
 def leaderboard_rows(

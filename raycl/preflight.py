@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
-from raycl.config import ConfigError, SearchConfig
+from raycl.config import ConfigError, SearchConfig, resolve_tracking_uri
 
 TRACKING_TIMEOUT_S = 5.0
 
@@ -41,8 +41,6 @@ def check_tracking_uri(uri: str, timeout_s: float = TRACKING_TIMEOUT_S) -> str |
     """Why MLflow could not log to ``uri``, or None. http(s): the server must answer within
     ``timeout_s`` (any HTTP status counts as an answer); sqlite: the database's directory must
     exist and be writable; plain file stores are refused by MLflow 3 unless allowed."""
-    from raycl.tracking import resolve_tracking_uri
-
     parsed = urlparse(uri)
     if parsed.scheme in ("http", "https"):
         url = uri.rstrip("/") + "/health"

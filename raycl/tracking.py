@@ -24,7 +24,7 @@ import yaml
 from ray.tune import Callback
 
 import raycl
-from raycl.config import SearchConfig, apply_overrides, flatten
+from raycl.config import SearchConfig, apply_overrides, flatten, resolve_tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -40,14 +40,6 @@ COMMIT_TAG = "mlflow.source.git.commit"
 PARENT_TAG = "mlflow.parentRunId"
 # MLflow rejects a param value longer than this (6000 in MLflow 3).
 _MAX_PARAM_LENGTH = 6000
-
-
-def resolve_tracking_uri(uri: str) -> str:
-    """Make a relative ``sqlite:///x.db`` absolute: trials run in their own working directory."""
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        return prefix + str(Path(uri[len(prefix):]).resolve())
-    return uri
 
 
 def git_commit() -> str | None:

@@ -20,7 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raycl.config import ConfigError, SearchConfig, load_search, schema_markdown
+from raycl.config import (
+    ConfigError,
+    SearchConfig,
+    load_search,
+    schema_markdown,
+    with_absolute_paths,
+)
 from raycl.preflight import preflight
 
 EPILOG = """\
@@ -102,6 +108,8 @@ def build_tuner(
     from raycl.searchers import build_searcher
     from raycl.tracking import MLflowSweepCallback
 
+    # Trials run in directories of their own: every path they get must be absolute.
+    config = with_absolute_paths(config)
     storage = _storage_path(config.tune.storage_path)
     trainable = tune.with_parameters(run_trial, base_config=config.to_dict(),
                                      storage_path=f"{storage}/{config.name}-train", fault=fault)

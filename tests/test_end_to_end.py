@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from raycl.config import SearchConfig, apply_overrides, load_search
+from raycl.config import SearchConfig, apply_overrides, load_search, resolve_tracking_uri
 from raycl.leaderboard import leaderboard_rows
-from raycl.tracking import PARENT_TAG, ROLE_TAG, resolve_tracking_uri
+from raycl.tracking import PARENT_TAG, ROLE_TAG
 from raycl.tune import build_tuner, main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -161,13 +161,17 @@ def test_empty_space_runs_seed_repeats(ray_session, data_cache, tmp_path) -> Non
     assert all(child.data.tags["raycl.ended"] == "completed" for child in children)
 
 
-def test_mcl_trial_logs_every_stage_and_ami(ray_session, data_cache, tmp_path, capsys) -> None:
-    """The issue's command: --set pins K and N although the YAML searches them."""
+def test_mcl_trial_logs_every_stage_and_ami(
+    ray_session, data_cache, tmp_path, capsys, monkeypatch
+) -> None:
+    """The issue's command: --set pins K and N although the YAML searches them. Run as a user
+    does, with the YAML's relative ``sqlite:///mlflow.db`` and storage: trials run in their own
+    directories, yet their diagnostics (AMI) land in the driver's database."""
+    monkeypatch.chdir(tmp_path)
     overrides = [*TINY, "train.epochs=1", "mcl.clusters=2", "mcl.stages=2"]
     code = main([str(REPO / "searches" / "mcl_k_n.yaml"),
                  *[arg for override in overrides for arg in ("--set", override)],
-                 "--num-samples", "1", "--name", "e2e-mcl", "--storage", str(tmp_path / "ray"),
-                 "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+                 "--num-samples", "1", "--name", "e2e-mcl", "--storage", "ray"])
     assert code == 0
     printed = capsys.readouterr().out
     assert "--set mcl.clusters=2 pins a searched key" in printed
