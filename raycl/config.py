@@ -450,13 +450,6 @@ def parse_override(text: str) -> tuple[str, Any]:
 # validation and test splits), which would make trials incomparable.
 UNSEARCHABLE_KEYS = ("name", "data.val_fraction", "data.test_fraction", "data.cache_dir")
 UNSEARCHABLE_SECTIONS = ("tune.", "mlflow.")
-# Attributes each dataset labels (folder datasets: the class folder).
-DATASET_ATTRIBUTES: dict[str, tuple[str, ...]] = {
-    "trifeature": ("shape", "texture", "color"),
-    "mnist_fashion": ("digit", "garment"),
-    "digits": ("digit",),
-    "folder": ("class",),
-}
 
 
 def _is_integer_key(key: str) -> bool:
@@ -488,8 +481,10 @@ def _check_search_space(config: SearchConfig, source: str) -> None:
 
 def _check_metric(config: SearchConfig, source: str) -> None:
     """A probe metric must name an attribute the dataset has."""
+    from raycl.data import ATTRIBUTES
+
     match = re.fullmatch(r"(?:stage\d+/)?val/(?:linear|knn)/(\w+)", config.tune.metric)
-    known = DATASET_ATTRIBUTES.get(config.data.dataset)
+    known = ATTRIBUTES.get(config.data.dataset)
     if match and known and match.group(1) not in (*known, "mean"):
         raise ConfigError(f"{source}: tune.metric: {config.data.dataset} has no attribute "
                           f"{match.group(1)!r} (attributes: {', '.join(known)}, or mean)")
@@ -547,12 +542,8 @@ def validate_references(config: SearchConfig, source: str) -> None:
     _check_feasible(config, source)
 
 
-def _resolve_search(raw: dict[str, Any], pinned: dict[str, Any], notices: list[str]) -> None:
-    """What the command line means beyond setting values, applied to the raw YAML tree.
-
-    A ``--set`` of a searched key pins it: the key leaves the search space. ASHA's grace period
-    longer than the longest trial is clamped (Ray would assert after start-up).
-    """
+def _pin_searched_keys(raw: dict[str, Any], pinned: dict[str, Any], notices: list[str]) -> None:
+    """A ``--set`` of a searched key pins it: the key leaves the raw YAML's search space."""
     tune = raw.get("tune") if isinstance(raw.get("tune"), dict) else None
     space = tune.get("search_space") if tune else None
     if isinstance(space, dict):
@@ -564,6 +555,8 @@ def _resolve_search(raw: dict[str, Any], pinned: dict[str, Any], notices: list[s
 
 
 def _clamp_scheduler(config: SearchConfig, notices: list[str]) -> SearchConfig:
+    """ASHA's grace period longer than the longest trial is clamped (Ray would assert after
+    start-up)."""
     scheduler = config.tune.scheduler
     if scheduler.type != "asha" or scheduler.grace_period <= config.max_reports():
         return config
@@ -613,7 +606,7 @@ def load_search(
         set_dotted(raw, key, value)
         if not key.startswith("tune."):
             pinned[key] = value
-    _resolve_search(raw, pinned, notices)
+    _pin_searched_keys(raw, pinned, notices)
     try:
         config = SearchConfig.model_validate(raw)
     except ValidationError as exc:

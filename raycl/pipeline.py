@@ -29,9 +29,9 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from raycl.cluster import ami_matrix, group_size_histogram, kmeans, pseudo_label_codes
-from raycl.config import DATASET_ATTRIBUTES, SearchConfig, apply_overrides
+from raycl.config import SearchConfig, apply_overrides
 from raycl.constraints import trial_problem
-from raycl.data import split_sizes_for
+from raycl.data import ATTRIBUTES, split_sizes_for
 from raycl.session import InProcessSession
 from raycl.stages import (
     FEATURES_FILE,
@@ -227,7 +227,7 @@ def log_mcl_diagnostics(config: SearchConfig, final: StageInputs) -> None:
         out = Path(directory)
         (out / "ami_matrix.json").write_text(json.dumps(ami.round(4).tolist()))
         np.savetxt(out / "group_sizes.txt", sizes, fmt="%d")
-        attributes = list(DATASET_ATTRIBUTES[config.data.dataset])
+        attributes = list(ATTRIBUTES[config.data.dataset])
         _plot_diagnostics(out, ami, sizes, final.stage_metrics, attributes, config.num_stages)
         tracking.log_to_trial_run(config, _trial_id(), metrics, out)
 

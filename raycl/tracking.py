@@ -211,9 +211,14 @@ class MLflowSweepCallback(Callback):
     def on_trial_complete(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
         run_id = self._child(trial)
         last = trial.last_result or {}
+        # Tune marks a trial that ASHA stopped as done too; a trial ran to its end when its last
+        # report is the last epoch of its last stage (a restarted trial may report fewer times:
+        # finished stages are fast-forwarded).
+        resolved = apply_overrides(self.config, trial.config)
         if last.get("raycl/skipped"):
             status, ended = "KILLED", "skipped"
-        elif last.get("done"):
+        elif (last.get("stage") == resolved.num_stages - 1
+              and last.get("epoch") == resolved.train.epochs):
             status, ended = "FINISHED", "completed"
         else:
             status, ended = "KILLED", "stopped_by_scheduler"

@@ -298,7 +298,9 @@ def test_mnist_fashion_resizes_and_validates(tmp_path: Path) -> None:
     splits = load_dataset(data_cfg(tmp_path, dataset="mnist_fashion", num_samples=500,
                                    resolution=32), seed=3)
     assert splits.attributes == ["digit", "garment"] and splits.channels == 2
-    assert splits.train.images.shape == (400, 2, 32, 32)
+    # 50 per digit: 10 test, 5 validation, 35 train.
+    assert splits.train.images.shape == (350, 2, 32, 32)
+    assert len(splits.val.images) == 50 and len(splits.test.images) == 100
     with pytest.raises(ValueError, match="num_samples"):
         make_mnist_fashion(num_samples=6000, resolution=28, seed=0)
 

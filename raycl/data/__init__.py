@@ -37,6 +37,11 @@ _FIXED_NUM_CLASSES: dict[str, dict[str, int]] = {
     "mnist_fashion": {"digit": 10, "garment": 10},
     "digits": {"digit": 10},
 }
+# The attributes each dataset labels, the first one stratifying the splits.
+ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    **{name: tuple(classes) for name, classes in _FIXED_NUM_CLASSES.items()},
+    "folder": ("class",),
+}
 
 
 @dataclass
