@@ -89,3 +89,40 @@ def all_reduce_mean(t: Tensor) -> Tensor:
     reduced = t.detach().clone()
     dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
     return reduced / world_size()
+
+
+@torch.no_grad()
+def broadcast_from_rank0(t: Tensor) -> Tensor:
+    """Rank 0's ``t`` on every rank (e.g. a clustering only rank 0 computed).
+
+    Args:
+        t: tensor of identical shape and dtype on all ranks, on the device the process group
+            uses (CUDA for NCCL); its content matters on rank 0 only.
+
+    Returns:
+        Rank 0's values; ``t`` itself when not distributed.
+    """
+    if world_size() == 1:
+        return t
+    shared = t.contiguous().clone()
+    dist.broadcast(shared, src=0)
+    return shared
+
+
+@torch.no_grad()
+def any_rank(flag: bool, device: torch.device | None = None) -> bool:
+    """True on every rank when ``flag`` is True on at least one (ranks must agree before they
+    leave a loop, or the others wait forever in the next collective).
+
+    Args:
+        flag: this rank's condition.
+        device: where the process group's tensors live (CUDA for NCCL); CPU by default.
+
+    Returns:
+        The logical OR of ``flag`` over all ranks; ``flag`` itself when not distributed.
+    """
+    if world_size() == 1:
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item() > 0)

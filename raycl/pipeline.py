@@ -1,14 +1,11 @@
-"""A trial: one stage for most methods, N stages for MCL.
+"""A trial: one ``TorchTrainer`` (or, with ``scaling.num_workers: 0``, the same loop in the trial
+process) that trains every stage of the trial, then MCL's end-of-trial diagnostics.
 
-Each stage is a ``TorchTrainer(train_loop_per_worker, ScalingConfig).fit()``. Between MCL stages
-the trial clusters the stage's features of the whole training set (faiss k-means) and extends every
-sample's pseudo label, so the next stage's fresh encoder only contrasts samples that earlier stages
-could not tell apart (feature-aware negatives).
-
-Resumption: every checkpoint carries the frozen features and clusterings of the finished stages
-(``stage_inputs.npz``). A restarted trial either resumes from Tune's checkpoint (in-process mode)
-or re-creates each stage's trainer under the same run name, which Ray Train resumes from storage;
-finished stages then return at once.
+The worker loop (:func:`raycl.train.run_trial_loop`) does all the training, MCL's stages and the
+clustering between them included, so a trial pays for one worker group however many stages it
+has. Resumption: every checkpoint carries the frozen features and clusterings of the finished
+stages (``stage_inputs.npz``). A restarted trial resumes from Tune's checkpoint (in-process mode)
+or re-creates its trainer under the same run name, which Ray Train resumes from storage.
 """
 
 from __future__ import annotations
@@ -18,55 +15,28 @@ import logging
 import math
 import shutil
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray
 import torch
 from ray import tune
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
-from raycl.cluster import ami_matrix, group_size_histogram, kmeans, pseudo_label_codes
+from raycl.cluster import ami_matrix, group_size_histogram, pseudo_label_codes
 from raycl.config import SearchConfig, apply_overrides
 from raycl.constraints import trial_problem
 from raycl.data import ATTRIBUTES, split_sizes_for
 from raycl.session import InProcessSession
-from raycl.stages import (
-    FEATURES_FILE,
-    METRICS_FILE,
-    PROGRESS_FILE,
-    STAGE_INPUTS_FILE,
-    Features,
-    StageInputs,
-)
-from raycl.train import run_stage, train_loop_per_worker
+from raycl.stages import StageInputs, next_stage_inputs
+from raycl.train import FAILED_KEY, read_checkpoint, run_trial_loop, train_loop_per_worker
 
 logger = logging.getLogger(__name__)
 
 SKIPPED_KEY = "raycl/skipped"
-
-
-def next_stage_inputs(
-    config: SearchConfig,
-    inputs: StageInputs,
-    features: Features,
-    metrics: dict[str, Any] | None = None,
-) -> StageInputs:
-    """Cluster stage j's training features and build stage j+1's inputs (pseudo labels over all
-    stages). k-means fits on every training point unless ``mcl.kmeans_max_points`` caps it."""
-    assignment = kmeans(features["train"], config.mcl.clusters, seed=config.seed + inputs.stage,
-                        niter=config.mcl.kmeans_iterations,
-                        max_points=config.mcl.kmeans_max_points)
-    assignments = [*inputs.assignments, assignment]
-    return StageInputs(
-        stage=inputs.stage + 1,
-        pseudo_labels=pseudo_label_codes(assignments, config.mcl.clusters),
-        features=[*inputs.features, features],
-        assignments=assignments,
-        stage_metrics=[*inputs.stage_metrics, metrics or {}],
-    )
 
 
 def _trial_id() -> str:
@@ -90,35 +60,34 @@ def _device(config: SearchConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def _read_stage_output(directory: Path) -> tuple[Features, dict[str, Any]]:
-    with np.load(directory / FEATURES_FILE) as arrays:
-        features = {split: arrays[split] for split in arrays.files}
-    metrics = json.loads((directory / METRICS_FILE).read_text())
-    return features, metrics
+@dataclass
+class TrialOutput:
+    """What a trial's training left: its last report and its last checkpoint (a local copy the
+    caller removes; None when the trial ended without one, e.g. a diverged loss)."""
+
+    last_report: dict[str, Any]
+    checkpoint_dir: Path | None
 
 
-def fit_stage(
+def fit_trial(
     config: SearchConfig,
-    inputs: StageInputs,
     storage_path: str,
-    resume_from: str | None = None,
     fault: dict[str, Any] | None = None,
-) -> tuple[Features, dict[str, Any]]:
-    """Train one stage; return its features per split and final metrics (from its checkpoint).
+    trial_started_at: float | None = None,
+) -> TrialOutput:
+    """Train every stage of one trial.
 
-    ``scaling.num_workers >= 1``: a ``TorchTrainer`` whose run name is stable per trial and
-    stage, so a restarted trial's trainer resumes from Ray Train's storage. ``0``: the same loop
-    in this process (see :class:`raycl.session.InProcessSession`).
+    ``scaling.num_workers >= 1``: one ``TorchTrainer`` whose run name is stable per trial, so a
+    restarted trial's trainer resumes from Ray Train's storage. ``0``: the same loop in this
+    process (see :class:`raycl.session.InProcessSession`), resuming from Tune's checkpoint.
     """
-    loop_config = {"config": config.to_dict(), "inputs": inputs, "fault": fault}
+    loop_config = {"config": config.to_dict(), "fault": fault,
+                   "trial_started_at": trial_started_at or time.time()}
     if config.scaling.num_workers == 0:
-        session = InProcessSession(_device(config), resume_from)
-        run_stage(loop_config, session)
-        if session.last_checkpoint_dir is None:
-            raise RuntimeError(f"stage {inputs.stage} finished without a checkpoint")
-        output = _read_stage_output(Path(session.last_checkpoint_dir))
-        shutil.rmtree(session.last_checkpoint_dir, ignore_errors=True)
-        return output
+        session = InProcessSession(_device(config), tune.get_checkpoint() if _in_tune() else None)
+        run_trial_loop(loop_config, session)
+        directory = session.last_checkpoint_dir
+        return TrialOutput(session.last_report, Path(directory) if directory else None)
 
     callbacks = []
     if _in_tune():
@@ -127,8 +96,7 @@ def fit_stage(
         callbacks.append(TuneReportCallback())
     trainer = TorchTrainer(
         train_loop_per_worker,
-        # Workers fetch the (possibly large) frozen features from the object store.
-        train_loop_config={**loop_config, "inputs": ray.put(inputs)},
+        train_loop_config=loop_config,
         scaling_config=ScalingConfig(
             num_workers=config.scaling.num_workers,
             use_gpu=config.scaling.use_gpu,
@@ -138,7 +106,7 @@ def fit_stage(
             },
         ),
         run_config=RunConfig(
-            name=f"{config.name}-{_trial_id()}-stage{inputs.stage}",
+            name=f"{config.name}-{_trial_id()}",
             storage_path=storage_path,
             failure_config=FailureConfig(max_failures=config.scaling.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
@@ -146,25 +114,10 @@ def fit_stage(
         ),
     )
     result = trainer.fit()
-    if result.checkpoint is None:
-        raise RuntimeError(f"stage {inputs.stage} finished without a checkpoint")
-    with result.checkpoint.as_directory() as directory:
-        return _read_stage_output(Path(directory))
-
-
-def _resume_point(config: SearchConfig) -> tuple[StageInputs, str | None, dict | None]:
-    """In-process mode: where Tune's last checkpoint left this trial."""
-    checkpoint = tune.get_checkpoint() if _in_tune() else None
-    if checkpoint is None:
-        return StageInputs(), None, None
-    directory = Path(checkpoint.to_directory(tempfile.mkdtemp(prefix="raycl-resume-")))
-    progress = json.loads((directory / PROGRESS_FILE).read_text())
-    inputs = StageInputs.load(directory / STAGE_INPUTS_FILE)
-    logger.info("resuming trial at stage %s epoch %s", progress["stage"], progress["epoch"])
-    if not progress["stage_complete"]:
-        return inputs, str(directory), None
-    features, metrics = _read_stage_output(directory)
-    return inputs, None, {"features": features, "metrics": metrics}
+    directory = None
+    if result.checkpoint is not None:
+        directory = Path(result.checkpoint.to_directory(tempfile.mkdtemp(prefix="raycl-final-")))
+    return TrialOutput(dict(result.metrics or {}), directory)
 
 
 def run_trial(
@@ -173,10 +126,11 @@ def run_trial(
     storage_path: str,
     fault: dict[str, Any] | None = None,
 ) -> None:
-    """The Tune trainable: apply the sampled ``params`` (dotted keys) and run every stage.
+    """The Tune trainable: apply the sampled ``params`` (dotted keys) and train the trial.
 
     ``fault`` is a test hook (see ``raycl.train._maybe_inject_fault``).
     """
+    started = time.time()
     config = apply_overrides(SearchConfig.model_validate(base_config), params)
     # A safety net: the searcher only proposes feasible trials (raycl.constraints), but a trial
     # that still cannot train is pruned before any training. Optuna records a trial without the
@@ -188,20 +142,20 @@ def run_trial(
         tune.report({SKIPPED_KEY: 1.0, "raycl/skip_reason": reason})
         return
 
-    inputs, resume_from, finished = _resume_point(config)
-    while True:
-        if finished is None:
-            features, metrics = fit_stage(config, inputs, storage_path, resume_from, fault)
-        else:
-            features, metrics = finished["features"], finished["metrics"]
-        resume_from, finished = None, None
-        if config.num_stages == 1:
+    output = fit_trial(config, storage_path, fault, trial_started_at=started)
+    try:
+        if output.last_report.get(FAILED_KEY) or output.checkpoint_dir is None:
             return
-        # After the last stage the clustering only feeds the diagnostics (AMI between stages).
-        inputs = next_stage_inputs(config, inputs, features, metrics)
-        if inputs.stage >= config.num_stages:
-            break
-    log_mcl_diagnostics(config, inputs)
+        if config.num_stages > 1:
+            final = read_checkpoint(output.checkpoint_dir, torch.device("cpu"))
+            assert final.features is not None, "the last checkpoint of a trial is a stage's end"
+            # After the last stage the clustering only feeds the diagnostics (AMI between
+            # stages).
+            log_mcl_diagnostics(config, next_stage_inputs(config, final.inputs, final.features,
+                                                          final.metrics))
+    finally:
+        if output.checkpoint_dir is not None:
+            shutil.rmtree(output.checkpoint_dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from ray.tune.search.optuna import OptunaSearch as _RayOptunaSearch
 
 from raycl.config import Domain, SearchConfig
 from raycl.constraints import JOINT_PREFIX, JointDomain, joint_domain
+from raycl.train import FAILED_KEY
 
 if TYPE_CHECKING:
     import optuna
@@ -79,6 +80,15 @@ class OptunaSearch(_RayOptunaSearch):
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         if self.metric in result:
             super().on_trial_result(trial_id, result)
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict | None = None, error: bool = False
+    ) -> None:
+        # A diverged trial (NaN loss) ends without an error in Tune's eyes (it is a result, not
+        # a crash to retry); Optuna records it as FAIL, what it is, not PRUNED (stopped early).
+        if result and result.get(FAILED_KEY):
+            result, error = None, True
+        super().on_trial_complete(trial_id, result, error)
 
 
 def build_searcher(config: SearchConfig) -> OptunaSearch:

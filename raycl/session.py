@@ -44,21 +44,25 @@ class InProcessSession:
     trial's storage; a restarted trial resumes from ``tune.get_checkpoint()``.
     """
 
-    def __init__(self, device: torch.device, resume_from: str | None = None) -> None:
+    def __init__(
+        self, device: torch.device, resume_from: ray.train.Checkpoint | None = None
+    ) -> None:
         from ray.tune.trainable.trainable_fn_utils import _in_tune_session
 
         self.rank, self.world_size, self.device = 0, 1, device
         self.resume_from = resume_from
         self.in_tune = _in_tune_session()
         self.last_checkpoint_dir: str | None = None
+        self.last_report: dict[str, Any] = {}
 
     def latest_checkpoint(self) -> ray.train.Checkpoint | None:
-        return ray.train.Checkpoint(self.resume_from) if self.resume_from else None
+        return self.resume_from
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
+        self.last_report = metrics
         if checkpoint_dir:
             # Tune copies each checkpoint into the trial's storage; keep only the newest here,
-            # which the pipeline reads (and removes) when the stage ends.
+            # which the pipeline reads (and removes) when the trial ends.
             if self.last_checkpoint_dir:
                 shutil.rmtree(self.last_checkpoint_dir, ignore_errors=True)
             self.last_checkpoint_dir = checkpoint_dir

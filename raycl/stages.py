@@ -1,6 +1,9 @@
 """What one MCL stage hands to the next, and how stages are combined.
 
-A stage's checkpoint carries a :class:`StageInputs` (the frozen features, clusterings and final
+Between stages the training features of stage j are clustered into K groups (faiss k-means) and
+every sample's pseudo label is extended by its group, so stage j+1's fresh encoder only contrasts
+samples that earlier stages could not tell apart (feature-aware negatives). A stage's checkpoint
+carries a :class:`StageInputs` (the frozen features, clusterings and final
 metrics of every earlier stage), so a trial resumed in stage j has stages 0..j-1 intact.
 """
 
@@ -9,11 +12,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from raycl.cluster import l2_normalize
+from raycl.cluster import kmeans, l2_normalize, pseudo_label_codes
+
+if TYPE_CHECKING:
+    from raycl.config import SearchConfig
 
 # Files of a raycl checkpoint directory (written by raycl.train).
 STATE_FILE = "state.pt"
@@ -81,6 +87,34 @@ class StageInputs:
                              if f"assignments_{j}" in arrays],
                 stage_metrics=json.loads(str(arrays["stage_metrics"])),
             )
+
+
+def cluster_stage(config: SearchConfig, inputs: StageInputs, features: Features) -> np.ndarray:
+    """k-means of stage j's training features into ``mcl.clusters`` groups (seeded by the stage).
+    Fits on every training point unless ``mcl.kmeans_max_points`` caps it."""
+    return kmeans(features["train"], config.mcl.clusters, seed=config.seed + inputs.stage,
+                  niter=config.mcl.kmeans_iterations, max_points=config.mcl.kmeans_max_points)
+
+
+def next_stage_inputs(
+    config: SearchConfig,
+    inputs: StageInputs,
+    features: Features,
+    metrics: dict[str, Any] | None = None,
+    assignment: np.ndarray | None = None,
+) -> StageInputs:
+    """Stage j+1's inputs: stage j's clustering (``assignment``, computed here when None) added to
+    the pseudo labels, which encode every stage so far, and its features frozen."""
+    if assignment is None:
+        assignment = cluster_stage(config, inputs, features)
+    assignments = [*inputs.assignments, assignment]
+    return StageInputs(
+        stage=inputs.stage + 1,
+        pseudo_labels=pseudo_label_codes(assignments, config.mcl.clusters),
+        features=[*inputs.features, features],
+        assignments=assignments,
+        stage_metrics=[*inputs.stage_metrics, metrics or {}],
+    )
 
 
 def integrate(features: list[np.ndarray]) -> np.ndarray:

@@ -25,6 +25,7 @@ from ray.tune import Callback
 
 import raycl
 from raycl.config import SearchConfig, apply_overrides, flatten, resolve_tracking_uri
+from raycl.train import FAIL_REASON_KEY, FAILED_KEY
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -38,6 +39,11 @@ SWEEP_TAG = "raycl.sweep"
 SWEEP_UID_TAG = "raycl.sweep_uid"
 COMMIT_TAG = "mlflow.source.git.commit"
 PARENT_TAG = "mlflow.parentRunId"
+# Sweep name -> whether its last run in this process was interrupted (set by the callback in the
+# driver, read by raycl.tune to choose the exit code).
+INTERRUPTED: dict[str, bool] = {}
+# The trial's epoch over all its stages, logged at every step: the x axis of every curve.
+EPOCH_METRIC = "train/epoch"
 # MLflow rejects a param value longer than this (6000 in MLflow 3).
 _MAX_PARAM_LENGTH = 6000
 
@@ -102,6 +108,12 @@ class MLflowSweepCallback(Callback):
         self.parent_run_id: str | None = None
         self.experiment_id: str | None = None
         self._children: dict[str, str] = {}
+        # The last epoch (MLflow step) logged per trial; rebuilt from MLflow after a restore.
+        self._logged_step: dict[str, int] = {}
+        # Trials started and ended (completed or failed) while this driver ran: one the driver
+        # was interrupted in the middle of started and never ended (Tune stops it silently).
+        self._started: set[str] = set()
+        self._ended: set[str] = set()
         self.commit: str | None = None
         self._client_instance: MlflowClient | None = None
 
@@ -118,6 +130,8 @@ class MLflowSweepCallback(Callback):
         return self._client_instance
 
     def setup(self, **info: Any) -> None:
+        # Pickled with the experiment state some time ago: MLflow knows better what was logged.
+        self._logged_step, self._started, self._ended = {}, set(), set()
         self.commit = git_commit()
         self.experiment_id = get_or_create_experiment(
             self.client, experiment_name(self.config), self.tracking_uri)
@@ -191,7 +205,15 @@ class MLflowSweepCallback(Callback):
         return run_id
 
     def on_trial_start(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
-        self._child(trial)
+        # Also when a resumed sweep restarts an interrupted trial (its run was marked KILLED).
+        self.client.update_run(self._child(trial), status="RUNNING")
+        self._started.add(trial.trial_id)
+
+    def _last_logged_step(self, trial: Trial, run_id: str) -> int:
+        if trial.trial_id not in self._logged_step:
+            history = self.client.get_metric_history(run_id, EPOCH_METRIC)
+            self._logged_step[trial.trial_id] = max((m.step for m in history), default=0)
+        return self._logged_step[trial.trial_id]
 
     def on_trial_result(
         self, iteration: int, trials: list, trial: Trial, result: dict, **info: Any
@@ -199,24 +221,41 @@ class MLflowSweepCallback(Callback):
         from mlflow.entities import Metric
 
         run_id = self._child(trial)
-        step = int(result.get("training_iteration", 0))
+        last_step = self._last_logged_step(trial, run_id)
+        metrics = _numeric_metrics(result)
+        if "global_epoch" in result:
+            # The step is the epoch of the trial (stage * epochs + epoch), not Tune's report
+            # count: a worker that dies right after a report resumes from the checkpoint before
+            # it and replays that epoch (identically), which must not be logged twice.
+            step = int(result["global_epoch"])
+            if step <= last_step:
+                logger.info("trial %s replayed epoch %d after a restart; already logged",
+                            trial.trial_id, step)
+                metrics = {}
+            else:
+                metrics[EPOCH_METRIC] = float(step)
+                self._logged_step[trial.trial_id] = step
+        else:  # a report that is not an epoch (a skipped or diverged trial)
+            step = last_step or int(result.get("training_iteration", 0))
         now = int(time.time() * 1000)
-        metrics = [Metric(key, value, now, step)
-                   for key, value in _numeric_metrics(result).items()]
-        for start in range(0, len(metrics), 500):
-            self.client.log_batch(run_id, metrics=metrics[start:start + 500])
+        entries = [Metric(key, value, now, step) for key, value in metrics.items()]
+        for start in range(0, len(entries), 500):
+            self.client.log_batch(run_id, metrics=entries[start:start + 500])
         if "raycl/skip_reason" in result:
             self.client.set_tag(run_id, "raycl.skipped", str(result["raycl/skip_reason"]))
+        if FAIL_REASON_KEY in result:
+            self.client.set_tag(run_id, "raycl.error", str(result[FAIL_REASON_KEY])[:5000])
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
         run_id = self._child(trial)
         last = trial.last_result or {}
         # Tune marks a trial that ASHA stopped as done too; a trial ran to its end when its last
-        # report is the last epoch of its last stage (a restarted trial may report fewer times:
-        # finished stages are fast-forwarded).
+        # report is the last epoch of its last stage.
         resolved = apply_overrides(self.config, trial.config)
         if last.get("raycl/skipped"):
             status, ended = "KILLED", "skipped"
+        elif last.get(FAILED_KEY):
+            status, ended = "FAILED", "diverged"
         elif (last.get("stage") == resolved.num_stages - 1
               and last.get("epoch") == resolved.train.epochs):
             status, ended = "FINISHED", "completed"
@@ -224,9 +263,11 @@ class MLflowSweepCallback(Callback):
             status, ended = "KILLED", "stopped_by_scheduler"
         self.client.set_tag(run_id, "raycl.ended", ended)
         self.client.set_terminated(run_id, status=status)
+        self._ended.add(trial.trial_id)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
         run_id = self._child(trial)
+        self._ended.add(trial.trial_id)
         self.client.set_tag(run_id, "raycl.ended", "error")
         if trial.error_file and Path(trial.error_file).is_file():
             self.client.log_artifact(run_id, trial.error_file)
@@ -235,6 +276,21 @@ class MLflowSweepCallback(Callback):
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         if self.parent_run_id is None:
             return
+        unfinished = [trial for trial in trials if trial.status == "PENDING" or (
+            trial.trial_id in self._started and trial.trial_id not in self._ended)]
+        INTERRUPTED[self.config.name] = bool(unfinished)
+        if unfinished:
+            # Interrupted (Ctrl+C, SIGINT to the driver): Tune saved the sweep, and running the
+            # same command again resumes it into these same runs.
+            for trial in unfinished:
+                run_id = self._children.get(trial.trial_id)
+                if run_id:
+                    self.client.set_tag(run_id, "raycl.ended", "interrupted")
+                    self.client.set_terminated(run_id, status="KILLED")
+            self.client.set_tag(self.parent_run_id, "raycl.interrupted", "true")
+            self.client.set_terminated(self.parent_run_id, status="KILLED")
+            return
+        self.client.set_tag(self.parent_run_id, "raycl.interrupted", "false")
         best = best_trial(trials, self.config.tune.metric, self.config.tune.mode)
         if best is not None:
             trial, value = best

@@ -1,27 +1,37 @@
-"""The Ray Train worker loop, shared by every method.
+"""The Ray Train worker loop, shared by every method: one worker group per trial.
 
-``train_loop_per_worker`` trains one stage of one trial: it builds the data, the method (from the
-registry) and the optimizer, resumes from the latest checkpoint when there is one, and every epoch
-reports ``train/*`` metrics, evaluations and a checkpoint. Evaluations fit probes on the training
-split and score the validation split (``val/linear/*``, ``val/knn/*``: what a sweep selects on);
-the last epoch of a stage scores the test split too (``test/...``), once.
+``train_loop_per_worker`` runs a whole trial: it loads the data once, resumes from the newest
+readable checkpoint when there is one, and trains every stage (one for most methods, N for MCL).
+For each stage it builds the method (from the registry) and the optimizer, and every epoch
+reports ``train/*`` metrics, evaluations, ``perf/*`` figures and a checkpoint. Evaluations fit
+probes on the training split and score the validation split (``val/linear/*``, ``val/knn/*``:
+what a sweep selects on); the last epoch of a stage scores the test split too (``test/...``),
+once. Between MCL stages the workers embed their shards, rank 0 clusters and broadcasts the
+assignment (:mod:`raycl.stages`), and training goes on with a fresh encoder in the same processes.
 
 The loop knows nothing about a particular method: it calls ``method(batch)`` for the loss,
 ``method.embed(images)`` for evaluation, ``method.param_groups()`` for the optimizer and
 ``method.on_train_step_end`` for EMA/queue updates. MCL only adds pseudo labels and the frozen
-features of earlier stages (:class:`raycl.stages.StageInputs`), handed over by
-:mod:`raycl.pipeline`.
+features of earlier stages (:class:`raycl.stages.StageInputs`).
+
+A loss that turns NaN/inf ends the trial at the next check (every ``FINITE_CHECK_EVERY`` steps)
+with a report naming the step and value (``raycl/failed``), which MLflow records as FAILED.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import posixpath
+import resource
 import shutil
+import sys
 import tempfile
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +47,7 @@ from raycl.config import SearchConfig
 from raycl.data import DatasetSplits, load_dataset, stratified_subset
 from raycl.data.augment import BatchAugment, to_float
 from raycl.data.samplers import PseudoLabelBatchSampler
+from raycl.distributed import any_rank, broadcast_from_rank0
 from raycl.eval import evaluate_knn, evaluate_linear_splits
 from raycl.methods import build_method
 from raycl.methods.base import Batch, Method
@@ -49,7 +60,11 @@ from raycl.stages import (
     STATE_FILE,
     Features,
     StageInputs,
+    cluster_stage,
+    next_stage_inputs,
 )
+
+logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 # Small helpers
@@ -193,21 +208,112 @@ def evaluate_features(
 
 
 # ---------------------------------------------------------------------------------------------
-# Checkpoints and reports
+# Checkpoints: written complete or not at all, read back with a fallback
+
+FAILED_KEY = "raycl/failed"
+FAIL_REASON_KEY = "raycl/fail_reason"
+# Losses are checked for NaN/inf every this many steps (and at each epoch's end): one device
+# sync per check, so a GPU is not stalled every step, and a diverged trial still stops at once.
+FINITE_CHECK_EVERY = 20
 
 
-def _report_finished(checkpoint: ray.train.Checkpoint, session: Session) -> None:
-    checkpoint_dir = None
-    if session.rank == 0:
-        checkpoint_dir = tempfile.mkdtemp(prefix="raycl-ckpt-")
-        with checkpoint.as_directory() as directory:
-            shutil.copytree(directory, checkpoint_dir, dirs_exist_ok=True)
-        metrics = json.loads((Path(checkpoint_dir) / METRICS_FILE).read_text())
-        # Training curves were logged when the stage ran; repeat only the evaluation.
-        metrics = {key: value for key, value in metrics.items() if "train/" not in key}
-    else:
-        metrics = {}
-    session.report(metrics, checkpoint_dir)
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite: the trial's hyperparameters diverge (a result, not an
+    infrastructure failure, so it is reported and not retried)."""
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint of the trial could be read back."""
+
+
+@dataclass
+class Restored:
+    """Where a checkpoint says the trial stands.
+
+    Attributes:
+        directory: a private local copy of the checkpoint.
+        progress: ``{"stage", "epoch", "stage_complete"}``.
+        inputs: what the checkpointed stage got from the stages before it.
+        state: model/optimizer/scaler state of that stage.
+        features: the stage's features per split, when the stage is complete.
+        metrics: the metrics reported with the checkpoint.
+    """
+
+    directory: Path
+    progress: dict[str, Any]
+    inputs: StageInputs
+    state: dict[str, Any]
+    features: Features | None
+    metrics: dict[str, Any]
+
+
+def read_checkpoint(directory: Path, device: torch.device) -> Restored:
+    """Read every file of a raycl checkpoint; raises if any is missing, truncated or corrupt."""
+    progress = json.loads((directory / PROGRESS_FILE).read_text())
+    # weights_only: a checkpoint on shared storage must not be able to run code.
+    state = torch.load(directory / STATE_FILE, map_location=device, weights_only=True)
+    inputs = StageInputs.load(directory / STAGE_INPUTS_FILE)
+    features = None
+    if progress["stage_complete"]:
+        with np.load(directory / FEATURES_FILE) as arrays:
+            features = {split: arrays[split] for split in arrays.files}
+    metrics = json.loads((directory / METRICS_FILE).read_text())
+    if inputs.stage != progress["stage"]:
+        raise ValueError(f"stage_inputs is for stage {inputs.stage}, progress for "
+                         f"{progress['stage']}")
+    return Restored(directory, progress, inputs, state, features, metrics)
+
+
+def checkpoint_candidates(latest: ray.train.Checkpoint) -> list[ray.train.Checkpoint]:
+    """``latest``, then the older checkpoints beside it in the same run, newest first.
+
+    Both Tune (``checkpoint_000007``) and Ray Train (``checkpoint_<timestamp>``) name checkpoint
+    directories so that names sort in the order they were written.
+    """
+    import pyarrow.fs
+
+    path = latest.path.rstrip("/")
+    parent, name = posixpath.dirname(path), posixpath.basename(path)
+    try:
+        entries = latest.filesystem.get_file_info(pyarrow.fs.FileSelector(parent))
+    except OSError:
+        return [latest]
+    older = sorted((entry.base_name for entry in entries
+                    if entry.type == pyarrow.fs.FileType.Directory
+                    and entry.base_name.startswith("checkpoint_") and entry.base_name < name),
+                   reverse=True)
+    return [latest, *(ray.train.Checkpoint(posixpath.join(parent, older_name),
+                                           filesystem=latest.filesystem)
+                      for older_name in older)]
+
+
+def restore(session: Session) -> Restored | None:
+    """The newest readable checkpoint of this trial, None when it has none.
+
+    A corrupt or truncated latest checkpoint (a node died while writing it, a disk filled up)
+    is skipped with a warning and the one before it is used: the trial repeats a few epochs
+    rather than dying. When checkpoints exist but none can be read, the trial fails with one line
+    naming each and why, rather than silently starting over.
+    """
+    latest = session.latest_checkpoint()
+    if latest is None:
+        return None
+    problems = []
+    for candidate in checkpoint_candidates(latest):
+        directory = Path(tempfile.mkdtemp(prefix="raycl-restore-"))
+        try:
+            candidate.to_directory(str(directory))
+            restored = read_checkpoint(directory, session.device)
+        except Exception as exc:  # any unreadable file disqualifies the whole checkpoint
+            shutil.rmtree(directory, ignore_errors=True)
+            problem = f"{candidate.path}: {type(exc).__name__}: {exc}"
+            logger.warning("checkpoint unreadable, trying an older one: %s", problem)
+            problems.append(problem)
+            continue
+        if problems:
+            logger.warning("resuming from %s instead of the latest checkpoint", candidate.path)
+        return restored
+    raise CheckpointError("no readable checkpoint to resume from: " + "; ".join(problems))
 
 
 def _write_checkpoint(
@@ -231,32 +337,159 @@ def _write_checkpoint(
     (directory / PROGRESS_FILE).write_text(json.dumps(progress))
 
 
+def _peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
 # ---------------------------------------------------------------------------------------------
 # The loop
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
-    """Ray Train entry point: train one stage on this worker (see :func:`run_stage`)."""
-    run_stage(loop_config, RayTrainSession())
+    """Ray Train entry point: every stage of one trial on this worker (see
+    :func:`run_trial_loop`)."""
+    run_trial_loop(loop_config, RayTrainSession())
 
 
-def run_stage(loop_config: dict[str, Any], session: Session) -> None:
-    """Train one stage. ``loop_config``: config (dict), inputs (StageInputs or an ObjectRef to
-    one), fault (tests only)."""
+def run_trial_loop(loop_config: dict[str, Any], session: Session) -> None:
+    """Train every stage of one trial: one worker group for the whole trial.
+
+    ``loop_config``: ``config`` (dict), ``trial_started_at`` (``time.time()`` when the trial
+    began, for the start-up figure), ``fault`` (tests only). The data is loaded once; between MCL
+    stages the workers embed their shards and gather them, rank 0 clusters and broadcasts the
+    assignment, and every rank goes on with a fresh encoder. A restart resumes from the newest
+    readable checkpoint: inside the stage it was written in, or after it when that stage had
+    finished.
+    """
     config = SearchConfig.model_validate(loop_config["config"])
-    inputs = loop_config["inputs"]
-    if isinstance(inputs, ray.ObjectRef):
-        inputs = ray.get(inputs)
-    rank, world, device = session.rank, session.world_size, session.device
     torch.set_num_threads(max(1, int(config.scaling.cpus_per_worker)))
+    data = load_dataset(config.data, config.seed)
+    if config.train.batch_size > len(data.train.images):
+        raise ValueError(f"train.batch_size={config.train.batch_size} exceeds the training split "
+                         f"({len(data.train.images)} samples)")
+    clock = _Clock(loop_config.get("trial_started_at"))
+    last_stage = config.num_stages - 1
+
+    restored = restore(session)
+    inputs, resume = StageInputs(), None
+    if restored is not None:
+        progress = restored.progress
+        logger.info("resuming trial at stage %s epoch %s", progress["stage"], progress["epoch"])
+        if progress["stage_complete"] and progress["stage"] == last_stage:
+            _report_finished(restored, session)  # the trial had finished: nothing to train
+            return
+        inputs = restored.inputs
+        if progress["stage_complete"]:
+            assert restored.features is not None
+            inputs = _between_stages(config, inputs, restored.features, restored.metrics,
+                                     session, clock)
+            shutil.rmtree(restored.directory, ignore_errors=True)
+        else:
+            resume = restored
+    try:
+        while True:
+            features, metrics = _train_stage(config, data, inputs, session, resume, clock,
+                                             loop_config)
+            resume = None
+            if inputs.stage == last_stage:
+                return
+            inputs = _between_stages(config, inputs, features, metrics, session, clock)
+    except NonFiniteLossError as exc:
+        # Every rank raised at the same check (the flag is all-reduced), so every rank reports.
+        logger.error("%s", exc)
+        report = {FAILED_KEY: 1.0, FAIL_REASON_KEY: str(exc)} if session.rank == 0 else {}
+        session.report(report, None)
+
+
+class _Clock:
+    """Start-up (trial start to this process's first optimizer step) and between-stage times."""
+
+    def __init__(self, trial_started_at: float | None) -> None:
+        self.trial_started_at = trial_started_at or time.time()
+        self.startup_seconds: float | None = None
+        self.kmeans_seconds: float | None = None
+
+    def first_step_done(self) -> None:
+        if self.startup_seconds is None:
+            self.startup_seconds = time.time() - self.trial_started_at
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Each figure once, with the first report after it was measured."""
+        metrics = {}
+        if self.startup_seconds is not None and self.startup_seconds >= 0:
+            metrics["perf/startup_seconds"] = self.startup_seconds
+            self.startup_seconds = -1.0
+        if self.kmeans_seconds is not None:
+            metrics["perf/kmeans_seconds"] = self.kmeans_seconds
+            self.kmeans_seconds = None
+        return metrics
+
+
+def _between_stages(
+    config: SearchConfig,
+    inputs: StageInputs,
+    features: Features,
+    metrics: dict[str, Any],
+    session: Session,
+    clock: _Clock,
+) -> StageInputs:
+    """Rank 0 clusters stage j's training features; every rank gets the same assignment."""
+    started = time.perf_counter()
+    if session.rank == 0:
+        assignment = cluster_stage(config, inputs, features).astype(np.int64)
+    else:
+        assignment = np.zeros(len(features["train"]), dtype=np.int64)
+    assignment = broadcast_from_rank0(torch.from_numpy(assignment).to(session.device))
+    clock.kmeans_seconds = time.perf_counter() - started
+    return next_stage_inputs(config, inputs, features, metrics, assignment.cpu().numpy())
+
+
+def _report_finished(restored: Restored, session: Session) -> None:
+    """A trial restarted after its last checkpoint: hand that checkpoint back (the trial process
+    reads its features) with the evaluation it carried, on rank 0."""
+    metrics = {key: value for key, value in restored.metrics.items() if "train/" not in key}
+    if session.rank == 0:
+        session.report(metrics, str(restored.directory))
+    else:
+        shutil.rmtree(restored.directory, ignore_errors=True)
+        session.report({}, None)
+
+
+def _check_finite(
+    losses: list[torch.Tensor], first_step: int, stage: int, epoch: int, device: torch.device
+) -> None:
+    """Raise :class:`NonFiniteLossError` (on every rank) when any of ``losses`` is NaN/inf."""
+    values = torch.stack(losses).float()
+    bad = ~torch.isfinite(values)
+    if not any_rank(bool(bad.any()), device):
+        return
+    if bool(bad.any()):
+        offset = int(bad.nonzero()[0, 0])
+        where, value = f"step {first_step + offset}", f"{values[offset].item()}"
+    else:
+        where, value = f"steps {first_step}-{first_step + len(losses) - 1}", "on another rank"
+    raise NonFiniteLossError(
+        f"non-finite loss at stage {stage}, epoch {epoch + 1}, {where}: loss={value}; the trial "
+        f"diverged (lower train.lr, raise loss.temperature, or use train.amp=bf16/off)")
+
+
+def _train_stage(
+    config: SearchConfig,
+    data: DatasetSplits,
+    inputs: StageInputs,
+    session: Session,
+    resume: Restored | None,
+    clock: _Clock,
+    loop_config: dict[str, Any],
+) -> tuple[Features, dict[str, Any]]:
+    """Train stage ``inputs.stage`` with a fresh encoder (or the resumed one); return its features
+    per split (every rank) and its final metrics (rank 0)."""
+    rank, world, device = session.rank, session.world_size, session.device
     torch.manual_seed(config.seed + 1000 * inputs.stage)
     np.random.seed(config.seed + 1000 * inputs.stage + rank)
-
-    data = load_dataset(config.data, config.seed)
     num_train = len(data.train.images)
-    if config.train.batch_size > num_train:
-        raise ValueError(f"train.batch_size={config.train.batch_size} exceeds the training split "
-                         f"({num_train} samples)")
     images = torch.from_numpy(data.train.images)
     feature_aware = inputs.pseudo_labels is not None and config.mcl.negatives != "none"
     pseudo_labels = torch.from_numpy(inputs.pseudo_labels).to(device) if feature_aware else None
@@ -276,25 +509,16 @@ def run_stage(loop_config: dict[str, Any], session: Session) -> None:
     warmup_steps = int(config.train.warmup_epochs * steps_per_epoch)
 
     start_epoch = 0
-    checkpoint = session.latest_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            progress = json.loads((Path(directory) / PROGRESS_FILE).read_text())
-            if progress["stage"] == inputs.stage:
-                # weights_only: a checkpoint on shared storage must not be able to run code.
-                state = torch.load(Path(directory) / STATE_FILE, map_location=device,
-                                   weights_only=True)
-                method.load_state_dict(state["model"])
-                optimizer.load_state_dict(state["optimizer"])
-                scaler.load_state_dict(state["scaler"])
-                start_epoch = int(progress["epoch"])
-    if start_epoch >= config.train.epochs and checkpoint is not None:
-        # A restarted trial fast-forwards through stages it already finished: hand the finished
-        # checkpoint back so the pipeline reads this stage's features from it.
-        _report_finished(checkpoint, session)
-        return
+    if resume is not None:
+        method.load_state_dict(resume.state["model"])
+        optimizer.load_state_dict(resume.state["optimizer"])
+        scaler.load_state_dict(resume.state["scaler"])
+        start_epoch = int(resume.progress["epoch"])
+        shutil.rmtree(resume.directory, ignore_errors=True)
     model: nn.Module = ray.train.torch.prepare_model(method) if world > 1 else method
 
+    features: Features = {}
+    metrics: dict[str, Any] = {}
     for epoch in range(start_epoch, config.train.epochs):
         if hasattr(batch_sampler, "set_epoch"):
             batch_sampler.set_epoch(epoch)
@@ -307,7 +531,8 @@ def run_stage(loop_config: dict[str, Any], session: Session) -> None:
         torch.manual_seed(config.seed * 7 + inputs.stage * 10_007 + epoch * 101 + rank)
 
         model.train()
-        sums: dict[str, float] = {}
+        sums: dict[str, torch.Tensor] = {}
+        unchecked: list[torch.Tensor] = []
         started = time.perf_counter()
         seen = 0
         for step_in_epoch, (batch_images, index) in enumerate(loader):
@@ -329,21 +554,27 @@ def run_stage(loop_config: dict[str, Any], session: Session) -> None:
             scaler.step(optimizer)
             scaler.update()
             method.on_train_step_end(step, total_steps)
+            clock.first_step_done()
             for key, value in outputs.items():
                 # Summed as tensors: converting every step would sync the GPU every step.
                 sums[key] = sums.get(key, 0.0) + value.detach().float()
+            unchecked.append(outputs["loss"].detach())
+            if len(unchecked) == FINITE_CHECK_EVERY or step_in_epoch == steps_per_epoch - 1:
+                _check_finite(unchecked, step - len(unchecked) + 1, inputs.stage, epoch, device)
+                unchecked = []
             seen += len(index)
         epoch_seconds = time.perf_counter() - started
         completed = epoch + 1
         last = completed == config.train.epochs
 
-        metrics: dict[str, Any] = {f"train/{key}": float(value) / steps_per_epoch
-                                   for key, value in sums.items()}
+        metrics = {f"train/{key}": float(value) / steps_per_epoch for key, value in sums.items()}
         metrics.update({
             "train/lr": optimizer.param_groups[0]["lr"],
             "train/images_per_second": seen * world / max(epoch_seconds, 1e-9),
             "stage": inputs.stage,
             "epoch": completed,
+            # The MLflow step: stable across restarts, so a replayed epoch is logged once.
+            "global_epoch": inputs.stage * config.train.epochs + completed,
             "resumed_from_epoch": start_epoch,
         })
         if isinstance(batch_sampler, PseudoLabelBatchSampler):
@@ -355,14 +586,20 @@ def run_stage(loop_config: dict[str, Any], session: Session) -> None:
                                      for key, value in metrics.items() if "/" in key}}
 
         every = config.eval.every_n_epochs
-        features = None
+        features = {}
         if last or (every and completed % every == 0):
             # The test split is embedded and scored once per stage, after its last epoch.
             splits = ("train", "val", "test") if last else ("train", "val")
+            embed_started = time.perf_counter()
             features = {split: embed_images(method, data.split(split).images, session)
                         for split in splits}
+            metrics["perf/embed_seconds"] = time.perf_counter() - embed_started
             if rank == 0:
+                eval_started = time.perf_counter()
                 metrics.update(_evaluation_metrics(config, data, inputs, features, device))
+                metrics["perf/eval_seconds"] = time.perf_counter() - eval_started
+        metrics.update(clock.pop_metrics())
+        metrics["perf/peak_rss_mb"] = _peak_rss_mb()
 
         checkpoint_dir = None
         if rank == 0 and (last or completed % config.train.checkpoint_every == 0):
@@ -373,6 +610,7 @@ def run_stage(loop_config: dict[str, Any], session: Session) -> None:
         session.report(metrics, checkpoint_dir)
         _maybe_inject_fault(loop_config, inputs.stage, completed,
                             isinstance(session, InProcessSession))
+    return features, metrics
 
 
 def _maybe_inject_fault(
@@ -411,4 +649,5 @@ def _evaluation_metrics(
     return {**metrics, **evaluate_features(config, data, integrated, "", device)}
 
 
-__all__ = ["embed_images", "lr_factor", "run_stage", "train_loop_per_worker"]
+__all__ = ["embed_images", "lr_factor", "restore", "run_trial_loop",
+           "train_loop_per_worker"]

@@ -1,13 +1,13 @@
 """``python -m raycl.tune SEARCH.yaml``: run (or resume) a sweep.
 
-Every trial is :func:`raycl.pipeline.run_trial`, which builds and fits a ``TorchTrainer`` per
-stage (the Ray Train V2 pattern); Optuna proposes the trials (feasible ones only), ASHA stops weak
-ones early on the validation objective, and :class:`raycl.tracking.MLflowSweepCallback` mirrors
-everything into MLflow. With an empty search space the trials are repeats that differ only by
-seed, each run to the end.
+Every trial is :func:`raycl.pipeline.run_trial`, which builds and fits one ``TorchTrainer`` for
+all its stages (the Ray Train V2 pattern); Optuna proposes the trials (feasible ones only), ASHA
+stops weak ones early on the validation objective, and :class:`raycl.tracking.MLflowSweepCallback`
+mirrors everything into MLflow. With an empty search space the trials are repeats that differ only
+by seed, each run to the end.
 
 Exit codes: 0 when at least one trial finished, 1 when none did, 2 for invalid input (nothing is
-launched).
+launched), 130 when interrupted (Ctrl+C; the same command resumes).
 """
 
 from __future__ import annotations
@@ -136,6 +136,8 @@ def build_tuner(
         storage_path=storage,
         callbacks=[MLflowSweepCallback(config, search_file)],
         failure_config=tune.FailureConfig(max_failures=config.tune.max_failures),
+        # Two, so a corrupt latest checkpoint can fall back to the one before it.
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         verbose=1,
     )
     experiment_path = f"{storage}/{config.name}"
@@ -209,15 +211,23 @@ def run(config: SearchConfig, search_file: str | None = None, fresh: bool = Fals
         address: str | None = None) -> int:
     """Run the sweep on the current (or a new embedded) Ray; return the process exit code."""
     from raycl.leaderboard import print_leaderboard
+    from raycl.tracking import INTERRUPTED
+    from raycl.train import FAILED_KEY
 
     init_ray(address=address, log_to_driver=True)
     _warn_if_trials_cannot_fit(config)
     tuner = build_tuner(config, search_file, fresh=fresh)
     results = tuner.fit()
-    finished = [r for r in results if r.error is None]
+    finished = [r for r in results
+                if r.error is None and not (r.metrics or {}).get(FAILED_KEY)]
     print(flush=True)
     print_leaderboard(config.mlflow.tracking_uri, config.mlflow.experiment or config.name,
                       top=10)
+    if INTERRUPTED.get(config.name):
+        # Tune stops on the first Ctrl+C/SIGINT after saving the sweep's state.
+        print(f"raycl: sweep {config.name!r} interrupted; run the same command again to resume "
+              f"it", file=sys.stderr, flush=True)
+        return 130
     return 0 if finished else 1
 
 

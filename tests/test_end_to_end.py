@@ -109,34 +109,38 @@ def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, flo
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
 
-@pytest.mark.parametrize("num_workers", [0, 1])
-def test_trial_resumes_from_checkpoint_after_crash(
-    ray_session, data_cache, tmp_path, num_workers
+@pytest.mark.parametrize(("num_workers", "checkpoint_every", "after_epoch"),
+                         [(0, 2, 1), (1, 1, 2)], ids=["in-process-replay", "worker-race"])
+def test_trial_resumes_after_crash_and_logs_each_epoch_once(
+    ray_session, data_cache, tmp_path, num_workers, checkpoint_every, after_epoch
 ) -> None:
-    """A crash after epoch 2 of 3 resumes at epoch 2 (worker group restart, or Tune trial restart
-    in in-process mode), and the trial still finishes with all metrics in MLflow."""
+    """A crash right after a report. In-process, with no checkpoint at that epoch: the restarted
+    trial replays epoch 1. One Ray worker killed after epoch 2's report: the controller may or
+    may not have registered that checkpoint (the race), so epoch 2 may be replayed. Either way
+    MLflow holds every epoch exactly once, and the trial finishes."""
     config = tiny_config(tmp_path, "quickstart.yaml", "train.epochs=3", "tune.num_samples=1",
                          "tune.search_space={}", f"scaling.num_workers={num_workers}",
+                         f"train.checkpoint_every={checkpoint_every}",
                          "scaling.cpus_per_worker=1", f"name=crash{num_workers}")
     marker = tmp_path / "crashed"
-    results = build_tuner(config, None, fault={"after_epoch": 2, "marker": str(marker)}).fit()
-    assert marker.read_text() == "2"
+    results = build_tuner(config, None, fault={"after_epoch": after_epoch,
+                                               "marker": str(marker)}).fit()
+    assert marker.read_text() == str(after_epoch)
     result = results[0]
     assert result.error is None
     assert result.metrics["epoch"] == 3
     if num_workers == 0:
-        assert result.metrics["resumed_from_epoch"] == 2
+        assert result.metrics["resumed_from_epoch"] == 0  # no checkpoint at epoch 1
     else:
-        # The crash can beat the controller to registering epoch 2's checkpoint; either way
-        # training resumed from a checkpoint rather than from scratch.
         assert result.metrics["resumed_from_epoch"] in (1, 2)
 
     client, _, children = runs_of(tmp_path, f"crash{num_workers}")
     (child,) = children
     assert child.info.status == "FINISHED"
-    epochs = [value for _, value in _history(client, child.info.run_id, "train/lr")]
-    assert len(epochs) >= 3
-    assert "val/linear/mean" in child.data.metrics and "test/linear/mean" in child.data.metrics
+    for key in ("train/loss", "train/lr", "train/epoch", "val/linear/mean"):
+        steps = [step for step, _ in _history(client, child.info.run_id, key)]
+        assert steps == [1, 2, 3], key
+    assert "test/linear/mean" in child.data.metrics
 
 
 def test_quickstart_shortened_to_one_epoch(ray_session, data_cache, tmp_path, capsys) -> None:
@@ -277,3 +281,113 @@ def test_worker_mode_trial_restart_fast_forwards_finished_stages(
     assert child.info.status == "FINISHED"
     assert len(client.get_metric_history(child.info.run_id, "stage0/train/loss")) == 2
     assert "mcl/ami/stage0_stage1" in child.data.metrics
+
+
+def test_diverged_trial_fails_in_mlflow_and_the_sweep_goes_on(
+    ray_session, data_cache, tmp_path
+) -> None:
+    """lr=1e30 overflows within the first epoch: that trial is FAILED in MLflow with the step and
+    the loss value, is not retried, and the sweep's other trials finish."""
+    config = tiny_config(tmp_path, "quickstart.yaml", "train.epochs=1", "tune.num_samples=3",
+                         "tune.searcher=random", "tune.scheduler.type=none",
+                         "tune.search_space={train.lr: {choice: [1.0e+30, 0.002]}}",
+                         "name=e2e-nan")
+    results = build_tuner(config, None).fit()
+    assert all(result.error is None for result in results)
+    _, _, children = runs_of(tmp_path, "e2e-nan")
+    assert len(children) == 3
+    diverged = [c for c in children if float(c.data.params["train.lr"]) > 1]
+    healthy = [c for c in children if float(c.data.params["train.lr"]) < 1]
+    assert diverged and healthy  # the seeded random sampler draws both (0.002, 1e30, 0.002)
+    for child in diverged:
+        assert child.info.status == "FAILED"
+        assert child.data.tags["raycl.ended"] == "diverged"
+        reason = child.data.tags["raycl.error"]
+        assert "non-finite loss at stage 0, epoch 1, step" in reason
+        assert "loss=nan" in reason or "loss=inf" in reason
+        assert "train/loss" not in child.data.metrics  # no epoch was reported as trained
+    for child in healthy:
+        assert child.info.status == "FINISHED"
+        assert "val/linear/mean" in child.data.metrics
+
+
+def test_two_concurrent_trials_share_one_sqlite_store(ray_session, data_cache, tmp_path) -> None:
+    """Two MCL trials at once: the driver logs both trials' metrics while each trial process
+    writes its diagnostics into the same sqlite file. Nothing is lost to 'database is locked'."""
+    config = tiny_config(tmp_path, "mcl_k_n.yaml", "train.epochs=2", "tune.num_samples=2",
+                         "tune.search_space={}", "mcl.stages=2", "mcl.clusters=2",
+                         "tune.max_concurrent_trials=2", "scaling.cpus_per_worker=1",
+                         "name=e2e-concurrent")
+    results = build_tuner(config, None).fit()
+    assert all(result.error is None for result in results)
+    client, _, children = runs_of(tmp_path, "e2e-concurrent")
+    assert len(children) == 2
+    spans = [(c.info.start_time, c.info.end_time) for c in children]
+    assert max(start for start, _ in spans) < min(end for _, end in spans)  # they overlapped
+    for child in children:
+        assert child.info.status == "FINISHED"
+        run_id = child.info.run_id
+        assert [s for s, _ in _history(client, run_id, "train/epoch")] == [1, 2, 3, 4]
+        for stage in (0, 1):
+            assert len(_history(client, run_id, f"stage{stage}/train/loss")) == 2
+            assert f"stage{stage}/test/linear/mean" in child.data.metrics
+        assert "mcl/ami/stage0_stage1" in child.data.metrics
+        artifacts = {a.path for a in client.list_artifacts(run_id, "diagnostics")}
+        assert "diagnostics/mcl_diagnostics.png" in artifacts
+
+
+def test_interrupted_sweep_resumes_with_the_same_command(ray_session, data_cache, tmp_path) -> None:
+    """SIGINT to the driver while the second of three trials trains, then the same command
+    again: the finished trial is not re-run, the interrupted one resumes, the third runs, and
+    MLflow holds one parent and one child per trial, each epoch logged once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    overrides = [*TINY, "train.epochs=6", "eval.every_n_epochs=6", "tune.scheduler.type=none",
+                 "scaling.cpus_per_worker=1"]
+    command = [sys.executable, "-m", "raycl.tune", str(REPO / "searches" / "quickstart.yaml"),
+               *[arg for override in overrides for arg in ("--set", override)],
+               "--num-samples", "3", "--name", "e2e-sigint", "--storage", str(tmp_path / "ray"),
+               "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+               "--address", ray_session.get_runtime_context().gcs_address]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log = (tmp_path / "first.log").open("w")
+    driver = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}"))
+    deadline = time.monotonic() + 300
+    interrupted_in = None
+    while time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(1.0)
+        experiment = client.get_experiment_by_name("e2e-sigint")
+        if experiment is None:
+            continue
+        runs = client.search_runs([experiment.experiment_id],
+                                  filter_string="tags.`raycl.role` = 'trial'")
+        finished = [r for r in runs if r.info.status == "FINISHED"]
+        training = [r for r in runs if r.info.status == "RUNNING"
+                    and "train/loss" in r.data.metrics]
+        if finished and training:
+            interrupted_in = training[0].info.run_id
+            driver.send_signal(signal.SIGINT)
+            break
+    assert interrupted_in is not None, (tmp_path / "first.log").read_text()[-3000:]
+    assert driver.wait(timeout=120) == 130
+    log.close()
+    assert "interrupted; run the same command again" in (tmp_path / "first.log").read_text()
+    _, parents, _ = runs_of(tmp_path, "e2e-sigint")
+    assert parents[0].info.status == "KILLED"
+
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resuming sweep 'e2e-sigint'" in again.stdout
+    client, parents, children = runs_of(tmp_path, "e2e-sigint")
+    assert len(parents) == 1 and len(children) == 3
+    assert parents[0].info.status == "FINISHED"
+    assert {child.info.run_id for child in children} >= {interrupted_in}
+    for child in children:
+        assert child.info.status == "FINISHED", child.data.tags
+        steps = [step for step, _ in _history(client, child.info.run_id, "train/epoch")]
+        assert steps == [1, 2, 3, 4, 5, 6]

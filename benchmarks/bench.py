@@ -1,0 +1,352 @@
+"""``make bench``: what raycl costs over a hand-written PyTorch loop, measured side by side.
+
+Every figure is a ratio or a time measured in this one run, interleaved and repeated (median and
+spread over ``--repeats``), so a noisy shared machine affects both sides alike:
+
+- training throughput, raycl / plain loop: the same model, data, augmentation, optimizer and
+  number of steps; the first epoch of each side is warm-up and excluded. raycl runs as a real Tune
+  trial, in-process (``num_workers: 0``) and with one Ray Train worker;
+- trial start-up: trial start to the first optimizer step (``perf/startup_seconds``);
+- MCL between stages: raycl's embedding pass against a bare ``torch.no_grad`` loop over the same
+  images, and the k-means that follows;
+- peak RSS of the training process for each method at its CPU config (one epoch);
+- the two augmented views: raycl's batched on-device augmentation against torchvision's
+  per-sample pipeline in a DataLoader;
+- with ``--sweep``: ASHA + Optuna against running every trial to the end on the quickstart
+  space (wall time and best validation score).
+
+    .venv/bin/python benchmarks/bench.py [--repeats 3] [--sweep] [--json benchmarks/results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs
+
+
+def bench_config(root: Path, name: str, *overrides: str, search: str = "quickstart.yaml"):
+    from raycl.config import load_search
+
+    return load_search(REPO / "searches" / search, [
+        "tune.search_space={}", "tune.num_samples=1", f"name={name}",
+        f"tune.storage_path={root / 'ray'}", f"mlflow.tracking_uri=sqlite:///{root / 'm.db'}",
+        *overrides])
+
+
+def throughput_overrides(args: argparse.Namespace, workers: int) -> list[str]:
+    return [f"data.samples_per_combination={args.samples_per_combination}",
+            f"train.epochs={args.epochs}", "train.batch_size=256", "train.warmup_epochs=0",
+            "eval.every_n_epochs=0", "eval.linear_max_iter=20", "eval.max_train_samples=500",
+            f"scaling.num_workers={workers}", f"scaling.cpus_per_worker={args.threads}"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference: a hand-written loop
+
+
+def plain_loop(config: Any) -> list[float]:
+    """What a user would write by hand for the same training: images/s of every epoch."""
+    from raycl.data import load_dataset
+    from raycl.data.augment import BatchAugment, to_float
+    from raycl.methods import build_method
+    from raycl.methods.base import Batch
+
+    torch.manual_seed(0)
+    data = load_dataset(config.data, config.seed)
+    images = torch.from_numpy(data.train.images)
+    method = build_method(config, data.channels)
+    optimizer = torch.optim.AdamW(method.parameters(), lr=config.train.lr,
+                                  weight_decay=config.train.weight_decay)
+    augment = BatchAugment(config.augment)
+    generator = torch.Generator()
+    batch_size = config.train.batch_size
+    rates = []
+    for _ in range(config.train.epochs):
+        order = torch.randperm(len(images))
+        seen, started = 0, time.perf_counter()
+        for start in range(0, len(images) - batch_size + 1, batch_size):
+            index = order[start:start + batch_size]
+            batch_images = images[index]
+            batch = Batch(images=to_float(batch_images),
+                          views=[augment(batch_images, generator),
+                                 augment(batch_images, generator)], index=index)
+            loss = method(batch)["loss"]
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            seen += len(index)
+        rates.append(seen / (time.perf_counter() - started))
+    return rates
+
+
+def raycl_trial(config: Any) -> dict[str, Any]:
+    """One real Tune trial; its per-epoch images/s, start-up and peak RSS."""
+    from raycl.tune import build_tuner
+
+    started = time.perf_counter()
+    results = build_tuner(config, None).fit()
+    wall = time.perf_counter() - started
+    result = results[0]
+    if result.error is not None:
+        raise RuntimeError(f"benchmark trial failed: {result.error}")
+    frame = result.metrics_dataframe
+    return {
+        "rates": [float(v) for v in frame["train/images_per_second"].dropna()],
+        "startup_seconds": float(frame["perf/startup_seconds"].dropna().iloc[0]),
+        "peak_rss_mb": float(frame["perf/peak_rss_mb"].max()),
+        "wall_seconds": wall,
+    }
+
+
+def steady(rates: list[float]) -> float:
+    """Median images/s without the first (warm-up) epoch."""
+    return statistics.median(rates[1:] if len(rates) > 1 else rates)
+
+
+# ---------------------------------------------------------------------------------------------
+# Between MCL stages
+
+
+def between_stages(args: argparse.Namespace, root: Path, repeats: int) -> dict[str, Any]:
+    """raycl's embedding pass vs a bare no_grad loop over the same training images, and k-means."""
+    from raycl.cluster import kmeans
+    from raycl.data import load_dataset
+    from raycl.methods import build_method
+    from raycl.session import InProcessSession
+    from raycl.train import embed_images
+
+    config = bench_config(root, "between", search="mcl_k_n.yaml")
+    data = load_dataset(config.data, config.seed)
+    method = build_method(config, data.channels).eval()
+    images = data.train.images
+    session = InProcessSession(torch.device("cpu"))
+    embed_rates, bare_rates, kmeans_seconds = [], [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        features = embed_images(method, images, session)
+        embed_rates.append(len(images) / (time.perf_counter() - started))
+        started = time.perf_counter()
+        with torch.no_grad():
+            for i in range(0, len(images), 512):
+                batch = torch.from_numpy(images[i:i + 512]).float().div_(255).sub_(0.5).div_(0.5)
+                method.backbone(batch)
+        bare_rates.append(len(images) / (time.perf_counter() - started))
+        started = time.perf_counter()
+        kmeans(features, config.mcl.clusters, seed=0, niter=config.mcl.kmeans_iterations)
+        kmeans_seconds.append(time.perf_counter() - started)
+    ratios = [e / b for e, b in zip(embed_rates, bare_rates, strict=True)]
+    return {"images": len(images), "embed_img_per_s": embed_rates, "bare_img_per_s": bare_rates,
+            "embed_ratio": ratios, "kmeans_seconds": kmeans_seconds,
+            "kmeans_k": config.mcl.clusters, "feature_dim": int(features.shape[1])}
+
+
+# ---------------------------------------------------------------------------------------------
+# Augmentation
+
+
+def augmentation(args: argparse.Namespace, root: Path, repeats: int) -> dict[str, Any]:
+    from torch.utils.data import DataLoader, Dataset
+    from torchvision.transforms import v2
+
+    from raycl.data import load_dataset
+    from raycl.data.augment import BatchAugment
+
+    config = bench_config(root, "augment", *throughput_overrides(args, 0))
+    images = load_dataset(config.data, config.seed).train.images
+
+    class PerSample(Dataset):
+        def __init__(self) -> None:
+            self.images = torch.from_numpy(images)
+            side, channels = images.shape[-1], images.shape[1]
+            self.transform = v2.Compose([
+                v2.RandomResizedCrop(side, scale=tuple(config.augment.crop_scale),
+                                     antialias=True),
+                v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize([0.5] * channels, [0.5] * channels)])
+
+        def __len__(self) -> int:
+            return len(self.images)
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.transform(self.images[i]), self.transform(self.images[i])
+
+    augment, data, generator = BatchAugment(config.augment), torch.from_numpy(images), None
+    batched, per_sample = [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for start in range(0, len(data), 256):
+            batch = data[start:start + 256]
+            augment(batch, generator), augment(batch, generator)
+        batched.append(len(data) / (time.perf_counter() - started))
+        started = time.perf_counter()
+        for _ in DataLoader(PerSample(), batch_size=256, num_workers=0):
+            pass
+        per_sample.append(len(data) / (time.perf_counter() - started))
+    return {"batched_img_per_s": batched, "per_sample_img_per_s": per_sample,
+            "ratio": [b / p for b, p in zip(batched, per_sample, strict=True)]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory per method, and the dataset
+
+
+def memory(root: Path) -> dict[str, Any]:
+    """Peak RSS of the training process, each method at its own YAML's CPU config, one epoch."""
+    from raycl.data import load_dataset
+
+    out: dict[str, Any] = {}
+    for method, search in (("simclr", "quickstart.yaml"), ("mcl", "mcl_k_n.yaml")):
+        config = bench_config(root, f"rss-{method}", "train.epochs=1", search=search)
+        trial = raycl_trial(config)
+        out[method] = {"peak_rss_mb": trial["peak_rss_mb"], "search": search}
+        data = load_dataset(config.data, config.seed)
+        out[method]["dataset_mb"] = sum(
+            split.images.nbytes for split in (data.train, data.val, data.test)) / 2**20
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweep efficiency
+
+
+def sweep_efficiency(root: Path) -> dict[str, Any]:
+    """The quickstart space with its ASHA scheduler against every trial run to the end."""
+    from raycl.config import load_search
+    from raycl.tune import build_tuner
+
+    out = {}
+    for label, scheduler in (("asha", "asha"), ("run_to_end", "none")):
+        config = load_search(REPO / "searches" / "quickstart.yaml", [
+            f"name=sweep-{label}", f"tune.storage_path={root / 'ray'}",
+            f"mlflow.tracking_uri=sqlite:///{root / 'm.db'}",
+            f"tune.scheduler.type={scheduler}"])
+        started = time.perf_counter()
+        results = build_tuner(config, None).fit()
+        wall = time.perf_counter() - started
+        best = results.get_best_result(config.tune.metric, config.tune.mode, scope="last")
+        out[label] = {
+            "trials": len(results), "wall_seconds": wall,
+            "best_val": float(best.metrics[config.tune.metric]),
+            "best_test": float(best.metrics.get("test/linear/mean", float("nan"))),
+            "epochs_trained": int(sum(len(r.metrics_dataframe) for r in results)),
+        }
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3g} [{min(values):.3g}–{max(values):.3g}]"
+
+
+def table(report: dict[str, Any]) -> str:
+    t = report["throughput"]
+    rows = [
+        "| figure | raycl | plain PyTorch | ratio (median [min–max]) | target |",
+        "|---|---|---|---|---|",
+        f"| training img/s, in-process | {spread(t['in_process'])} | {spread(t['plain'])} | "
+        f"{spread(t['ratio_in_process'])} | ≥ 0.95 |",
+        f"| training img/s, one Ray worker | {spread(t['one_worker'])} | {spread(t['plain'])} | "
+        f"{spread(t['ratio_one_worker'])} | ≥ 0.95 |",
+        f"| trial start → first step, in-process (s) | {spread(t['startup_in_process'])} | | | "
+        f"≤ 3 s |",
+        f"| trial start → first step, one Ray worker (s) | {spread(t['startup_one_worker'])} "
+        f"| | | |",
+    ]
+    b = report["between_stages"]
+    rows.append(f"| MCL embedding pass img/s ({b['images']} images) | "
+                f"{spread(b['embed_img_per_s'])} | {spread(b['bare_img_per_s'])} (bare no_grad) | "
+                f"{spread(b['embed_ratio'])} | ≥ 0.9 |")
+    rows.append(f"| k-means, K={b['kmeans_k']}, {b['images']}×{b['feature_dim']} (s) | "
+                f"{spread(b['kmeans_seconds'])} | | | |")
+    a = report["augmentation"]
+    rows.append(f"| two augmented views img/s | {spread(a['batched_img_per_s'])} (batched) | "
+                f"{spread(a['per_sample_img_per_s'])} (torchvision per sample) | "
+                f"{spread(a['ratio'])} | |")
+    for method, m in report["memory"].items():
+        rows.append(f"| peak RSS, {method} trial process ({m['search']}, 1 epoch) | "
+                    f"{m['peak_rss_mb']:.0f} MB | | | dataset {m['dataset_mb']:.0f} MB, "
+                    f"loaded per process |")
+    if "sweep" in report:
+        for label, s in report["sweep"].items():
+            rows.append(f"| quickstart sweep, {label} | {s['wall_seconds']:.0f} s, "
+                        f"{s['epochs_trained']} epochs | best val {s['best_val']:.3f} "
+                        f"(its test {s['best_test']:.3f}) | | |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=4,
+                        help="per throughput run; the first is warm-up")
+    parser.add_argument("--samples-per-combination", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sweep", action="store_true",
+                        help="also compare ASHA with run-to-end on the quickstart space (slow)")
+    parser.add_argument("--json", default=str(REPO / "benchmarks" / "results.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    root = Path(tempfile.mkdtemp(prefix="raycl-bench-"))
+    os.environ.setdefault("RAYCL_CACHE", str(root / "cache"))
+    from raycl.tune import init_ray
+
+    # One more logical CPU than threads: a worker trial also holds its own small reservation.
+    init_ray(num_cpus=args.threads + 1, log_to_driver=False)
+
+    throughput: dict[str, list[float]] = {key: [] for key in (
+        "plain", "in_process", "one_worker", "ratio_in_process", "ratio_one_worker",
+        "startup_in_process", "startup_one_worker")}
+    for repeat in range(args.repeats):
+        # Interleaved: plain, in-process, worker, plain, ... so drift hits every side.
+        plain = steady(plain_loop(bench_config(root, "plain", *throughput_overrides(args, 0))))
+        throughput["plain"].append(plain)
+        for workers, label in ((0, "in_process"), (1, "one_worker")):
+            config = bench_config(root, f"tp{workers}-{repeat}",
+                                  *throughput_overrides(args, workers))
+            trial = raycl_trial(config)
+            rate = steady(trial["rates"])
+            throughput[label].append(rate)
+            throughput[f"ratio_{label}"].append(rate / plain)
+            throughput[f"startup_{label}"].append(trial["startup_seconds"])
+        print(f"repeat {repeat + 1}/{args.repeats}: plain {plain:.0f} img/s, in-process "
+              f"{throughput['in_process'][-1]:.0f}, one worker {throughput['one_worker'][-1]:.0f}",
+              flush=True)
+    report: dict[str, Any] = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                    "threads": args.threads, "torch": torch.__version__,
+                    "cuda": torch.cuda.is_available()},
+        "settings": vars(args),
+        "throughput": throughput,
+        "between_stages": between_stages(args, root, args.repeats),
+        "augmentation": augmentation(args, root, args.repeats),
+        "memory": memory(root),
+    }
+    if args.sweep:
+        report["sweep"] = sweep_efficiency(root)
+    text = table(report)
+    print()
+    print(text)
+    Path(args.json).write_text(json.dumps(report, indent=2, default=float))
+    print(f"\nraw numbers: {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""What users hit when processes die or training diverges, at the level of the worker loop (no Ray
+Tune here; the end-to-end versions are in test_end_to_end.py)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray.train
+import torch
+
+from raycl.config import SearchConfig
+from raycl.session import InProcessSession
+from raycl.train import FAIL_REASON_KEY, FAILED_KEY, CheckpointError, run_trial_loop
+
+TINY = {
+    "name": "reliability",
+    "data": {"samples_per_combination": 1, "resolution": 16},
+    "model": {"width": 8, "projector_hidden_dim": 32, "projector_dim": 16},
+    "train": {"epochs": 3, "batch_size": 64, "lr": 0.002},
+    "eval": {"every_n_epochs": 0, "linear_max_iter": 20},
+    "scaling": {"num_workers": 0, "cpus_per_worker": 2},
+}
+
+
+class StoredSession(InProcessSession):
+    """An in-process session that keeps every checkpoint as ``root/checkpoint_<n>``, the way
+    Tune and Ray Train lay them out, and resumes from the newest."""
+
+    def __init__(self, root: Path) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        stored = sorted(root.glob("checkpoint_*"))
+        super().__init__(torch.device("cpu"),
+                         ray.train.Checkpoint(str(stored[-1])) if stored else None)
+        self.root = root
+        self.reports: list[dict[str, Any]] = []
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
+        self.reports.append(metrics)
+        self.last_report = metrics
+        if checkpoint_dir:
+            count = len(list(self.root.glob("checkpoint_*")))
+            shutil.move(checkpoint_dir, self.root / f"checkpoint_{count:06d}")
+
+
+def config_dict(**train: Any) -> dict[str, Any]:
+    config = SearchConfig.model_validate({**TINY, "train": {**TINY["train"], **train}})
+    return config.to_dict()
+
+
+def run(root: Path, fault: dict[str, Any] | None = None, **train: Any) -> StoredSession:
+    session = StoredSession(root)
+    run_trial_loop({"config": config_dict(**train), "fault": fault}, session)
+    return session
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(data_cache, tmp_path) -> None:
+    """A truncated state.pt in the newest checkpoint: the trial resumes from the one before it
+    and ends with exactly the numbers of an uninterrupted run."""
+    reference = run(tmp_path / "reference").reports[-1]
+
+    root = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="injected fault"):
+        run(root, fault={"after_epoch": 2, "marker": str(tmp_path / "crashed")})
+    latest = root / "checkpoint_000001"
+    state = (latest / "state.pt").read_bytes()
+    (latest / "state.pt").write_bytes(state[: len(state) // 2])
+
+    resumed = run(root)
+    assert resumed.reports[0]["resumed_from_epoch"] == 1
+    assert [r["epoch"] for r in resumed.reports] == [2, 3]
+    final = resumed.reports[-1]
+    for key in ("train/loss", "val/linear/mean", "test/linear/mean"):
+        assert final[key] == pytest.approx(reference[key], abs=1e-6), key
+
+
+def test_no_readable_checkpoint_fails_with_one_line(data_cache, tmp_path) -> None:
+    root = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="injected fault"):
+        run(root, fault={"after_epoch": 2, "marker": str(tmp_path / "crashed")})
+    for checkpoint in root.glob("checkpoint_*"):
+        (checkpoint / "progress.json").unlink()  # as if every write had been cut short
+    with pytest.raises(CheckpointError) as error:
+        run(root)
+    message = str(error.value)
+    assert "\n" not in message
+    assert "checkpoint_000000" in message and "checkpoint_000001" in message
+    assert "progress.json" in message
+
+
+def test_diverging_loss_ends_the_trial_with_step_and_value(data_cache, tmp_path) -> None:
+    """An absurd learning rate overflows the weights: the loop stops at the first check with the
+    step and the loss value, and writes no checkpoint after the divergence."""
+    session = run(tmp_path / "run", lr=1e30, epochs=2)
+    last = session.reports[-1]
+    assert last[FAILED_KEY] == 1.0
+    reason = last[FAIL_REASON_KEY]
+    assert "non-finite loss at stage 0, epoch 1, step " in reason
+    assert "loss=nan" in reason or "loss=inf" in reason
+    assert len(session.reports) == 1  # not a single epoch was reported as if it had trained
+    assert not list((tmp_path / "run").glob("checkpoint_*"))
