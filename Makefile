@@ -35,7 +35,7 @@ lint: install
 	$(PY) -m ruff check .
 
 bench: install
-	$(PY) benchmarks/throughput.py
+	$(PY) benchmarks/bench.py
 
 clean:
 	rm -rf ray_results mlflow.db mlartifacts .pytest_cache

@@ -94,6 +94,28 @@ def plain_loop(config: Any) -> list[float]:
     return rates
 
 
+def plain_loop_in_ray_worker(config: Any, threads: int) -> list[float]:
+    """The same hand-written loop inside a one-worker ``TorchTrainer``: separates what a Ray
+    Train worker process costs from what raycl's loop costs."""
+    import ray.train
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    def loop(loop_config: dict[str, Any]) -> None:
+        from raycl.config import SearchConfig
+
+        torch.set_num_threads(threads)
+        rates = plain_loop(SearchConfig.model_validate(loop_config))
+        ray.train.report({"rates": json.dumps(rates)})
+
+    trainer = TorchTrainer(
+        loop, train_loop_config=config.to_dict(),
+        scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": threads}),
+        run_config=RunConfig(name=f"plain-worker-{time.time_ns()}",
+                             storage_path=config.tune.storage_path))
+    return json.loads(trainer.fit().metrics["rates"])
+
+
 def raycl_trial(config: Any) -> dict[str, Any]:
     """One real Tune trial; its per-epoch images/s, start-up and peak RSS."""
     from raycl.tune import build_tuner
@@ -265,6 +287,9 @@ def table(report: dict[str, Any]) -> str:
         f"{spread(t['ratio_in_process'])} | ≥ 0.95 |",
         f"| training img/s, one Ray worker | {spread(t['one_worker'])} | {spread(t['plain'])} | "
         f"{spread(t['ratio_one_worker'])} | ≥ 0.95 |",
+        f"| training img/s, one Ray worker vs the plain loop in a Ray Train worker | "
+        f"{spread(t['one_worker'])} | {spread(t['plain_in_worker'])} | "
+        f"{spread(t['ratio_one_worker_to_plain_in_worker'])} | |",
         f"| trial start → first step, in-process (s) | {spread(t['startup_in_process'])} | | | "
         f"≤ 3 s |",
         f"| trial start → first step, one Ray worker (s) | {spread(t['startup_one_worker'])} "
@@ -313,7 +338,8 @@ def main() -> None:
 
     throughput: dict[str, list[float]] = {key: [] for key in (
         "plain", "in_process", "one_worker", "ratio_in_process", "ratio_one_worker",
-        "startup_in_process", "startup_one_worker")}
+        "startup_in_process", "startup_one_worker", "plain_in_worker",
+        "ratio_one_worker_to_plain_in_worker")}
     for repeat in range(args.repeats):
         # Interleaved: plain, in-process, worker, plain, ... so drift hits every side.
         plain = steady(plain_loop(bench_config(root, "plain", *throughput_overrides(args, 0))))
@@ -326,9 +352,14 @@ def main() -> None:
             throughput[label].append(rate)
             throughput[f"ratio_{label}"].append(rate / plain)
             throughput[f"startup_{label}"].append(trial["startup_seconds"])
+        plain_worker = steady(plain_loop_in_ray_worker(
+            bench_config(root, "plainw", *throughput_overrides(args, 0)), args.threads))
+        throughput["plain_in_worker"].append(plain_worker)
+        throughput["ratio_one_worker_to_plain_in_worker"].append(
+            throughput["one_worker"][-1] / plain_worker)
         print(f"repeat {repeat + 1}/{args.repeats}: plain {plain:.0f} img/s, in-process "
-              f"{throughput['in_process'][-1]:.0f}, one worker {throughput['one_worker'][-1]:.0f}",
-              flush=True)
+              f"{throughput['in_process'][-1]:.0f}, one worker {throughput['one_worker'][-1]:.0f}"
+              f", plain loop in a worker {plain_worker:.0f}", flush=True)
     report: dict[str, Any] = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "threads": args.threads, "torch": torch.__version__,
