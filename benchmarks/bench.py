@@ -97,23 +97,25 @@ def plain_loop(config: Any) -> list[float]:
 def plain_loop_in_ray_worker(config: Any, threads: int) -> list[float]:
     """The same hand-written loop inside a one-worker ``TorchTrainer``: separates what a Ray
     Train worker process costs from what raycl's loop costs."""
-    import ray.train
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
+
+    # Ray Train V2 keeps metrics only with checkpoints: the worker writes its rates to a file
+    # (same machine) instead.
+    out = Path(tempfile.mkdtemp(prefix="raycl-plain-worker-")) / "rates.json"
 
     def loop(loop_config: dict[str, Any]) -> None:
         from raycl.config import SearchConfig
 
         torch.set_num_threads(threads)
-        rates = plain_loop(SearchConfig.model_validate(loop_config))
-        ray.train.report({"rates": json.dumps(rates)})
+        out.write_text(json.dumps(plain_loop(SearchConfig.model_validate(loop_config))))
 
-    trainer = TorchTrainer(
+    TorchTrainer(
         loop, train_loop_config=config.to_dict(),
         scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": threads}),
         run_config=RunConfig(name=f"plain-worker-{time.time_ns()}",
-                             storage_path=config.tune.storage_path))
-    return json.loads(trainer.fit().metrics["rates"])
+                             storage_path=config.tune.storage_path)).fit()
+    return json.loads(out.read_text())
 
 
 def raycl_trial(config: Any) -> dict[str, Any]:
