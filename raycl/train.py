@@ -408,22 +408,17 @@ class _Clock:
 
     def __init__(self, trial_started_at: float | None) -> None:
         self.trial_started_at = trial_started_at or time.time()
-        self.startup_seconds: float | None = None
-        self.kmeans_seconds: float | None = None
+        self.stepped = False
+        # Measured but not reported yet: each figure goes out once, with the next report.
+        self.pending: dict[str, float] = {}
 
     def first_step_done(self) -> None:
-        if self.startup_seconds is None:
-            self.startup_seconds = time.time() - self.trial_started_at
+        if not self.stepped:
+            self.stepped = True
+            self.pending["perf/startup_seconds"] = time.time() - self.trial_started_at
 
     def pop_metrics(self) -> dict[str, float]:
-        """Each figure once, with the first report after it was measured."""
-        metrics = {}
-        if self.startup_seconds is not None and self.startup_seconds >= 0:
-            metrics["perf/startup_seconds"] = self.startup_seconds
-            self.startup_seconds = -1.0
-        if self.kmeans_seconds is not None:
-            metrics["perf/kmeans_seconds"] = self.kmeans_seconds
-            self.kmeans_seconds = None
+        metrics, self.pending = self.pending, {}
         return metrics
 
 
@@ -442,7 +437,7 @@ def _between_stages(
     else:
         assignment = np.zeros(len(features["train"]), dtype=np.int64)
     assignment = broadcast_from_rank0(torch.from_numpy(assignment).to(session.device))
-    clock.kmeans_seconds = time.perf_counter() - started
+    clock.pending["perf/kmeans_seconds"] = time.perf_counter() - started
     return next_stage_inputs(config, inputs, features, metrics, assignment.cpu().numpy())
 
 

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -340,12 +345,6 @@ def test_interrupted_sweep_resumes_with_the_same_command(ray_session, data_cache
     """SIGINT to the driver while the second of three trials trains, then the same command
     again: the finished trial is not re-run, the interrupted one resumes, the third runs, and
     MLflow holds one parent and one child per trial, each epoch logged once."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     overrides = [*TINY, "train.epochs=6", "eval.every_n_epochs=6", "tune.scheduler.type=none",
                  "scaling.cpus_per_worker=1"]
     command = [sys.executable, "-m", "raycl.tune", str(REPO / "searches" / "quickstart.yaml"),
