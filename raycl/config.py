@@ -3,6 +3,13 @@
 One YAML file in ``searches/`` describes a whole experiment. Every key is a field below with a
 description, so ``python -m raycl.tune --show-schema`` prints the documentation of all keys.
 
+The core sections (data, model, train, mcl, eval, ...) are declared here; every method's knobs are
+declared in the method's own file and registered with it (:mod:`raycl.methods`), and become the
+top-level section of the same name (``hscl.filter_exponent``). :data:`SearchConfig` is therefore
+built on first use, from the registry (which imports torch; ``--help`` does not need it).
+MCL's section stays here: MCL is a training procedure around a base method that the spine (the
+stages, the feasibility checks, ASHA's budget) reads, not a registered method.
+
 Bad input never launches anything: :func:`load_search` raises :class:`ConfigError` whose message is
 one line naming the file and the dotted key, and ``python -m raycl.tune`` turns it into exit code 2.
 """
@@ -12,22 +19,28 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterator, Mapping
+from functools import cache
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+from raycl.schema import Section
 
 
 class ConfigError(ValueError):
     """A search YAML (or an override of it) is invalid. The message is one line: file: key: why."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class DataConfig(_Section):
+class DataConfig(Section):
     dataset: Literal["trifeature", "mnist_fashion", "digits", "folder"] = Field(
         "trifeature", description="Dataset: generated Trifeature, MNIST⊕Fashion-MNIST, sklearn "
         "digits, or an ImageFolder-style directory given by data.root."
@@ -65,7 +78,7 @@ class DataConfig(_Section):
         return self
 
 
-class AugmentConfig(_Section):
+class AugmentConfig(Section):
     crop_scale: tuple[float, float] = Field(
         (0.2, 1.0), description="Random resized crop area range (fraction of the image)."
     )
@@ -86,7 +99,7 @@ class AugmentConfig(_Section):
         return value
 
 
-class ModelConfig(_Section):
+class ModelConfig(Section):
     backbone: Literal["small_cnn", "resnet18", "resnet50"] = Field(
         "small_cnn", description="Encoder: a 4-block CNN for CPU runs, or torchvision "
         "ResNet-18/50 in the CIFAR variant (3x3 stem, no max-pool) for GPU runs."
@@ -96,7 +109,7 @@ class ModelConfig(_Section):
     projector_dim: int = Field(64, ge=1, description="Projector output (embedding) dimension.")
 
 
-class TrainConfig(_Section):
+class TrainConfig(Section):
     epochs: int = Field(10, ge=1, description="Epochs (per stage for MCL).")
     batch_size: int = Field(256, ge=2, description="Global batch size, split across workers.")
     lr: float = Field(1e-3, gt=0.0, description="Peak learning rate (after warmup).")
@@ -111,11 +124,7 @@ class TrainConfig(_Section):
     checkpoint_every: int = Field(1, ge=1, description="Checkpoint every N epochs (and the last).")
 
 
-class LossConfig(_Section):
-    temperature: float = Field(0.5, gt=0.0, le=10.0, description="InfoNCE temperature τ.")
-
-
-class MCLConfig(_Section):
+class MCLConfig(Section):
     base: str = Field("simclr", description="Inner contrastive method trained at every stage.")
     stages: int = Field(3, ge=1, le=16, description="Number of stages N.")
     clusters: int = Field(5, ge=2, description="K-means clusters K between stages.")
@@ -131,7 +140,39 @@ class MCLConfig(_Section):
     kmeans_iterations: int = Field(50, ge=1, description="Lloyd iterations of k-means.")
 
 
-class EvalConfig(_Section):
+class TransferConfig(Section):
+    """A labelled dataset the frozen encoder is probed on after training (transfer)."""
+
+    dataset: Literal["trifeature", "mnist_fashion", "digits", "folder"] = Field(
+        ..., description="Dataset, as in data.dataset; converted to the pretraining set's "
+        "channels and resolution."
+    )
+    name: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.-]+$", description="Name in the metric keys "
+        "transfer/<name>/linear/<attribute> (None: the dataset name)."
+    )
+    samples_per_combination: int = Field(2, ge=1, description="trifeature: images per "
+                                         "combination.")
+    num_samples: int | None = Field(None, ge=10, le=5000, description="mnist_fashion: pairs.")
+    root: str | None = Field(None, description="folder: root directory with one folder per "
+                             "class.")
+    test_fraction: float = Field(
+        0.3, gt=0.0, lt=1.0, description="Share of each class the transfer probe is scored on; "
+        "it is fit on the rest."
+    )
+
+    @property
+    def label(self) -> str:
+        return self.name or self.dataset
+
+    @model_validator(mode="after")
+    def _folder_needs_root(self) -> TransferConfig:
+        if self.dataset == "folder" and not self.root:
+            raise ValueError("root is required when dataset is 'folder'")
+        return self
+
+
+class EvalConfig(Section):
     every_n_epochs: int = Field(
         1, ge=0, description="Evaluate every N epochs (0: only at the end of each stage). "
         "ASHA compares trials on these intermediate evaluations."
@@ -148,9 +189,28 @@ class EvalConfig(_Section):
         None, ge=10, description="Cap on probe training samples, a seeded subset stratified on "
         "the first attribute (None: the whole train split)."
     )
+    transfer: list[TransferConfig] = Field(
+        default_factory=list, description="Datasets the frozen encoder is linearly probed on "
+        "after training, e.g. [{dataset: digits}]: transfer/<name>/linear/<attribute> on their "
+        "held-out share. Reported, never optimised."
+    )
+    diagnostics: bool = Field(
+        True, description="End of trial: singular value spectrum and effective rank of the "
+        "test-split features (diag/effective_rank), principal angles between each class and the "
+        "rest (diag/shared_directions, diag/subclass_directions), plots as artifacts."
+    )
+
+    @field_validator("transfer")
+    @classmethod
+    def _distinct_names(cls, value: list[TransferConfig]) -> list[TransferConfig]:
+        labels = [entry.label for entry in value]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"transfer names must be distinct, got {labels} (set name: to "
+                             f"tell two entries of one dataset apart)")
+        return value
 
 
-class ScalingSection(_Section):
+class ScalingSection(Section):
     num_workers: int = Field(
         1, ge=0, description="Ray Train workers per trial. 0 runs training inside the trial "
         "process (fastest for one CPU worker; no worker group)."
@@ -161,7 +221,7 @@ class ScalingSection(_Section):
     max_failures: int = Field(2, ge=0, description="Worker-group restarts before a trial fails.")
 
 
-class Domain(_Section):
+class Domain(Section):
     """One search-space entry: exactly one of the keys below."""
 
     loguniform: tuple[float, float] | None = None
@@ -199,7 +259,7 @@ class Domain(_Section):
         return [low, high]
 
 
-class SchedulerConfig(_Section):
+class SchedulerConfig(Section):
     type: Literal["asha", "none"] = Field("asha", description="Early stopping scheduler.")
     grace_period: int = Field(
         2, ge=1, description="ASHA: reports before a trial can be stopped (clamped to max_t)."
@@ -210,7 +270,7 @@ class SchedulerConfig(_Section):
     )
 
 
-class TuneSection(_Section):
+class TuneSection(Section):
     num_samples: int = Field(
         4, ge=1, description="Trials to run. With an empty search space the trials differ only "
         "by seed (seed, seed+1, ...): repeats of one configuration."
@@ -254,6 +314,10 @@ class TuneSection(_Section):
         if parts and parts[0] == "test":
             raise ValueError(f"{metric!r} is a test metric: it is reported once at the end of a "
                              f"trial and never optimised; select on its val/ counterpart")
+        if parts and parts[0] == "transfer":
+            raise ValueError(f"{metric!r} is a transfer metric: scored on the transfer set's "
+                             f"held-out share once per trial, reported and never optimised; "
+                             f"select on val/ of the pretraining set")
         return metric
 
 
@@ -263,15 +327,18 @@ def reported_test_metric(metric: str) -> str | None:
     return renamed if renamed != metric else None
 
 
-class MLflowSection(_Section):
+class MLflowSection(Section):
     tracking_uri: str = Field(
         "sqlite:///mlflow.db", description="MLflow tracking URI; sqlite locally, http on clusters."
     )
     experiment: str | None = Field(None, description="Experiment name (None: the sweep name).")
 
 
-class SearchConfig(_Section):
-    """A whole experiment: method, data, model, training, scaling, search and tracking."""
+SectionType = TypeVar("SectionType", bound=Section)
+
+
+class CoreConfig(Section):
+    """The method-agnostic part of :data:`SearchConfig` (which adds one section per method)."""
 
     name: str = Field(..., min_length=1, description="Sweep name (MLflow experiment, Ray run).")
     method: str = Field("simclr", description="Method from the registry, or 'mcl' (multistage).")
@@ -280,7 +347,6 @@ class SearchConfig(_Section):
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
-    loss: LossConfig = Field(default_factory=LossConfig)
     mcl: MCLConfig = Field(default_factory=MCLConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     scaling: ScalingSection = Field(default_factory=ScalingSection)
@@ -304,8 +370,66 @@ class SearchConfig(_Section):
         stages = largest("mcl.stages", self.mcl.stages) if self.method == "mcl" else 1
         return max(1, largest("train.epochs", self.train.epochs) * stages)
 
-    def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+    def to_dict(self, used_sections_only: bool = False) -> dict[str, Any]:
+        """The config as plain JSON values; ``used_sections_only`` drops the sections of methods
+        its trials do not run (for MLflow params)."""
+        raw = self.model_dump(mode="json")
+        if used_sections_only:
+            used = self.used_sections()
+            for name in method_sections():
+                if name not in used:
+                    raw.pop(name, None)
+        return raw
+
+    def section(self, kind: type[SectionType]) -> SectionType:
+        """The method section of type ``kind``: ``cfg.section(HSCLConfig).filter_exponent``."""
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if type(value) is kind:
+                return value
+        raise KeyError(f"no config section of type {kind.__name__} (is its method registered?)")
+
+    def used_sections(self) -> set[str]:
+        """Method sections this config's trials read: the method's (and MCL's base's), and any
+        a search space varies the method over."""
+        names = {self.method, self.mcl.base} if self.method == "mcl" else {self.method}
+        for key in ("method", "mcl.base"):
+            domain = self.tune.search_space.get(key)
+            if domain is not None:
+                names.update(str(value) for value in domain.candidates())
+        names.update(key.split(".")[0] for key in self.tune.search_space)
+        return names
+
+
+@cache
+def search_config_class() -> type[CoreConfig]:
+    """:class:`CoreConfig` plus one section per registered method (built once, on first use)."""
+    from raycl.methods import SECTIONS
+
+    fields: dict[str, Any] = {
+        name: (section, Field(default_factory=section, description=f"Knobs of method {name!r} "
+                              f"(declared in {section.__module__})."))
+        for name, section in sorted(SECTIONS.items())
+    }
+    model = create_model("SearchConfig", __base__=CoreConfig, __module__=__name__, **fields)
+    model.__doc__ = ("A whole experiment: method, data, model, training, scaling, search, "
+                     "tracking, and the knobs of every registered method.")
+    return model
+
+
+def method_sections() -> tuple[str, ...]:
+    """Top-level keys that are method sections."""
+    return tuple(name for name in search_config_class().model_fields
+                 if name not in CoreConfig.model_fields)
+
+
+def __getattr__(name: str) -> Any:
+    # SearchConfig and CONFIG_KEYS depend on the method registry: resolved on first use.
+    if name == "SearchConfig":
+        return search_config_class()
+    if name == "CONFIG_KEYS":
+        return config_keys()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,7 +458,14 @@ def _field_paths(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
             yield f"{prefix}{name}"
 
 
-CONFIG_KEYS: tuple[str, ...] = tuple(_field_paths(SearchConfig))
+@cache
+def config_keys() -> tuple[str, ...]:
+    """Every dotted config key, method sections included."""
+    return tuple(_field_paths(search_config_class()))
+
+
+# Keys that moved; a YAML or --set using the old name gets told the new one.
+RENAMED_KEYS = {"loss.temperature": "simclr.temperature"}
 
 
 SEARCH_SPACE_PREFIX = "tune.search_space."
@@ -360,12 +491,12 @@ def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def apply_overrides(config: SearchConfig, values: Mapping[str, Any]) -> SearchConfig:
+def apply_overrides(config: CoreConfig, values: Mapping[str, Any]) -> CoreConfig:
     """A copy of ``config`` with dotted keys replaced, validated again (trial configs)."""
     raw = config.to_dict()
     for key, value in values.items():
         set_dotted(raw, key, value)
-    return SearchConfig.model_validate(raw)
+    return search_config_class().model_validate(raw)
 
 
 def resolve_tracking_uri(uri: str) -> str:
@@ -376,7 +507,7 @@ def resolve_tracking_uri(uri: str) -> str:
     return uri
 
 
-def with_absolute_paths(config: SearchConfig) -> SearchConfig:
+def with_absolute_paths(config: CoreConfig) -> CoreConfig:
     """The config with relative paths made absolute against this (the driver's) directory.
 
     Ray Tune runs every trial in a working directory of its own, where a relative
@@ -390,6 +521,12 @@ def with_absolute_paths(config: SearchConfig) -> SearchConfig:
         path = getattr(getattr(config, section), field)
         if path is not None and "://" not in path:
             values[key] = str(Path(path).expanduser().resolve())
+    transfer = [entry.model_dump(mode="json") for entry in config.eval.transfer]
+    for entry in transfer:
+        if entry["root"] is not None and "://" not in entry["root"]:
+            entry["root"] = str(Path(entry["root"]).expanduser().resolve())
+    if transfer:
+        values["eval.transfer"] = transfer
     return apply_overrides(config, values)
 
 
@@ -411,7 +548,7 @@ def schema_markdown() -> str:
             description = (info.description or "").replace("|", "\\|")
             lines.append(f"| `{prefix}{name}` | {type_name} | {default} | {description} |")
 
-    walk(SearchConfig, "")
+    walk(search_config_class(), "")
     return "\n".join(lines)
 
 
@@ -453,7 +590,7 @@ UNSEARCHABLE_SECTIONS = ("tune.", "mlflow.")
 
 
 def _is_integer_key(key: str) -> bool:
-    model: type[BaseModel] = SearchConfig
+    model: type[BaseModel] = search_config_class()
     *parents, leaf = key.split(".")
     for part in parents:
         model = model.model_fields[part].annotation  # type: ignore[assignment]
@@ -461,10 +598,13 @@ def _is_integer_key(key: str) -> bool:
     return annotation is int or (int in get_args(annotation) and float not in get_args(annotation))
 
 
-def _check_search_space(config: SearchConfig, source: str) -> None:
+def _check_search_space(config: CoreConfig, source: str) -> None:
     for key, domain in config.tune.search_space.items():
         where = f"{source}: tune.search_space.{key}"
-        if key not in CONFIG_KEYS or key.startswith(UNSEARCHABLE_SECTIONS):
+        if key in RENAMED_KEYS:
+            raise ConfigError(f"{where}: renamed to {RENAMED_KEYS[key]} (a method's knobs live "
+                              f"in its own section)")
+        if key not in config_keys() or key.startswith(UNSEARCHABLE_SECTIONS):
             raise ConfigError(f"{where}: not a searchable config key")
         if key in UNSEARCHABLE_KEYS:
             raise ConfigError(f"{where}: not searchable: it changes the sweep's name or the "
@@ -479,7 +619,7 @@ def _check_search_space(config: SearchConfig, source: str) -> None:
                                   f"{exc.errors()[0]['msg']}") from None
 
 
-def _check_metric(config: SearchConfig, source: str) -> None:
+def _check_metric(config: CoreConfig, source: str) -> None:
     """A probe metric must name an attribute the dataset has."""
     from raycl.data import ATTRIBUTES
 
@@ -490,27 +630,33 @@ def _check_metric(config: SearchConfig, source: str) -> None:
                           f"{match.group(1)!r} (attributes: {', '.join(known)}, or mean)")
 
 
-def _check_data(config: SearchConfig, source: str) -> None:
-    data = config.data
-    if data.dataset == "folder":
-        root = Path(str(data.root)).expanduser()
-        if not root.is_dir():
-            raise ConfigError(f"{source}: data.root: not a directory: {data.root}")
+def _check_dataset(dataset: str, root: str | None, where: str) -> None:
+    """The dataset's files exist: a folder's images, Fashion-MNIST's package."""
+    if dataset == "folder":
+        path = Path(str(root)).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"{where}.root: not a directory: {root}")
         from raycl.data.folders import list_image_files
 
         try:
-            list_image_files(root)
+            list_image_files(path)
         except ValueError as exc:
-            raise ConfigError(f"{source}: data.root: {exc}") from None
-    if data.dataset == "mnist_fashion":
+            raise ConfigError(f"{where}.root: {exc}") from None
+    if dataset == "mnist_fashion":
         from raycl.data.pairs import FASHION_MNIST_DIR, FASHION_MNIST_PACKAGE
 
         if not FASHION_MNIST_DIR.is_dir():
-            raise ConfigError(f"{source}: data.dataset: mnist_fashion needs Fashion-MNIST in "
+            raise ConfigError(f"{where}.dataset: mnist_fashion needs Fashion-MNIST in "
                               f"{FASHION_MNIST_DIR} (Debian package {FASHION_MNIST_PACKAGE})")
 
 
-def _check_feasible(config: SearchConfig, source: str) -> None:
+def _check_data(config: CoreConfig, source: str) -> None:
+    _check_dataset(config.data.dataset, config.data.root, f"{source}: data")
+    for i, entry in enumerate(config.eval.transfer):
+        _check_dataset(entry.dataset, entry.root, f"{source}: eval.transfer.{i}")
+
+
+def _check_feasible(config: CoreConfig, source: str) -> None:
     """Batch size and MCL budget: fixed values must fit; searched ones must leave a choice."""
     from raycl.constraints import CONSTRAINED_KEYS, joint_domain, trial_problem
 
@@ -525,7 +671,7 @@ def _check_feasible(config: SearchConfig, source: str) -> None:
         raise ConfigError(f"{source}: tune.search_space: {exc}") from None
 
 
-def validate_references(config: SearchConfig, source: str) -> None:
+def validate_references(config: CoreConfig, source: str) -> None:
     """Checks that need more than field types: registry names, data on disk, the metric, the
     search space, and whether the trials can train at all (batch size, MCL budget)."""
     from raycl.methods import METHODS  # late: keeps `--help` and config errors fast
@@ -542,6 +688,16 @@ def validate_references(config: SearchConfig, source: str) -> None:
     _check_feasible(config, source)
 
 
+def _check_renamed(raw: dict[str, Any], source: str) -> None:
+    flat = flatten(raw)
+    space = flat.get("tune.search_space")
+    for old, new in RENAMED_KEYS.items():
+        if old in flat or (isinstance(space, dict) and old in space):
+            where = old if old in flat else f"tune.search_space.{old}"
+            raise ConfigError(f"{source}: {where}: renamed to {new} (a method's knobs live in "
+                              f"its own section)")
+
+
 def _pin_searched_keys(raw: dict[str, Any], pinned: dict[str, Any], notices: list[str]) -> None:
     """A ``--set`` of a searched key pins it: the key leaves the raw YAML's search space."""
     tune = raw.get("tune") if isinstance(raw.get("tune"), dict) else None
@@ -554,7 +710,7 @@ def _pin_searched_keys(raw: dict[str, Any], pinned: dict[str, Any], notices: lis
                                f"tune.search_space")
 
 
-def _clamp_scheduler(config: SearchConfig, notices: list[str]) -> SearchConfig:
+def _clamp_scheduler(config: CoreConfig, notices: list[str]) -> CoreConfig:
     """ASHA's grace period longer than the longest trial is clamped (Ray would assert after
     start-up)."""
     scheduler = config.tune.scheduler
@@ -572,7 +728,7 @@ def load_search(
     *,
     check_references: bool = True,
     notices: list[str] | None = None,
-) -> SearchConfig:
+) -> CoreConfig:
     """Read a search YAML, apply ``--set key=value`` overrides, validate everything.
 
     A ``--set`` of a key in ``tune.search_space`` pins it (the key leaves the space); an ASHA
@@ -601,19 +757,29 @@ def load_search(
     pinned: dict[str, Any] = {}
     for text_override in overrides or []:
         key, value = parse_override(text_override)
-        if key not in CONFIG_KEYS and not key.startswith(SEARCH_SPACE_PREFIX):
+        if key in RENAMED_KEYS:
+            raise ConfigError(f"--set {key}: renamed to {RENAMED_KEYS[key]} (a method's knobs "
+                              f"live in its own section)")
+        if key not in config_keys() and not key.startswith(SEARCH_SPACE_PREFIX):
             raise ConfigError(f"--set {key}: unknown key")
         set_dotted(raw, key, value)
         if not key.startswith("tune."):
             pinned[key] = value
     _pin_searched_keys(raw, pinned, notices)
+    _check_renamed(raw, source)
     try:
-        config = SearchConfig.model_validate(raw)
+        config = search_config_class().model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_format_error(source, exc)) from None
     config = _clamp_scheduler(config, notices)
     if check_references:
         validate_references(config, source)
+    unused = sorted(name for name in method_sections()
+                    if name in raw and name not in config.used_sections())
+    if unused:
+        notices.append(f"section{'s' if len(unused) > 1 else ''} {', '.join(unused)} not used: "
+                       f"method is {config.method}"
+                       + (f" (base {config.mcl.base})" if config.method == "mcl" else ""))
     if not config.tune.search_space and config.tune.num_samples > 1:
         first, count = config.seed, config.tune.num_samples
         notices.append(f"tune.search_space is empty: the {count} trials are repeats that differ "

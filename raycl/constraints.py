@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from raycl.config import Domain, SearchConfig, apply_overrides
+from raycl.config import CoreConfig, Domain, apply_overrides
 
 # Keys whose values decide feasibility: batch size, MCL's K and N, and the dataset size.
 CONSTRAINED_KEYS: tuple[str, ...] = (
@@ -56,7 +56,7 @@ def stage_budget_problem(
     return f"MCL needs K^N <= M/b with K={clusters}, N={stages}: {problem}" if problem else None
 
 
-def trial_problem(config: SearchConfig, train_size: int | None = None) -> tuple[str, str] | None:
+def trial_problem(config: CoreConfig, train_size: int | None = None) -> tuple[str, str] | None:
     """Why a trial with this config cannot train, as ``(key, reason)``; None when it can.
 
     Args:
@@ -117,7 +117,7 @@ class JointDomain:
         return dict(zip(self.keys, json.loads(label), strict=True))
 
 
-def joint_domain(config: SearchConfig) -> JointDomain | None:
+def joint_domain(config: CoreConfig) -> JointDomain | None:
     """The feasible combinations of the searched constrained keys.
 
     Returns:

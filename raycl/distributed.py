@@ -92,6 +92,23 @@ def all_reduce_mean(t: Tensor) -> Tensor:
 
 
 @torch.no_grad()
+def all_reduce_sum(t: Tensor) -> Tensor:
+    """Sums ``t`` over all ranks (global-batch statistics such as HSCL's ``Bmat``).
+
+    Args:
+        t: tensor of identical shape on all ranks; floating point.
+
+    Returns:
+        A new tensor holding the sum over ranks (no gradient); ``t`` itself when not distributed.
+    """
+    if world_size() == 1:
+        return t
+    reduced = t.detach().clone()
+    dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+    return reduced
+
+
+@torch.no_grad()
 def broadcast_from_rank0(t: Tensor) -> Tensor:
     """Rank 0's ``t`` on every rank (e.g. a clustering only rank 0 computed).
 

@@ -1,5 +1,6 @@
 """A trial: one ``TorchTrainer`` (or, with ``scaling.num_workers: 0``, the same loop in the trial
-process) that trains every stage of the trial, then MCL's end-of-trial diagnostics.
+process) that trains every stage of the trial, then the end-of-trial plots (spectrum, principal
+angles) and MCL's diagnostics.
 
 The worker loop (:func:`raycl.train.run_trial_loop`) does all the training, MCL's stages and the
 clustering between them included, so a trial pays for one worker group however many stages it
@@ -27,11 +28,12 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from raycl.cluster import ami_matrix, group_size_histogram, pseudo_label_codes
-from raycl.config import SearchConfig, apply_overrides
+from raycl.config import CoreConfig, apply_overrides, search_config_class
 from raycl.constraints import trial_problem
 from raycl.data import ATTRIBUTES, split_sizes_for
+from raycl.eval.diagnostics import plot_diagnostics
 from raycl.session import InProcessSession
-from raycl.stages import StageInputs, next_stage_inputs
+from raycl.stages import DIAGNOSTICS_FILE, StageInputs, next_stage_inputs
 from raycl.train import FAILED_KEY, read_checkpoint, run_trial_loop, train_loop_per_worker
 
 logger = logging.getLogger(__name__)
@@ -52,7 +54,7 @@ def _in_tune() -> bool:
     return _in_tune_session()
 
 
-def _device(config: SearchConfig) -> torch.device:
+def _device(config: CoreConfig) -> torch.device:
     if config.scaling.use_gpu:
         if not torch.cuda.is_available():
             raise RuntimeError("scaling.use_gpu is true but this process sees no CUDA device")
@@ -70,7 +72,7 @@ class TrialOutput:
 
 
 def fit_trial(
-    config: SearchConfig,
+    config: CoreConfig,
     storage_path: str,
     fault: dict[str, Any] | None = None,
     trial_started_at: float | None = None,
@@ -131,7 +133,7 @@ def run_trial(
     ``fault`` is a test hook (see ``raycl.train._maybe_inject_fault``).
     """
     started = time.time()
-    config = apply_overrides(SearchConfig.model_validate(base_config), params)
+    config = apply_overrides(search_config_class().model_validate(base_config), params)
     # A safety net: the searcher only proposes feasible trials (raycl.constraints), but a trial
     # that still cannot train is pruned before any training. Optuna records a trial without the
     # metric as PRUNED.
@@ -146,6 +148,7 @@ def run_trial(
     try:
         if output.last_report.get(FAILED_KEY) or output.checkpoint_dir is None:
             return
+        log_representation_plots(config, output.checkpoint_dir / DIAGNOSTICS_FILE)
         if config.num_stages > 1:
             final = read_checkpoint(output.checkpoint_dir, torch.device("cpu"))
             assert final.features is not None, "the last checkpoint of a trial is a stage's end"
@@ -159,10 +162,24 @@ def run_trial(
 
 
 # ---------------------------------------------------------------------------------------------
-# MCL diagnostics
+# Diagnostics
 
 
-def log_mcl_diagnostics(config: SearchConfig, final: StageInputs) -> None:
+def log_representation_plots(config: CoreConfig, path: Path) -> None:
+    """The spectrum and principal-angle plots of the worker's end-of-trial diagnostics (their
+    numbers, ``diag/*``, came with the last report)."""
+    if not path.exists():  # eval.diagnostics off, or a trial restored from an older checkpoint
+        return
+    from raycl import tracking
+
+    with np.load(path) as stored:
+        arrays = {key: stored[key] for key in stored.files}
+    with tempfile.TemporaryDirectory() as directory:
+        plot_diagnostics(arrays, Path(directory), f"{config.name} {_trial_id()}")
+        tracking.log_to_trial_run(config, _trial_id(), {}, Path(directory))
+
+
+def log_mcl_diagnostics(config: CoreConfig, final: StageInputs) -> None:
     """AMI between stage clusterings, pseudo-label group sizes, per-stage accuracy plot."""
     from raycl import tracking
 

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
-from raycl.config import ConfigError, SearchConfig, resolve_tracking_uri
+from raycl.config import ConfigError, CoreConfig, resolve_tracking_uri
 
 TRACKING_TIMEOUT_S = 5.0
 
@@ -74,7 +74,7 @@ def check_storage_path(path: str) -> str | None:
     return _writable_location(Path(path).expanduser().resolve())
 
 
-def preflight(config: SearchConfig, source: str) -> None:
+def preflight(config: CoreConfig, source: str) -> None:
     """Raise ConfigError when the sweep could not record its results."""
     problem = check_storage_path(config.tune.storage_path)
     if problem:

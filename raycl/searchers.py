@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune.search.optuna import OptunaSearch as _RayOptunaSearch
 
-from raycl.config import Domain, SearchConfig
+from raycl.config import CoreConfig, Domain
 from raycl.constraints import JOINT_PREFIX, JointDomain, joint_domain
 from raycl.train import FAILED_KEY
 
@@ -42,7 +42,7 @@ class ConstrainedSpace:
     closure so that Tune can pickle the searcher with the experiment state.
     """
 
-    def __init__(self, config: SearchConfig) -> None:
+    def __init__(self, config: CoreConfig) -> None:
         self.space = dict(config.tune.search_space)
         self.joint: JointDomain | None = joint_domain(config)
 
@@ -91,7 +91,7 @@ class OptunaSearch(_RayOptunaSearch):
         super().on_trial_complete(trial_id, result, error)
 
 
-def build_searcher(config: SearchConfig) -> OptunaSearch:
+def build_searcher(config: CoreConfig) -> OptunaSearch:
     """The seeded Optuna searcher for a config with a non-empty search space."""
     from optuna.samplers import RandomSampler, TPESampler
 

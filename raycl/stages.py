@@ -19,7 +19,7 @@ import numpy as np
 from raycl.cluster import kmeans, l2_normalize, pseudo_label_codes
 
 if TYPE_CHECKING:
-    from raycl.config import SearchConfig
+    from raycl.config import CoreConfig
 
 # Files of a raycl checkpoint directory (written by raycl.train).
 STATE_FILE = "state.pt"
@@ -27,9 +27,11 @@ PROGRESS_FILE = "progress.json"
 FEATURES_FILE = "features.npz"
 METRICS_FILE = "metrics.json"
 STAGE_INPUTS_FILE = "stage_inputs.npz"
+DIAGNOSTICS_FILE = "diagnostics.npz"  # end of trial: spectra and principal angles, for plots
 
 
-# Split name ("train", "val", "test") -> (N_split, D) features of one stage.
+# Split name ("train", "val", "test", and "transfer:<name>:train|test" after a stage's last
+# epoch) -> (N_split, D) features of one stage.
 Features = dict[str, np.ndarray]
 
 
@@ -89,7 +91,7 @@ class StageInputs:
             )
 
 
-def cluster_stage(config: SearchConfig, inputs: StageInputs, features: Features) -> np.ndarray:
+def cluster_stage(config: CoreConfig, inputs: StageInputs, features: Features) -> np.ndarray:
     """k-means of stage j's training features into ``mcl.clusters`` groups (seeded by the stage).
     Fits on every training point unless ``mcl.kmeans_max_points`` caps it."""
     return kmeans(features["train"], config.mcl.clusters, seed=config.seed + inputs.stage,
@@ -97,7 +99,7 @@ def cluster_stage(config: SearchConfig, inputs: StageInputs, features: Features)
 
 
 def next_stage_inputs(
-    config: SearchConfig,
+    config: CoreConfig,
     inputs: StageInputs,
     features: Features,
     metrics: dict[str, Any] | None = None,

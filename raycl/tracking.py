@@ -24,7 +24,7 @@ import yaml
 from ray.tune import Callback
 
 import raycl
-from raycl.config import SearchConfig, apply_overrides, flatten, resolve_tracking_uri
+from raycl.config import CoreConfig, apply_overrides, flatten, resolve_tracking_uri
 from raycl.train import FAIL_REASON_KEY, FAILED_KEY
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def experiment_name(config: SearchConfig) -> str:
+def experiment_name(config: CoreConfig) -> str:
     return config.mlflow.experiment or config.name
 
 
@@ -98,7 +98,7 @@ def _numeric_metrics(result: dict[str, Any]) -> dict[str, float]:
 class MLflowSweepCallback(Callback):
     """Tune callback that mirrors a sweep into MLflow (parent run + nested child per trial)."""
 
-    def __init__(self, config: SearchConfig, search_file: str | None = None) -> None:
+    def __init__(self, config: CoreConfig, search_file: str | None = None) -> None:
         self.config = config
         self.tracking_uri = resolve_tracking_uri(config.mlflow.tracking_uri)
         self.search_file = search_file
@@ -159,7 +159,7 @@ class MLflowSweepCallback(Callback):
             tags[COMMIT_TAG] = self.commit
         run = self.client.create_run(self.experiment_id, tags=tags)
         run_id = run.info.run_id
-        flat = flatten(self.config.to_dict())
+        flat = flatten(self.config.to_dict(used_sections_only=True))
         self._log_params(run_id, flat)
         with tempfile.TemporaryDirectory() as directory:
             path = Path(directory) / "search.yaml"
@@ -193,7 +193,7 @@ class MLflowSweepCallback(Callback):
         run_id = run.info.run_id
         self._children[trial.trial_id] = run_id
         resolved = apply_overrides(self.config, trial.config)
-        flat = flatten(resolved.to_dict())
+        flat = flatten(resolved.to_dict(used_sections_only=True))
         flat.pop("tune.search_space", None)
         self._log_params(run_id, flat)
         self.client.set_tag(run_id, "raycl.searched", ", ".join(
@@ -329,7 +329,7 @@ def find_trial_run(client: MlflowClient, experiment_id: str, trial_id: str) -> s
 
 
 def log_to_trial_run(
-    config: SearchConfig,
+    config: CoreConfig,
     trial_id: str,
     metrics: dict[str, float],
     artifact_dir: Path | None = None,

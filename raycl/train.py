@@ -30,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,16 +44,19 @@ import torch
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 
-from raycl.config import SearchConfig
+from raycl.config import CoreConfig, search_config_class
 from raycl.data import DatasetSplits, load_dataset, stratified_subset
 from raycl.data.augment import BatchAugment, to_float
 from raycl.data.samplers import PseudoLabelBatchSampler
 from raycl.distributed import any_rank, broadcast_from_rank0
 from raycl.eval import evaluate_knn, evaluate_linear_splits
+from raycl.eval.diagnostics import representation_diagnostics
+from raycl.eval.transfer import TransferSet, load_transfer_sets
 from raycl.methods import build_method
 from raycl.methods.base import Batch, Method
 from raycl.session import InProcessSession, RayTrainSession, Session
 from raycl.stages import (
+    DIAGNOSTICS_FILE,
     FEATURES_FILE,
     METRICS_FILE,
     PROGRESS_FILE,
@@ -78,7 +82,7 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def build_optimizer(method: Method, config: SearchConfig) -> torch.optim.Optimizer:
+def build_optimizer(method: Method, config: CoreConfig) -> torch.optim.Optimizer:
     groups = []
     for group in method.param_groups():
         group = dict(group)
@@ -91,7 +95,7 @@ def build_optimizer(method: Method, config: SearchConfig) -> torch.optim.Optimiz
     return torch.optim.AdamW(groups, lr=config.train.lr, weight_decay=config.train.weight_decay)
 
 
-def _autocast(config: SearchConfig, device: torch.device) -> tuple[Any, torch.amp.GradScaler]:
+def _autocast(config: CoreConfig, device: torch.device) -> tuple[Any, torch.amp.GradScaler]:
     mode = config.train.amp
     if mode == "auto":
         mode = "fp16" if device.type == "cuda" else "off"
@@ -103,7 +107,7 @@ def _autocast(config: SearchConfig, device: torch.device) -> tuple[Any, torch.am
 
 
 def _batch_sampler(
-    config: SearchConfig, inputs: StageInputs, num_samples: int, rank: int, world: int
+    config: CoreConfig, inputs: StageInputs, num_samples: int, rank: int, world: int
 ) -> PseudoLabelBatchSampler | BatchSampler:
     per_rank = config.train.batch_size // world
     use_group_sampler = config.mcl.negatives == "sampler" and inputs.pseudo_labels is not None
@@ -138,25 +142,31 @@ class _Indexed(torch.utils.data.Dataset):
 
 @torch.no_grad()
 def embed_images(
-    method: Method, images: np.ndarray, session: Session, batch_size: int = 512
+    method: Method,
+    images: np.ndarray,
+    session: Session,
+    batch_size: int = 512,
+    embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> np.ndarray:
     """Backbone features of every image, computed across all workers and gathered.
 
     Each rank embeds a contiguous shard (padded to equal length, as all_gather requires); every
-    rank returns the full (N, D) array in dataset order.
+    rank returns the full (N, D) array in dataset order. ``embed`` replaces ``method.embed``
+    (e.g. ``method.project`` for the projection spectrum).
     """
     rank, world, device = session.rank, session.world_size, session.device
+    embed = embed or method.embed
     total = len(images)
     shard = math.ceil(total / world)
     start, stop = min(total, rank * shard), min(total, (rank + 1) * shard)
     was_training = method.training
     method.eval()
     try:
-        chunks = [method.embed(to_float(torch.from_numpy(images[i:min(stop, i + batch_size)])
-                                        .to(device))).float()
+        chunks = [embed(to_float(torch.from_numpy(images[i:min(stop, i + batch_size)])
+                                 .to(device))).float()
                   for i in range(start, stop, batch_size)]
         # A rank with an empty shard still needs the width for the padded all_gather.
-        dim = chunks[0].shape[1] if chunks else method.embed(
+        dim = chunks[0].shape[1] if chunks else embed(
             to_float(torch.from_numpy(images[:1]).to(device))).shape[1]
     finally:
         method.train(was_training)
@@ -171,7 +181,7 @@ def embed_images(
 
 
 def evaluate_features(
-    config: SearchConfig,
+    config: CoreConfig,
     data: DatasetSplits,
     features: Features,
     prefix: str = "",
@@ -191,7 +201,7 @@ def evaluate_features(
         train_features = train_features[keep]
         train_labels = {name: labels[keep] for name, labels in train_labels.items()}
     eval_sets = {split: (values, data.split(split).labels)
-                 for split, values in features.items() if split != "train"}
+                 for split, values in features.items() if split in ("val", "test")}
     backend = config.eval.linear_backend
     if backend == "auto":
         large = len(train_features) > 20_000 or (device is not None and device.type == "cuda")
@@ -204,6 +214,28 @@ def evaluate_features(
         knn = evaluate_knn(train_features, train_labels, values, labels, k=config.eval.knn_k)
         metrics.update({f"{prefix}{split}/linear/{name}": v for name, v in linear[split].items()})
         metrics.update({f"{prefix}{split}/knn/{name}": v for name, v in knn.items()})
+    return metrics
+
+
+def evaluate_transfer(
+    config: CoreConfig,
+    transfer_sets: list[TransferSet],
+    features: Features,
+    prefix: str = "",
+    device: torch.device | None = None,
+) -> dict[str, float]:
+    """Linear probe per transfer set, fit on its probe-training share and scored on its held-out
+    share: ``{prefix}transfer/<name>/linear/<attribute>`` (and ``/mean``)."""
+    metrics: dict[str, float] = {}
+    for transfer in transfer_sets:
+        scores = evaluate_linear_splits(
+            features[transfer.train_key], transfer.train.labels,
+            {"test": (features[transfer.test_key], transfer.test.labels)},
+            max_iter=config.eval.linear_max_iter, seed=config.seed,
+            backend="torch" if device is not None and device.type == "cuda" else "sklearn",
+            device=device)
+        metrics.update({f"{prefix}transfer/{transfer.name}/linear/{name}": value
+                        for name, value in scores["test"].items()})
     return metrics
 
 
@@ -325,6 +357,7 @@ def _write_checkpoint(
     inputs: StageInputs,
     features: Features | None,
     metrics: dict[str, Any],
+    diagnostics: dict[str, np.ndarray] | None = None,
 ) -> None:
     # Tensors, numbers, strings and plain containers only: read back with weights_only=True.
     torch.save({"model": method.state_dict(), "optimizer": optimizer.state_dict(),
@@ -333,6 +366,8 @@ def _write_checkpoint(
     if features is not None:
         np.savez(directory / FEATURES_FILE, **features)
     (directory / METRICS_FILE).write_text(json.dumps(metrics))
+    if diagnostics:
+        np.savez(directory / DIAGNOSTICS_FILE, **diagnostics)
     # Written last: a checkpoint directory with progress.json is complete.
     (directory / PROGRESS_FILE).write_text(json.dumps(progress))
 
@@ -363,12 +398,13 @@ def run_trial_loop(loop_config: dict[str, Any], session: Session) -> None:
     readable checkpoint: inside the stage it was written in, or after it when that stage had
     finished.
     """
-    config = SearchConfig.model_validate(loop_config["config"])
+    config = search_config_class().model_validate(loop_config["config"])
     torch.set_num_threads(max(1, int(config.scaling.cpus_per_worker)))
     data = load_dataset(config.data, config.seed)
     if config.train.batch_size > len(data.train.images):
         raise ValueError(f"train.batch_size={config.train.batch_size} exceeds the training split "
                          f"({len(data.train.images)} samples)")
+    transfer_sets = load_transfer_sets(config, data.channels)
     clock = _Clock(loop_config.get("trial_started_at"))
     last_stage = config.num_stages - 1
 
@@ -390,8 +426,8 @@ def run_trial_loop(loop_config: dict[str, Any], session: Session) -> None:
             resume = restored
     try:
         while True:
-            features, metrics = _train_stage(config, data, inputs, session, resume, clock,
-                                             loop_config)
+            features, metrics = _train_stage(config, data, transfer_sets, inputs, session, resume,
+                                             clock, loop_config)
             resume = None
             if inputs.stage == last_stage:
                 return
@@ -423,7 +459,7 @@ class _Clock:
 
 
 def _between_stages(
-    config: SearchConfig,
+    config: CoreConfig,
     inputs: StageInputs,
     features: Features,
     metrics: dict[str, Any],
@@ -467,12 +503,14 @@ def _check_finite(
         where, value = f"steps {first_step}-{first_step + len(losses) - 1}", "on another rank"
     raise NonFiniteLossError(
         f"non-finite loss at stage {stage}, epoch {epoch + 1}, {where}: loss={value}; the trial "
-        f"diverged (lower train.lr, raise loss.temperature, or use train.amp=bf16/off)")
+        f"diverged (lower train.lr, use train.amp=bf16/off, or revisit the method's knobs, "
+        f"e.g. a small simclr.temperature)")
 
 
 def _train_stage(
-    config: SearchConfig,
+    config: CoreConfig,
     data: DatasetSplits,
+    transfer_sets: list[TransferSet],
     inputs: StageInputs,
     session: Session,
     resume: Restored | None,
@@ -582,16 +620,31 @@ def _train_stage(
 
         every = config.eval.every_n_epochs
         features = {}
+        diagnostics = None
         if last or (every and completed % every == 0):
-            # The test split is embedded and scored once per stage, after its last epoch.
+            # The test split (and the transfer sets) are embedded and scored once per stage,
+            # after its last epoch.
             splits = ("train", "val", "test") if last else ("train", "val")
             embed_started = time.perf_counter()
             features = {split: embed_images(method, data.split(split).images, session)
                         for split in splits}
+            for transfer in transfer_sets if last else []:
+                features[transfer.train_key] = embed_images(method, transfer.train.images, session)
+                features[transfer.test_key] = embed_images(method, transfer.test.images, session)
+            trial_end = last and inputs.stage == config.num_stages - 1
+            projections = None
+            if trial_end and config.eval.diagnostics and type(method).project is not Method.project:
+                projections = embed_images(method, data.test.images, session, embed=method.project)
             metrics["perf/embed_seconds"] = time.perf_counter() - embed_started
             if rank == 0:
                 eval_started = time.perf_counter()
-                metrics.update(_evaluation_metrics(config, data, inputs, features, device))
+                metrics.update(_evaluation_metrics(config, data, inputs, features, device,
+                                                   transfer_sets))
+                if trial_end and config.eval.diagnostics:
+                    result = inputs.integrated({"test": features["test"]})["test"]
+                    diag_metrics, diagnostics = representation_diagnostics(
+                        result, data.test.labels[data.attributes[0]], projections)
+                    metrics.update(diag_metrics)
                 metrics["perf/eval_seconds"] = time.perf_counter() - eval_started
         metrics.update(clock.pop_metrics())
         metrics["perf/peak_rss_mb"] = _peak_rss_mb()
@@ -601,7 +654,7 @@ def _train_stage(
             checkpoint_dir = tempfile.mkdtemp(prefix="raycl-ckpt-")
             progress = {"stage": inputs.stage, "epoch": completed, "stage_complete": last}
             _write_checkpoint(Path(checkpoint_dir), method, optimizer, scaler, progress, inputs,
-                              features if last else None, metrics)
+                              features if last else None, metrics, diagnostics)
         session.report(metrics, checkpoint_dir)
         _maybe_inject_fault(loop_config, inputs.stage, completed,
                             isinstance(session, InProcessSession))
@@ -624,24 +677,32 @@ def _maybe_inject_fault(
 
 
 def _evaluation_metrics(
-    config: SearchConfig,
+    config: CoreConfig,
     data: DatasetSplits,
     inputs: StageInputs,
     features: Features,
     device: torch.device,
+    transfer_sets: list[TransferSet],
 ) -> dict[str, float]:
     """This stage's encoder alone, and (MCL) integrated with the frozen earlier stages.
 
-    The integrated representation is the trial's result: its test split is scored only after
-    the last stage, so every trial scores test exactly once.
+    The integrated representation is the trial's result: its test split and transfer sets are
+    scored only after the last stage, so every trial scores them exactly once.
     """
+
+    def scores(values: Features, prefix: str) -> dict[str, float]:
+        metrics = evaluate_features(config, data, values, prefix, device)
+        if "test" in values:  # a stage's last epoch: the transfer sets were embedded too
+            metrics.update(evaluate_transfer(config, transfer_sets, values, prefix, device))
+        return metrics
+
     if config.num_stages == 1:
-        return evaluate_features(config, data, features, "", device)
-    metrics = evaluate_features(config, data, features, f"stage{inputs.stage}/", device)
+        return scores(features, "")
+    metrics = scores(features, f"stage{inputs.stage}/")
     integrated = inputs.integrated(features)
     if inputs.stage < config.num_stages - 1:
-        integrated.pop("test", None)
-    return {**metrics, **evaluate_features(config, data, integrated, "", device)}
+        integrated = {split: integrated[split] for split in ("train", "val")}
+    return {**metrics, **scores(integrated, "")}
 
 
 __all__ = ["embed_images", "lr_factor", "restore", "run_trial_loop",

@@ -22,7 +22,7 @@ from typing import Any
 
 from raycl.config import (
     ConfigError,
-    SearchConfig,
+    CoreConfig,
     load_search,
     schema_markdown,
     with_absolute_paths,
@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def resolve(args: argparse.Namespace, notices: list[str] | None = None) -> SearchConfig:
+def resolve(args: argparse.Namespace, notices: list[str] | None = None) -> CoreConfig:
     """Load the YAML with all command-line overrides applied (raises ConfigError); decisions
     such as a pinned search key are appended to ``notices``."""
     overrides = list(args.overrides)
@@ -92,7 +92,7 @@ def _set_aside(experiment_path: str) -> None:
 
 
 def build_tuner(
-    config: SearchConfig,
+    config: CoreConfig,
     search_file: str | None,
     fresh: bool = False,
     fault: dict[str, Any] | None = None,
@@ -158,7 +158,7 @@ def build_tuner(
     )
 
 
-def trial_resources(config: SearchConfig) -> dict[str, float]:
+def trial_resources(config: CoreConfig) -> dict[str, float]:
     """What the trial process itself reserves (its Ray Train workers reserve their own)."""
     scaling = config.scaling
     if scaling.num_workers > 0:
@@ -168,7 +168,7 @@ def trial_resources(config: SearchConfig) -> dict[str, float]:
             **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {})}
 
 
-def trial_demand(config: SearchConfig) -> dict[str, float]:
+def trial_demand(config: CoreConfig) -> dict[str, float]:
     """Resources one trial holds at once: its own process plus its worker group."""
     scaling = config.scaling
     demand = trial_resources(config)
@@ -179,7 +179,7 @@ def trial_demand(config: SearchConfig) -> dict[str, float]:
     return demand
 
 
-def _warn_if_trials_cannot_fit(config: SearchConfig) -> None:
+def _warn_if_trials_cannot_fit(config: CoreConfig) -> None:
     """A trial larger than the cluster waits for the autoscaler, which a laptop never gets."""
     import ray
 
@@ -207,7 +207,7 @@ def init_ray(**init_kwargs: Any) -> None:
                  **init_kwargs)
 
 
-def run(config: SearchConfig, search_file: str | None = None, fresh: bool = False,
+def run(config: CoreConfig, search_file: str | None = None, fresh: bool = False,
         address: str | None = None) -> int:
     """Run the sweep on the current (or a new embedded) Ray; return the process exit code."""
     from raycl.leaderboard import print_leaderboard

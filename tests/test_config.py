@@ -32,7 +32,7 @@ train: {epochs: 2, batch_size: 64}
 tune:
   num_samples: 2
   search_space:
-    loss.temperature: {loguniform: [0.1, 0.5]}
+    simclr.temperature: {loguniform: [0.1, 0.5]}
 """
 
 
@@ -54,8 +54,8 @@ def error_of(tmp_path: Path, text: str, overrides: list[str] | None = None) -> s
 def test_valid_file_loads_with_defaults(tmp_path: Path) -> None:
     config = load_search(write(tmp_path, BASE))
     assert config.train.epochs == 2
-    assert config.loss.temperature == 0.5
-    assert config.tune.search_space["loss.temperature"].kind == "loguniform"
+    assert config.simclr.temperature == 0.5
+    assert config.tune.search_space["simclr.temperature"].kind == "loguniform"
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,7 @@ def test_valid_file_loads_with_defaults(tmp_path: Path) -> None:
         ("train: {epochs: ten, batch_size: 64}", "train.epochs", "valid integer"),
         ("train: {epochs: 0, batch_size: 64}", "train.epochs", "greater than or equal to 1"),
         ("data: {dataset: cifar}", "data.dataset", "'trifeature'"),
-        ("loss: {temperature: -1}", "loss.temperature", "greater than 0"),
+        ("simclr: {temperature: -1}", "simclr.temperature", "greater than 0"),
         ("augment: {crop_scale: [0.9, 0.2]}", "augment.crop_scale", "low <= high"),
         ("data: {dataset: folder}", "data", "data.root is required"),
     ],
@@ -84,9 +84,9 @@ def test_unknown_method(tmp_path: Path) -> None:
 
 
 def test_search_space_key_must_exist(tmp_path: Path) -> None:
-    text = BASE.replace("loss.temperature: {loguniform", "loss.temprature: {loguniform")
+    text = BASE.replace("simclr.temperature: {loguniform", "simclr.temprature: {loguniform")
     message = error_of(tmp_path, text)
-    assert "tune.search_space.loss.temprature: not a searchable config key" in message
+    assert "tune.search_space.simclr.temprature: not a searchable config key" in message
 
 
 def test_search_space_values_are_type_checked(tmp_path: Path) -> None:
@@ -98,7 +98,7 @@ def test_search_space_values_are_type_checked(tmp_path: Path) -> None:
 def test_search_domain_needs_exactly_one_kind(tmp_path: Path) -> None:
     text = BASE.replace("{loguniform: [0.1, 0.5]}", "{loguniform: [0.1, 0.5], uniform: [0, 1]}")
     message = error_of(tmp_path, text)
-    assert "tune.search_space.loss.temperature" in message
+    assert "tune.search_space.simclr.temperature" in message
 
 
 def test_overrides_are_type_checked(tmp_path: Path) -> None:
@@ -134,8 +134,8 @@ def test_mcl_budget_rejected_when_not_searched(tmp_path: Path) -> None:
 
 def test_mcl_budget_left_to_trials_when_searched(tmp_path: Path) -> None:
     text = (BASE.replace("method: simclr", "method: mcl") + "mcl: {stages: 3, clusters: 5}\n")
-    text = text.replace("    loss.temperature:", "    mcl.clusters: {choice: [2, 5]}\n"
-                        "    loss.temperature:")
+    text = text.replace("    simclr.temperature:", "    mcl.clusters: {choice: [2, 5]}\n"
+                        "    simclr.temperature:")
     config = load_search(write(tmp_path, text))
     assert config.mcl.clusters == 5
 
@@ -149,17 +149,17 @@ def test_stage_budget_formula() -> None:
 
 def test_apply_overrides_and_flatten() -> None:
     config = SearchConfig(name="x")
-    changed = apply_overrides(config, {"loss.temperature": 0.2, "mcl.clusters": 3})
-    assert changed.loss.temperature == 0.2 and changed.mcl.clusters == 3
-    assert config.loss.temperature == 0.5
+    changed = apply_overrides(config, {"simclr.temperature": 0.2, "mcl.clusters": 3})
+    assert changed.simclr.temperature == 0.2 and changed.mcl.clusters == 3
+    assert config.simclr.temperature == 0.5
     flat = flatten(changed.to_dict())
-    assert flat["loss.temperature"] == 0.2 and "train.epochs" in flat
+    assert flat["simclr.temperature"] == 0.2 and "train.epochs" in flat
     assert set(flat) - {"tune.search_space"} <= set(CONFIG_KEYS)
 
 
 def test_schema_documents_every_key() -> None:
     table = schema_markdown()
-    for key in ("train.epochs", "loss.temperature", "scaling.num_workers", "mcl.negatives",
+    for key in ("train.epochs", "simclr.temperature", "scaling.num_workers", "mcl.negatives",
                 "tune.metric", "data.resolution"):
         assert f"`{key}`" in table
 
@@ -181,11 +181,11 @@ def test_cli_exit_code_2_and_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_cli_subprocess_exits_2_without_launching(tmp_path: Path) -> None:
     path = write(tmp_path, BASE)
     done = subprocess.run(
-        [sys.executable, "-m", "raycl.tune", str(path), "--set", "loss.temperature=hot",
+        [sys.executable, "-m", "raycl.tune", str(path), "--set", "simclr.temperature=hot",
          "--storage", str(tmp_path / "ray")],
         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2
-    assert "loss.temperature" in done.stderr and str(path) in done.stderr
+    assert "simclr.temperature" in done.stderr and str(path) in done.stderr
     assert not (tmp_path / "ray").exists() and not (tmp_path / "mlflow.db").exists()
 
 
@@ -239,10 +239,10 @@ def test_fresh_sets_the_old_sweep_aside(tmp_path: Path) -> None:
 def test_set_of_a_searched_key_pins_it(tmp_path: Path) -> None:
     path = write(tmp_path, BASE + "    train.lr: {loguniform: [0.001, 0.01]}\n")
     notices: list[str] = []
-    config = load_search(path, ["loss.temperature=0.2"], notices=notices)
-    assert config.loss.temperature == 0.2
+    config = load_search(path, ["simclr.temperature=0.2"], notices=notices)
+    assert config.simclr.temperature == 0.2
     assert list(config.tune.search_space) == ["train.lr"]
-    assert notices == ["--set loss.temperature=0.2 pins a searched key: removed from "
+    assert notices == ["--set simclr.temperature=0.2 pins a searched key: removed from "
                        "tune.search_space"]
     # Setting a domain is not pinning: the key is searched, under its dotted name.
     config = load_search(path, ["tune.search_space.train.epochs={choice: [1, 3]}"])

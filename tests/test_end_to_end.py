@@ -69,7 +69,7 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
         params = child.data.params
         assert params["train.epochs"] == "2" and params["data.dataset"] == "trifeature"
         assert params["seed"] == "0"
-        assert float(params["loss.temperature"]) != 0.5  # sampled, not the YAML default
+        assert float(params["simclr.temperature"]) != 0.5  # sampled, not the YAML default
         history = client.get_metric_history(child.info.run_id, "train/loss")
         assert [m.step for m in history] == list(range(1, len(history) + 1))
         metrics = child.data.metrics
@@ -99,7 +99,7 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
 
     header, rows, _ = leaderboard_rows(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e-quick")
     assert header[3:5] == ["val/linear/mean", "test/linear/mean"]
-    assert "loss.temperature" in header and "test/linear/shape" in header
+    assert "simclr.temperature" in header and "test/linear/shape" in header
     assert len(rows) == 2
 
     # Running the same sweep again resumes it: nothing new is launched or logged.
@@ -187,7 +187,7 @@ def test_mcl_trial_logs_every_stage_and_ami(
     client, _, children = runs_of(tmp_path, "e2e-mcl")
     (child,) = children
     assert child.data.params["mcl.clusters"] == "2" and child.data.params["mcl.stages"] == "2"
-    assert child.data.tags["raycl.searched"].startswith("loss.temperature=")
+    assert child.data.tags["raycl.searched"].startswith("simclr.temperature=")
     metrics = child.data.metrics
     for stage in (0, 1):
         for split in ("val", "test"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from raycl import distributed
-from raycl.losses import nt_xent, same_label_mask, spectral_contrastive_loss
+from raycl.losses import (
+    high_pass_filter,
+    hscl_loss,
+    nt_xent,
+    same_label_mask,
+    spectral_contrastive_loss,
+)
 
 # ---------------------------------------------------------------- references
 
@@ -276,6 +283,118 @@ def test_spectral_validates_arguments() -> None:
         spectral_contrastive_loss(z1, z2[:, :2])
 
 
+def rescaled(z: Tensor, mu: float = 1.0) -> Tensor:
+    norms = z.norm(dim=1, keepdim=True)
+    return torch.where(norms > math.sqrt(mu), z * math.sqrt(mu) / norms, z)
+
+
+def loop_hscl(z1: Tensor, z2: Tensor, weight: Tensor, allowed: Tensor | None = None) -> Tensor:
+    """Algorithm 1's loss with an explicit filter matrix, by loops; allowed[i, j] restricts the
+    pairs i != j (each anchor averages over its allowed partners)."""
+    a, b = rescaled(z1), rescaled(z2)
+    size = len(a)
+    total = torch.zeros((), dtype=a.dtype)
+    for i in range(size):
+        partners = [j for j in range(size) if j != i and (allowed is None or allowed[i, j])]
+        pair_sum = sum(((a[i] @ b[j]) * ((weight @ a[i]) @ (weight @ b[j])) for j in partners),
+                       torch.zeros((), dtype=a.dtype))
+        total = total - 2 * (a[i] @ b[i]) + pair_sum / max(1, len(partners))
+    return total / size
+
+
+def paper_filter(z1: Tensor, z2: Tensor, p: float) -> Tensor:
+    """W = V g(S^{1/2}) V^T for Bmat = sum z z^T + z' z'^T, no floor (well-conditioned inputs)."""
+    a, b = rescaled(z1), rescaled(z2)
+    eigenvalues, eigenvectors = torch.linalg.eigh(a.T @ a + b.T @ b)
+    return eigenvectors @ torch.diag(eigenvalues.sqrt() ** -p) @ eigenvectors.T
+
+
+def test_hscl_hand_computed_two_pairs() -> None:
+    # Rows (0.8, +-0.6): Bmat = diag(4 * 0.64, 4 * 0.36) = diag(2.56, 1.44), so for p = 0.5
+    # W^2 = diag(2.56^-0.5, 1.44^-0.5) = diag(0.625, 0.8333..). Positives align perfectly (-2);
+    # the two cross pairs: z^T z' = 0.64 - 0.36 = 0.28, z^T W^2 z' = 0.4 - 0.3 = 0.1.
+    z = torch.tensor([[0.8, 0.6], [0.8, -0.6]], dtype=torch.float64)
+    torch.testing.assert_close(high_pass_filter(z.T @ z * 2, 0.5, 1e-5),
+                               torch.diag(torch.tensor([2.56, 1.44], dtype=torch.float64) ** -0.25))
+    assert hscl_loss(z, z.clone(), 0.5).item() == pytest.approx(-2 + 0.28 * 0.1)
+    assert spectral_contrastive_loss(z, z.clone()).item() == pytest.approx(-2 + 0.28**2)
+
+
+def test_hscl_with_p_zero_is_spectral_exactly() -> None:
+    z1, z2 = tiny_pair(batch_size=6, dim=4, seed=3)
+    mask = same_label_mask(torch.tensor([0, 1, 1, 0, 1, 0]), torch.tensor([0, 1, 1, 0, 1, 0]))
+    for negative_mask in (None, mask):
+        assert torch.equal(hscl_loss(z1, z2, 0.0, mu=2.0, negative_mask=negative_mask),
+                           spectral_contrastive_loss(z1, z2, mu=2.0, negative_mask=negative_mask))
+    assert torch.equal(high_pass_filter(torch.randn(4, 4).abs(), 0.0, 1e-5), torch.eye(4))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_hscl_matches_algorithm_1_with_w_held_constant(p: float) -> None:
+    """Value and gradients equal Algorithm 1's loss with W computed from the batch and then held
+    constant; differentiating through the eigendecomposition would give other gradients."""
+    z1, z2 = tiny_pair(batch_size=5, dim=3, seed=11)
+    z1, z2 = z1.requires_grad_(), z2.requires_grad_()
+    loss = hscl_loss(z1, z2, p)
+    grads = torch.autograd.grad(loss, (z1, z2))
+
+    constant_weight = paper_filter(z1.detach(), z2.detach(), p)
+    reference = loop_hscl(z1, z2, constant_weight)
+    reference_grads = torch.autograd.grad(reference, (z1, z2))
+    torch.testing.assert_close(loss, reference)
+    for ours, theirs in zip(grads, reference_grads, strict=True):
+        torch.testing.assert_close(ours, theirs)
+
+    through_w = loop_hscl(z1, z2, paper_filter(z1, z2, p))
+    through_grads = torch.autograd.grad(through_w, (z1, z2))
+    assert not torch.allclose(through_grads[0], grads[0], atol=1e-6)
+
+
+def test_high_pass_filter_floor_keeps_a_rank_deficient_bmat_finite() -> None:
+    # Two samples in R^4: Bmat has rank 2, two eigenvalues are (numerically) zero.
+    z = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 0.5, 0.0, 0.0]])
+    weight = high_pass_filter(z.T @ z, 0.5, 1e-4)
+    assert torch.isfinite(weight).all()
+    # Unused directions get the largest gain, capped by the floor: (1e-4 * 1)^-0.25 = 10.
+    torch.testing.assert_close(torch.linalg.eigvalsh(weight).max(), torch.tensor(10.0))
+    assert torch.isfinite(hscl_loss(z, z.clone(), 0.5, eigenvalue_floor=1e-4))
+    with pytest.raises(ValueError, match="filter_exponent"):
+        hscl_loss(z, z, -0.1)
+    with pytest.raises(ValueError, match="eigenvalue_floor"):
+        hscl_loss(z, z, 0.5, eigenvalue_floor=0.0)
+    with pytest.raises(ValueError, match="square"):
+        high_pass_filter(torch.ones(2, 3), 0.5, 1e-5)
+
+
+def test_masked_hscl_restricts_pairs_but_keeps_the_global_filter() -> None:
+    z1, z2 = tiny_pair(batch_size=6, dim=3, seed=5)
+    labels = torch.tensor([0, 1, 1, 0, 1, 0])
+    mask = same_label_mask(labels, labels)
+    weight = paper_filter(z1, z2, 0.3)
+    torch.testing.assert_close(hscl_loss(z1, z2, 0.3, negative_mask=mask),
+                               loop_hscl(z1, z2, weight, allowed=mask))
+
+
+def test_masked_spectral_equals_size_weighted_group_losses() -> None:
+    z1, z2 = tiny_pair(batch_size=7, dim=3, seed=2)
+    labels = torch.tensor([0, 1, 1, 0, 1, 0, 2])  # group 2 is a singleton: no pair term
+    masked = spectral_contrastive_loss(z1, z2, negative_mask=same_label_mask(labels, labels))
+    expected = torch.zeros((), dtype=torch.float64)
+    for code in (0, 1):
+        members = labels == code
+        group_loss = spectral_contrastive_loss(z1[members], z2[members])
+        expected = expected + members.sum() / len(labels) * group_loss
+    singleton = rescaled(z1[6:]) @ rescaled(z2[6:]).T
+    expected = expected + (-2 * singleton.squeeze()) / len(labels)
+    torch.testing.assert_close(masked, expected)
+
+
+def test_spectral_losses_compute_half_precision_in_float32() -> None:
+    z1, z2 = (z.to(torch.bfloat16) for z in tiny_pair(batch_size=4, dim=8, seed=1))
+    for loss in (spectral_contrastive_loss(z1, z2), hscl_loss(z1, z2, 0.5)):
+        assert loss.dtype == torch.float32 and torch.isfinite(loss)
+
+
 # ---------------------------------------------------------------- distributed
 
 
@@ -290,6 +409,12 @@ def test_helpers_are_identity_without_process_group() -> None:
 
 WORLD_SIZE = 2
 TEMPERATURE = 0.5
+# Every loss that contrasts against the global batch: (z1, z2, negative_mask) -> loss.
+GLOBAL_LOSSES: dict[str, Callable[[Tensor, Tensor, Tensor | None], Tensor]] = {
+    "nt_xent": lambda z1, z2, mask: nt_xent(z1, z2, TEMPERATURE, mask),
+    "spectral": lambda z1, z2, mask: spectral_contrastive_loss(z1, z2, negative_mask=mask),
+    "hscl": lambda z1, z2, mask: hscl_loss(z1, z2, 0.5, negative_mask=mask),
+}
 
 
 def _ddp_worker(
@@ -305,26 +430,30 @@ def _ddp_worker(
             "gathered_labels": distributed.gather_no_grad(labels[shard]),
             "mean_rank": distributed.all_reduce_mean(torch.tensor(float(rank))),
         }
-        for name, use_mask in (("plain", False), ("masked", True)):
-            x1 = inputs[0, shard].clone().requires_grad_()
-            x2 = inputs[1, shard].clone().requires_grad_()
-            shared_weight = weight.clone().requires_grad_()
-            mask = None
-            if use_mask:
-                mask = same_label_mask(labels[shard], distributed.gather_no_grad(labels[shard]))
-            loss = nt_xent(x1 @ shared_weight, x2 @ shared_weight, TEMPERATURE, mask)
-            loss.backward()
-            results[f"{name}_loss"] = loss.detach()
-            results[f"{name}_grad_x1"] = x1.grad
-            results[f"{name}_grad_x2"] = x2.grad
-            # What DDP does to parameter gradients: average them over ranks.
-            results[f"{name}_grad_weight"] = distributed.all_reduce_mean(shared_weight.grad)
+        for loss_name, loss_fn in GLOBAL_LOSSES.items():
+            for mask_name, use_mask in (("plain", False), ("masked", True)):
+                name = f"{loss_name}_{mask_name}"
+                x1 = inputs[0, shard].clone().requires_grad_()
+                x2 = inputs[1, shard].clone().requires_grad_()
+                shared_weight = weight.clone().requires_grad_()
+                mask = None
+                if use_mask:
+                    mask = same_label_mask(labels[shard], distributed.gather_no_grad(labels[shard]))
+                loss = loss_fn(x1 @ shared_weight, x2 @ shared_weight, mask)
+                loss.backward()
+                results[f"{name}_loss"] = loss.detach()
+                results[f"{name}_grad_x1"] = x1.grad
+                results[f"{name}_grad_x2"] = x2.grad
+                # What DDP does to parameter gradients: average them over ranks.
+                results[f"{name}_grad_weight"] = distributed.all_reduce_mean(shared_weight.grad)
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
 def test_distributed_loss_and_gradients_match_single_process(tmp_path: Path) -> None:
+    """NT-Xent, Spectral CL and HSCL (Bmat all-reduced), plain and masked, on a fake world of 2
+    gloo processes: losses and gradients equal those of the global batch in one process."""
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randn(2, 6, 5, generator=generator, dtype=torch.float64)  # (views, B, D_in)
     weight = torch.randn(5, 4, generator=generator, dtype=torch.float64)
@@ -349,11 +478,14 @@ def test_distributed_loss_and_gradients_match_single_process(tmp_path: Path) -> 
         assert torch.equal(per_rank[r]["gathered_labels"], labels)
         assert per_rank[r]["mean_rank"].item() == pytest.approx(0.5)
 
-    for name, mask in (("plain", None), ("masked", same_label_mask(labels, labels))):
+    cases = [(f"{loss_name}_{mask_name}", loss_fn, mask)
+             for loss_name, loss_fn in GLOBAL_LOSSES.items()
+             for mask_name, mask in (("plain", None), ("masked", same_label_mask(labels, labels)))]
+    for name, loss_fn, mask in cases:
         x1 = inputs[0].clone().requires_grad_()
         x2 = inputs[1].clone().requires_grad_()
         shared_weight = weight.clone().requires_grad_()
-        full_loss = nt_xent(x1 @ shared_weight, x2 @ shared_weight, TEMPERATURE, mask)
+        full_loss = loss_fn(x1 @ shared_weight, x2 @ shared_weight, mask)
         full_loss.backward()
 
         # Per-rank loss = mean over local anchors, so the rank average is the global mean.

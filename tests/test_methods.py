@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from torch import Tensor
 
+from raycl.config import CoreConfig, SearchConfig
 from raycl.losses import nt_xent
 from raycl.methods import METHODS, Batch, Method, build_method, register
 from raycl.methods.simclr import SimCLR
 
 
-def make_cfg(method: str = "simclr", base: str = "simclr") -> SimpleNamespace:
-    return SimpleNamespace(
-        method=method,
-        mcl=SimpleNamespace(base=base),
-        model=SimpleNamespace(
-            backbone="small_cnn", width=4, projector_hidden_dim=16, projector_dim=8
-        ),
-        loss=SimpleNamespace(temperature=0.5),
-        data=SimpleNamespace(resolution=16),
+def make_cfg(method: str = "simclr", base: str = "simclr", **sections: dict) -> CoreConfig:
+    return SearchConfig(
+        name="t", method=method, mcl={"base": base}, data={"resolution": 16},
+        model={"backbone": "small_cnn", "width": 4, "projector_hidden_dim": 16,
+               "projector_dim": 8},
+        **sections,
     )
 
 
@@ -166,9 +162,10 @@ def test_simclr_needs_two_views() -> None:
 
 def test_simclr_rejects_bad_temperature() -> None:
     cfg = make_cfg()
-    cfg.loss.temperature = 0.0
     with pytest.raises(ValueError, match="temperature"):
-        build_method(cfg, in_channels=1)
+        cfg.simclr.temperature = 0.0  # the schema
+    with pytest.raises(ValueError, match="temperature"):
+        SimCLR(torch.nn.Identity(), 4, 8, 4, temperature=0.0)  # the class itself
 
 
 def test_state_dict_round_trip() -> None:

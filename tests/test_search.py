@@ -32,14 +32,14 @@ def test_default_mcl_space_proposes_no_infeasible_pair(searcher: str) -> None:
     config = load_search(REPO / "searches" / "mcl_k_n.yaml", [f"tune.searcher={searcher}"])
     suggested = proposals(config, 50)
     for params in suggested:
-        assert set(params) == {"mcl.clusters", "mcl.stages", "loss.temperature"}
+        assert set(params) == {"mcl.clusters", "mcl.stages", "simclr.temperature"}
         assert trial_problem(apply_overrides(config, params)) is None, params
     pairs = {(p["mcl.clusters"], p["mcl.stages"]) for p in suggested}
     # M = 3500, b = 128: K^N <= 27.3 leaves these; with one stage K is never used, so N=1 is
     # offered once, not once per K.
     assert pairs <= {(2, 1), (2, 2), (5, 2), (2, 3)}
     assert len(pairs) >= 3
-    temperatures = {round(p["loss.temperature"], 6) for p in suggested}
+    temperatures = {round(p["simclr.temperature"], 6) for p in suggested}
     assert len(temperatures) > 40 and all(0.1 <= t <= 0.5 for t in temperatures)
 
 

@@ -31,8 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
 
+from raycl.distributed import gather_no_grad
+from raycl.losses import same_label_mask
+
 if TYPE_CHECKING:
-    from raycl.config import SearchConfig
+    from raycl.config import CoreConfig
 
 
 @dataclass
@@ -51,6 +54,15 @@ class Batch:
     views: list[Tensor]
     index: Tensor
     pseudo_labels: Tensor | None = None
+
+    def negative_mask(self) -> Tensor | None:
+        """MCL's (B_local, B_global) mask of allowed negatives (same pseudo label), or None.
+
+        Collective under DDP (it gathers the labels): every rank must call it.
+        """
+        if self.pseudo_labels is None:
+            return None
+        return same_label_mask(self.pseudo_labels, gather_no_grad(self.pseudo_labels))
 
 
 class Method(nn.Module):
@@ -83,6 +95,17 @@ class Method(nn.Module):
             (B, feature_dim) features.
         """
         return self.backbone(images)
+
+    def project(self, images: Tensor) -> Tensor | None:
+        """The embedding the loss acts on (projector output), for the spectrum diagnostic.
+
+        Args:
+            images: normalised float (B, C, H, W).
+
+        Returns:
+            (B, projector_dim) projections, or None for a method without one (the default).
+        """
+        return None
 
     def param_groups(self) -> list[dict[str, Any]]:
         """Optimizer parameter groups.
@@ -119,7 +142,7 @@ class Method(nn.Module):
             raise ValueError(f"unknown phase {name!r}; phases of this method: {self.phases()}")
 
     @classmethod
-    def from_config(cls, cfg: SearchConfig, in_channels: int) -> Method:
+    def from_config(cls, cfg: CoreConfig, in_channels: int) -> Method:
         """Builds the method from a search configuration.
 
         Args:

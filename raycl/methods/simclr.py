@@ -10,19 +10,26 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor, nn
 
-from raycl.distributed import gather_no_grad
-from raycl.losses import nt_xent, same_label_mask
+from raycl.losses import nt_xent
 from raycl.methods import register
 from raycl.methods.base import Batch, Method
 from raycl.models import build_backbone, projection_mlp
+from raycl.schema import Section
 
 if TYPE_CHECKING:
-    from raycl.config import SearchConfig
+    from raycl.config import CoreConfig
 
 
-@register("simclr")
+class SimCLRConfig(Section):
+    """Knobs of ``method: simclr`` (also MCL's default base method)."""
+
+    temperature: float = Field(0.5, gt=0.0, le=10.0, description="NT-Xent temperature τ.")
+
+
+@register("simclr", section=SimCLRConfig)
 class SimCLR(Method):
     """Backbone + 2-layer projector trained with NT-Xent.
 
@@ -50,15 +57,18 @@ class SimCLR(Method):
         self.temperature = temperature
 
     @classmethod
-    def from_config(cls, cfg: SearchConfig, in_channels: int) -> SimCLR:
+    def from_config(cls, cfg: CoreConfig, in_channels: int) -> SimCLR:
         backbone, feature_dim = build_backbone(cfg.model.backbone, in_channels, cfg.model.width)
         return cls(
             backbone=backbone,
             feature_dim=feature_dim,
             projector_hidden_dim=cfg.model.projector_hidden_dim,
             projector_dim=cfg.model.projector_dim,
-            temperature=cfg.loss.temperature,
+            temperature=cfg.section(SimCLRConfig).temperature,
         )
+
+    def project(self, images: Tensor) -> Tensor:
+        return self.projector(self.backbone(images))
 
     def forward(self, batch: Batch) -> dict[str, Tensor]:
         """NT-Xent between the two views' projections.
@@ -80,12 +90,7 @@ class SimCLR(Method):
         projections = self.projector(self.backbone(torch.cat(batch.views, dim=0)))
         z1, z2 = projections[:batch_size], projections[batch_size:]
 
-        negative_mask = None
-        if batch.pseudo_labels is not None:
-            negative_mask = same_label_mask(
-                batch.pseudo_labels, gather_no_grad(batch.pseudo_labels)
-            )
-        loss = nt_xent(z1, z2, self.temperature, negative_mask=negative_mask)
+        loss = nt_xent(z1, z2, self.temperature, negative_mask=batch.negative_mask())
 
         with torch.no_grad():
             pos_sim = F.cosine_similarity(z1, z2, dim=1).mean()
