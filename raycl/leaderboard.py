@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 
 from raycl.config import reported_test_metric, resolve_tracking_uri
@@ -47,9 +48,14 @@ def leaderboard_rows(
     objective_test = reported_test_metric(metric)
     attributes = sorted({key.split("/", 2)[2] for run in children for key in run.data.metrics
                          if key.startswith("val/linear/")})
-    extra = [key for attribute in attributes
-             for key in (f"val/linear/{attribute}", f"test/linear/{attribute}")
-             if key not in (metric, objective_test)]
+    # Reported beside the objective, never ranked on: transfer means and the effective rank.
+    reported = sorted({key for run in children for key in run.data.metrics
+                       if re.fullmatch(r"transfer/[^/]+/linear/mean", key)})
+    reported += ["diag/effective_rank"] if any(
+        "diag/effective_rank" in run.data.metrics for run in children) else []
+    extra = [*reported, *[key for attribute in attributes
+                          for key in (f"val/linear/{attribute}", f"test/linear/{attribute}")
+                          if key not in (metric, objective_test)]]
     header = ["#", "trial", "status", metric, *([objective_test] if objective_test else []),
               *searched, *extra]
     rows = []
@@ -62,7 +68,8 @@ def leaderboard_rows(
                      *[_fmt(values.get(key)) for key in searched],
                      *[_fmt(run.data.metrics.get(key)) for key in extra]])
     title = (f"{experiment}: {len(children)} trial(s), best {top} by {metric} ({mode})"
-             f"{'' if all_sweeps else ', latest sweep'}; test/ columns are reported, not ranked on")
+             f"{'' if all_sweeps else ', latest sweep'}; test/, transfer/ and diag/ columns are "
+             f"reported, not ranked on")
     return header, rows, title
 
 

@@ -274,6 +274,7 @@ def test_asha_grace_period_is_clamped_to_the_run(tmp_path: Path) -> None:
         ("eval/linear/mean", "'eval/linear/mean' was renamed to 'val/linear/mean'"),
         ("stage1/eval/knn/shape", "renamed to 'stage1/val/knn/shape'"),
         ("test/linear/mean", "is a test metric"),
+        ("transfer/digits/linear/mean", "is a transfer metric"),
         ("val/linear/colour", "trifeature has no attribute 'colour'"),
     ],
 )
@@ -319,3 +320,102 @@ def test_searched_batch_size_keeps_only_feasible_choices(tmp_path: Path) -> None
     joint = joint_domain(config)
     assert joint is not None and joint.keys == ("train.batch_size",)
     assert joint.combinations == ((64,),)
+
+
+# ---------------------------------------------------------------- method-owned sections
+
+HSCL = """
+name: h
+method: hscl
+data: {dataset: trifeature, resolution: 32, samples_per_combination: 2}
+train: {epochs: 2, batch_size: 64}
+tune:
+  num_samples: 4
+  search_space:
+    hscl.filter_exponent: {choice: [0.0, 0.1, 0.3, 0.5]}
+"""
+
+
+def test_method_sections_are_schema_keys(tmp_path: Path) -> None:
+    """Declared in raycl/methods/<name>.py, documented, settable, searchable, validated."""
+    schema = schema_markdown()
+    for key in ("hscl.filter_exponent", "hscl.eigenvalue_floor", "spectral.mu",
+                "simclr.temperature"):
+        assert key in CONFIG_KEYS and f"`{key}`" in schema
+    path = write(tmp_path, HSCL)
+    assert load_search(path, ["hscl.mu=2"]).hscl.mu == 2.0
+    message = error_of(tmp_path, HSCL, ["hscl.filter_exponent=-1"])
+    assert "hscl.filter_exponent" in message and "greater than or equal to 0" in message
+    message = error_of(tmp_path, HSCL.replace("0.0, 0.1", "-0.5, 0.1"))
+    assert "tune.search_space.hscl.filter_exponent: value -0.5 is invalid" in message
+    assert "unknown key" in error_of(tmp_path, HSCL + "hscl: {filter: 0.3}\n")
+
+
+def test_moved_keys_say_where_they_went(tmp_path: Path) -> None:
+    renamed = "renamed to simclr.temperature"
+    assert renamed in error_of(tmp_path, BASE + "loss: {temperature: 0.2}\n")
+    assert renamed in error_of(tmp_path, BASE.replace("simclr.temperature:", "loss.temperature:"))
+    assert renamed in error_of(tmp_path, BASE, ["loss.temperature=0.2"])
+
+
+def test_a_section_the_method_does_not_use_is_a_notice(tmp_path: Path) -> None:
+    notices: list[str] = []
+    load_search(write(tmp_path, HSCL + "spectral: {mu: 2}\n"), notices=notices)
+    assert notices == ["section spectral not used: method is hscl"]
+    notices.clear()
+    mcl = HSCL.replace("method: hscl", "method: mcl\nmcl: {base: hscl, stages: 2, clusters: 2}")
+    load_search(write(tmp_path, mcl + "hscl: {mu: 2}\n"), notices=notices)
+    assert not any("not used" in notice for notice in notices)
+
+
+def test_mlflow_params_carry_only_the_sections_trials_use() -> None:
+    hscl = SearchConfig(name="x", method="hscl")
+    assert {"hscl", "simclr", "spectral"} <= set(hscl.to_dict())
+    assert "hscl" in hscl.to_dict(used_sections_only=True)
+    assert not {"simclr", "spectral"} & set(hscl.to_dict(used_sections_only=True))
+    mcl = SearchConfig(name="x", method="mcl", mcl={"base": "spectral"})
+    assert "spectral" in mcl.to_dict(used_sections_only=True)
+
+
+def test_registering_a_method_adds_its_section(tmp_path: Path) -> None:
+    """The whole contract of a new method file: a Section and @register(name, section=...)."""
+    from pydantic import Field
+
+    from raycl import config as config_module
+    from raycl.methods import METHODS, SECTIONS, Method, register
+    from raycl.schema import Section
+
+    class ToyConfig(Section):
+        knob: int = Field(3, ge=1, description="A toy knob.")
+
+    @register("toy", section=ToyConfig)
+    class Toy(Method):
+        pass
+
+    config_module.search_config_class.cache_clear()
+    config_module.config_keys.cache_clear()
+    try:
+        assert "toy.knob" in config_module.config_keys()
+        assert "`toy.knob`" in schema_markdown()
+        loaded = load_search(write(tmp_path, HSCL.replace("method: hscl", "method: toy")),
+                             ["toy.knob=5"])
+        assert loaded.section(ToyConfig).knob == 5
+        assert "toy.knob" in error_of(tmp_path, HSCL, ["toy.knob=0"])
+    finally:
+        METHODS.pop("toy")
+        SECTIONS.pop("toy")
+        config_module.search_config_class.cache_clear()
+        config_module.config_keys.cache_clear()
+    with pytest.raises(ValueError, match="cannot name a method"):
+        register("train")
+    with pytest.raises(ValueError, match="Section subclass"):
+        register("toy2", section=dict)  # type: ignore[arg-type]
+
+
+def test_transfer_entries_are_validated(tmp_path: Path) -> None:
+    ok = load_search(write(tmp_path, HSCL + "eval: {transfer: [{dataset: digits}]}\n"))
+    assert ok.eval.transfer[0].label == "digits"
+    twice = HSCL + "eval: {transfer: [{dataset: digits}, {dataset: digits}]}\n"
+    assert "transfer names must be distinct" in error_of(tmp_path, twice)
+    missing = HSCL + f"eval: {{transfer: [{{dataset: folder, root: {tmp_path / 'nope'}}}]}}\n"
+    assert ": eval.transfer.0.root: not a directory" in error_of(tmp_path, missing)

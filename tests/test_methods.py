@@ -9,7 +9,9 @@ from torch import Tensor
 from raycl.config import CoreConfig, SearchConfig
 from raycl.losses import nt_xent
 from raycl.methods import METHODS, Batch, Method, build_method, register
+from raycl.methods.hscl import HSCL
 from raycl.methods.simclr import SimCLR
+from raycl.methods.spectral import SpectralCL
 
 
 def make_cfg(method: str = "simclr", base: str = "simclr", **sections: dict) -> CoreConfig:
@@ -211,3 +213,44 @@ def test_checkpoint_state_round_trips_under_weights_only(tmp_path) -> None:
     again = next(iter(restored.state.values()))
     torch.testing.assert_close(again["exp_avg"], first["exp_avg"])
     assert restored.param_groups[0]["name"] == "default"
+
+
+# ---------------------------------------------------------------- spectral and hscl
+
+
+def test_spectral_and_hscl_build_from_their_sections() -> None:
+    hscl = build_method(make_cfg("hscl", hscl={"filter_exponent": 0.3, "mu": 2.0}), 1)
+    assert isinstance(hscl, HSCL) and (hscl.filter_exponent, hscl.mu) == (0.3, 2.0)
+    spectral = build_method(make_cfg("mcl", base="spectral", spectral={"mu": 3.0}), 1)
+    assert type(spectral) is SpectralCL and spectral.mu == 3.0
+
+
+def test_hscl_with_p_zero_trains_exactly_like_spectral() -> None:
+    torch.manual_seed(0)
+    hscl = build_method(make_cfg("hscl", hscl={"filter_exponent": 0.0}), 1)
+    spectral = build_method(make_cfg("spectral"), 1)
+    spectral.load_state_dict(hscl.state_dict())
+    batch = make_batch(batch_size=8)
+    losses = []
+    for method in (hscl, spectral):
+        loss = method(batch)["loss"]
+        loss.backward()
+        losses.append(loss)
+    assert torch.equal(losses[0], losses[1])
+    for a, b in zip(hscl.parameters(), spectral.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+
+
+@pytest.mark.parametrize("name", ["spectral", "hscl"])
+def test_spectral_family_pseudo_labels_restrict_pairs(name: str) -> None:
+    """MCL over Spectral CL / HSCL: a pseudo-label split changes the loss; all-equal labels
+    change nothing."""
+    torch.manual_seed(0)
+    method = build_method(make_cfg(name), 1)
+    batch = make_batch(batch_size=8)
+    plain = method(batch)["loss"]
+    batch.pseudo_labels = torch.zeros(8, dtype=torch.long)
+    torch.testing.assert_close(method(batch)["loss"], plain)
+    batch.pseudo_labels = torch.tensor([0, 1] * 4)
+    masked = method(batch)["loss"]
+    assert torch.isfinite(masked) and not torch.allclose(masked, plain)
