@@ -283,11 +283,13 @@ class TuneSection(Section):
     mode: Literal["max", "min"] = Field("max", description="Maximise or minimise the metric.")
     search_space: dict[str, Domain] = Field(
         default_factory=dict, description="Dotted config key -> domain, e.g. "
-        "{'loss.temperature': {'loguniform': [0.1, 0.5]}}."
+        "{'simclr.temperature': {'loguniform': [0.1, 0.5]}}."
     )
-    searcher: Literal["optuna", "random"] = Field(
-        "optuna", description="Optuna's TPE, or Optuna's random sampler; both are offered only "
-        "feasible combinations of constrained keys (batch size, MCL's K and N)."
+    searcher: Literal["optuna", "random", "grid"] = Field(
+        "optuna", description="Optuna's TPE, Optuna's random sampler, or Optuna's grid sampler "
+        "(every combination of the choice domains once, in a seeded order; needs choice domains "
+        "only). All are offered only feasible combinations of constrained keys (batch size, "
+        "MCL's K and N)."
     )
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     max_concurrent_trials: int = Field(1, ge=1, description="Trials running at once.")
@@ -656,6 +658,35 @@ def _check_data(config: CoreConfig, source: str) -> None:
         _check_dataset(entry.dataset, entry.root, f"{source}: eval.transfer.{i}")
 
 
+def grid_size(config: CoreConfig) -> int:
+    """Combinations ``tune.searcher: grid`` runs: the product of the choice domains' sizes, with
+    constrained keys counted by their feasible combinations only."""
+    from raycl.constraints import joint_domain
+
+    joint = joint_domain(config)
+    tied = set(joint.keys) if joint else set()
+    size = len(joint.labels()) if joint else 1
+    for key, domain in config.tune.search_space.items():
+        if key not in tied:
+            size *= len(domain.candidates())
+    return size
+
+
+def _check_grid(config: CoreConfig, source: str, notices: list[str]) -> None:
+    if config.tune.searcher != "grid" or not config.tune.search_space:
+        return
+    for key, domain in config.tune.search_space.items():
+        if domain.kind != "choice":
+            raise ConfigError(f"{source}: tune.search_space.{key}: tune.searcher 'grid' needs "
+                              f"choice domains, got {domain.kind}")
+    size, samples = grid_size(config), config.tune.num_samples
+    if size != samples:
+        what = "the rest are repeats of random grid points" if samples > size else \
+            f"{size - samples} are not run"
+        notices.append(f"tune.searcher=grid: {size} combinations, tune.num_samples={samples}: "
+                       f"{what}")
+
+
 def _check_feasible(config: CoreConfig, source: str) -> None:
     """Batch size and MCL budget: fixed values must fit; searched ones must leave a choice."""
     from raycl.constraints import CONSTRAINED_KEYS, joint_domain, trial_problem
@@ -774,6 +805,7 @@ def load_search(
     config = _clamp_scheduler(config, notices)
     if check_references:
         validate_references(config, source)
+        _check_grid(config, source, notices)
     unused = sorted(name for name in method_sections()
                     if name in raw and name not in config.used_sections())
     if unused:

@@ -1,9 +1,9 @@
 """Search algorithms, with the workarounds they need in one place.
 
-The searcher is always Optuna (TPE, or its random sampler for ``tune.searcher: random``) driven by
-a define-by-run space (:class:`ConstrainedSpace`): keys that decide whether a trial can train at
-all (batch size, MCL's K and N) are offered only in feasible combinations, so Optuna never
-proposes a trial that would be skipped.
+The searcher is always Optuna (TPE, its random sampler for ``tune.searcher: random``, or its grid
+sampler for ``tune.searcher: grid``) driven by a define-by-run space (:class:`ConstrainedSpace`):
+keys that decide whether a trial can train at all (batch size, MCL's K and N) are offered only in
+feasible combinations, so Optuna never proposes a trial that would be skipped.
 """
 
 from __future__ import annotations
@@ -93,9 +93,21 @@ class OptunaSearch(_RayOptunaSearch):
 
 def build_searcher(config: CoreConfig) -> OptunaSearch:
     """The seeded Optuna searcher for a config with a non-empty search space."""
-    from optuna.samplers import RandomSampler, TPESampler
+    from optuna.samplers import BaseSampler, GridSampler, RandomSampler, TPESampler
 
-    sampler = (TPESampler(seed=config.seed) if config.tune.searcher == "optuna"
-               else RandomSampler(seed=config.seed))
-    return OptunaSearch(space=ConstrainedSpace(config), metric=config.tune.metric,
-                        mode=config.tune.mode, sampler=sampler)
+    space = ConstrainedSpace(config)
+    sampler: BaseSampler
+    if config.tune.searcher == "grid":
+        # Under the names and values ConstrainedSpace suggests (choice domains only: checked
+        # at load).
+        grid = {key: list(domain.candidates()) for key, domain in space.space.items()
+                if not (space.joint and key in space.joint.keys)}
+        if space.joint:
+            grid[space.joint.name] = space.joint.labels()
+        sampler = GridSampler(grid, seed=config.seed)
+    elif config.tune.searcher == "random":
+        sampler = RandomSampler(seed=config.seed)
+    else:
+        sampler = TPESampler(seed=config.seed)
+    return OptunaSearch(space=space, metric=config.tune.metric, mode=config.tune.mode,
+                        sampler=sampler)

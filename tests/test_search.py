@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from raycl.config import apply_overrides, load_search
+from raycl.config import ConfigError, apply_overrides, load_search
 from raycl.constraints import JOINT_PREFIX, joint_domain, trial_problem
 from raycl.searchers import build_searcher
 
@@ -62,3 +62,26 @@ def test_searcher_survives_pickling_with_the_experiment_state() -> None:
     restored = pickle.loads(pickle.dumps(searcher))
     params = restored.suggest("t1")
     assert trial_problem(apply_overrides(config, params)) is None
+
+
+def test_grid_searcher_runs_every_combination_once() -> None:
+    config = load_search(REPO / "searches" / "hscl_filter.yaml")
+    assert config.tune.searcher == "grid"
+    values = sorted(p["hscl.filter_exponent"] for p in proposals(config, 4))
+    assert values == [0.0, 0.1, 0.3, 0.5]
+    # Constrained keys: the feasible (K, N) pairs once each, times the temperature choices.
+    notices: list[str] = []
+    mcl = load_search(REPO / "searches" / "mcl_k_n.yaml", [
+        "tune.searcher=grid", "tune.num_samples=8",
+        "tune.search_space.simclr.temperature={choice: [0.1, 0.5]}"], notices=notices)
+    suggested = proposals(mcl, 8)
+    combos = {(p["mcl.clusters"], p["mcl.stages"], p["simclr.temperature"]) for p in suggested}
+    assert len(combos) == 8 and {(k, n) for k, n, _ in combos} == {(2, 1), (2, 2), (5, 2), (2, 3)}
+    assert notices == []
+    load_search(REPO / "searches" / "mcl_k_n.yaml", [
+        "tune.searcher=grid", "tune.num_samples=3",
+        "tune.search_space.simclr.temperature={choice: [0.1, 0.5]}"], notices=notices)
+    assert notices == ["tune.searcher=grid: 8 combinations, tune.num_samples=3: 5 are not run"]
+    with pytest.raises(ConfigError, match=r"tune\.search_space\.simclr\.temperature: tune\."
+                                          r"searcher 'grid' needs choice domains, got loguniform"):
+        load_search(REPO / "searches" / "mcl_k_n.yaml", ["tune.searcher=grid"])
