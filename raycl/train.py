@@ -619,33 +619,12 @@ def _train_stage(
                                      for key, value in metrics.items() if "/" in key}}
 
         every = config.eval.every_n_epochs
-        features = {}
+        features: Features = {}
         diagnostics = None
         if last or (every and completed % every == 0):
-            # The test split (and the transfer sets) are embedded and scored once per stage,
-            # after its last epoch.
-            splits = ("train", "val", "test") if last else ("train", "val")
-            embed_started = time.perf_counter()
-            features = {split: embed_images(method, data.split(split).images, session)
-                        for split in splits}
-            for transfer in transfer_sets if last else []:
-                features[transfer.train_key] = embed_images(method, transfer.train.images, session)
-                features[transfer.test_key] = embed_images(method, transfer.test.images, session)
-            trial_end = last and inputs.stage == config.num_stages - 1
-            projections = None
-            if trial_end and config.eval.diagnostics and type(method).project is not Method.project:
-                projections = embed_images(method, data.test.images, session, embed=method.project)
-            metrics["perf/embed_seconds"] = time.perf_counter() - embed_started
-            if rank == 0:
-                eval_started = time.perf_counter()
-                metrics.update(_evaluation_metrics(config, data, inputs, features, device,
-                                                   transfer_sets))
-                if trial_end and config.eval.diagnostics:
-                    result = inputs.integrated({"test": features["test"]})["test"]
-                    diag_metrics, diagnostics = representation_diagnostics(
-                        result, data.test.labels[data.attributes[0]], projections)
-                    metrics.update(diag_metrics)
-                metrics["perf/eval_seconds"] = time.perf_counter() - eval_started
+            features, evaluation, diagnostics = _evaluate(config, data, transfer_sets, inputs,
+                                                          method, session, last)
+            metrics.update(evaluation)
         metrics.update(clock.pop_metrics())
         metrics["perf/peak_rss_mb"] = _peak_rss_mb()
 
@@ -659,6 +638,50 @@ def _train_stage(
         _maybe_inject_fault(loop_config, inputs.stage, completed,
                             isinstance(session, InProcessSession))
     return features, metrics
+
+
+def _evaluate(
+    config: CoreConfig,
+    data: DatasetSplits,
+    transfer_sets: list[TransferSet],
+    inputs: StageInputs,
+    method: Method,
+    session: Session,
+    last: bool,
+) -> tuple[Features, dict[str, float], dict[str, np.ndarray] | None]:
+    """Embed (every rank) and score (rank 0) one evaluation: train and val; after a stage's last
+    epoch also test and the transfer sets; at the trial's end the diagnostics.
+
+    Returns:
+        The features per split, the metrics (rank 0; timings on every rank), and the diagnostic
+        arrays for the plots (rank 0 at the trial's end, else None).
+    """
+    rank, device = session.rank, session.device
+    # The test split (and the transfer sets) are embedded and scored once per stage, after its
+    # last epoch.
+    splits = ("train", "val", "test") if last else ("train", "val")
+    started = time.perf_counter()
+    features = {split: embed_images(method, data.split(split).images, session)
+                for split in splits}
+    for transfer in transfer_sets if last else []:
+        features[transfer.train_key] = embed_images(method, transfer.train.images, session)
+        features[transfer.test_key] = embed_images(method, transfer.test.images, session)
+    diagnose = last and inputs.stage == config.num_stages - 1 and config.eval.diagnostics
+    projections = None
+    if diagnose and type(method).project is not Method.project:
+        projections = embed_images(method, data.test.images, session, embed=method.project)
+    metrics: dict[str, float] = {"perf/embed_seconds": time.perf_counter() - started}
+    diagnostics = None
+    if rank == 0:
+        started = time.perf_counter()
+        metrics.update(_evaluation_metrics(config, data, inputs, features, device, transfer_sets))
+        if diagnose:
+            result = inputs.integrated({"test": features["test"]})["test"]  # MCL: integration
+            diag_metrics, diagnostics = representation_diagnostics(
+                result, data.test.labels[data.attributes[0]], projections)
+            metrics.update(diag_metrics)
+        metrics["perf/eval_seconds"] = time.perf_counter() - started
+    return features, metrics, diagnostics
 
 
 def _maybe_inject_fault(

@@ -247,14 +247,16 @@ def test_mcl_trial_interrupted_in_stage_1_resumes_there(ray_session, data_cache,
 
 
 def test_mcl_under_data_parallelism_with_two_workers(ray_session, data_cache, tmp_path) -> None:
-    """Two Ray Train workers (DDP over gloo): the pseudo-label sampler, the gathered masked loss
-    and the sharded embedding all run for real, and every stage reports."""
+    """Two Ray Train workers (DDP over gloo) for MCL over HSCL: the pseudo-label sampler, the
+    all-reduced Bmat, the gathered loss and the sharded embedding (transfer set included) all run
+    for real, every stage reports, and the trial's diagnostics and plots land in MLflow."""
     config = tiny_config(tmp_path, "mcl_k_n.yaml", "train.epochs=1", "tune.num_samples=1",
                          "tune.search_space={}", "mcl.stages=2", "mcl.clusters=2",
+                         "mcl.base=hscl", "eval.transfer=[{dataset: digits}]",
                          "scaling.num_workers=2", "scaling.cpus_per_worker=0.5", "name=e2e-ddp")
     results = build_tuner(config, None).fit()
     assert results[0].error is None
-    _, _, children = runs_of(tmp_path, "e2e-ddp")
+    client, _, children = runs_of(tmp_path, "e2e-ddp")
     (child,) = children
     metrics = child.data.metrics
     assert child.info.status == "FINISHED"
@@ -263,6 +265,11 @@ def test_mcl_under_data_parallelism_with_two_workers(ray_session, data_cache, tm
     # Stage 1 used the pseudo-label sampler; how groups filled batches is logged.
     assert metrics["stage1/train/sampler_groups"] == 2
     assert metrics["stage1/train/sampler_pure_batches"] >= 1
+    for key in ("transfer/digits/linear/digit", "stage1/transfer/digits/linear/digit",
+                "diag/effective_rank", "diag/projection_effective_rank"):
+        assert math.isfinite(metrics[key]), key
+    plots = {a.path for a in client.list_artifacts(child.info.run_id, "diagnostics")}
+    assert {"diagnostics/spectrum.png", "diagnostics/principal_angles.png"} <= plots
 
 
 def test_worker_mode_trial_restart_fast_forwards_finished_stages(
