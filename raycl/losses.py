@@ -161,6 +161,14 @@ def _check_mask(negative_mask: Tensor | None, shape: tuple[int, int]) -> None:
                          f"{tuple(negative_mask.shape)}")
 
 
+def check_filter_args(filter_exponent: float, eigenvalue_floor: float) -> None:
+    """Raises ValueError unless p >= 0 (finite) and the relative floor is in (0, 1)."""
+    if not (math.isfinite(filter_exponent) and filter_exponent >= 0):
+        raise ValueError(f"filter_exponent must be a finite number >= 0, got {filter_exponent}")
+    if not 0 < eigenvalue_floor < 1:
+        raise ValueError(f"eigenvalue_floor must be in (0, 1), got {eigenvalue_floor}")
+
+
 def high_pass_filter(bmat: Tensor, filter_exponent: float, eigenvalue_floor: float) -> Tensor:
     """HSCL's filter ``W = V g(S^{1/2}) V^T`` with ``g(x) = x^{-p}``, for ``Bmat = V S V^T``.
 
@@ -182,10 +190,7 @@ def high_pass_filter(bmat: Tensor, filter_exponent: float, eigenvalue_floor: flo
     Raises:
         ValueError: on p < 0, a floor outside (0, 1), or a non-square ``bmat``.
     """
-    if not (math.isfinite(filter_exponent) and filter_exponent >= 0):
-        raise ValueError(f"filter_exponent must be a finite number >= 0, got {filter_exponent}")
-    if not 0 < eigenvalue_floor < 1:
-        raise ValueError(f"eigenvalue_floor must be in (0, 1), got {eigenvalue_floor}")
+    check_filter_args(filter_exponent, eigenvalue_floor)
     if bmat.dim() != 2 or bmat.shape[0] != bmat.shape[1]:
         raise ValueError(f"bmat must be square, got shape {tuple(bmat.shape)}")
     bmat = _at_least_float32(bmat.detach())
@@ -332,9 +337,6 @@ def hscl_loss(
     Example:
         >>> loss = hscl_loss(z1, z2, filter_exponent=0.5)
     """
-    if not (math.isfinite(filter_exponent) and filter_exponent >= 0):
-        raise ValueError(f"filter_exponent must be a finite number >= 0, got {filter_exponent}")
-    if not 0 < eigenvalue_floor < 1:
-        raise ValueError(f"eigenvalue_floor must be in (0, 1), got {eigenvalue_floor}")
+    check_filter_args(filter_exponent, eigenvalue_floor)
     return _spectral_family_loss(z1, z2, mu, negative_mask, gather, filter_exponent,
                                  eigenvalue_floor)

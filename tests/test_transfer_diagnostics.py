@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import ray.train
-import torch
+from test_reliability import StoredSession  # keeps every checkpoint, resumes from the newest
 
 from raycl.config import SearchConfig
 from raycl.eval.diagnostics import plot_diagnostics, representation_diagnostics
 from raycl.eval.transfer import load_transfer_sets, match_channels
-from raycl.session import InProcessSession
 from raycl.stages import DIAGNOSTICS_FILE
 from raycl.train import run_trial_loop
 
@@ -58,25 +55,6 @@ def test_diagnostics_see_collapse_and_structure(tmp_path: Path) -> None:
     assert all(p.stat().st_size > 1000 for p in written)
 
 
-class RecordingSession(InProcessSession):
-    """Keeps every report and every checkpoint (as ``root/checkpoint_<n>``); resumes from the
-    newest."""
-
-    def __init__(self, root: Path) -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        stored = sorted(root.glob("checkpoint_*"))
-        super().__init__(torch.device("cpu"),
-                         ray.train.Checkpoint(str(stored[-1])) if stored else None)
-        self.root = root
-        self.reports: list[dict[str, Any]] = []
-
-    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
-        self.reports.append(metrics)
-        if checkpoint_dir:
-            count = len(list(self.root.glob("checkpoint_*")))
-            shutil.move(checkpoint_dir, self.root / f"checkpoint_{count:06d}")
-
-
 MCL_OVER_HSCL = {
     "name": "mcl-hscl",
     "method": "mcl",
@@ -91,8 +69,8 @@ MCL_OVER_HSCL = {
 }
 
 
-def _run(root: Path, fault: dict[str, Any] | None = None) -> RecordingSession:
-    session = RecordingSession(root)
+def _run(root: Path, fault: dict[str, Any] | None = None) -> StoredSession:
+    session = StoredSession(root)
     config = SearchConfig.model_validate(MCL_OVER_HSCL).to_dict()
     run_trial_loop({"config": config, "fault": fault}, session)
     return session

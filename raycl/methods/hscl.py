@@ -16,26 +16,20 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 from torch import Tensor, nn
 
-from raycl.losses import hscl_loss
+from raycl.losses import check_filter_args, hscl_loss
 from raycl.methods import register
-from raycl.methods.spectral import SpectralCL
-from raycl.models import build_backbone
-from raycl.schema import Section
+from raycl.methods.spectral import SpectralCL, SpectralConfig
 
 if TYPE_CHECKING:
     from raycl.config import CoreConfig
 
 
-class HSCLConfig(Section):
-    """Knobs of ``method: hscl``."""
+class HSCLConfig(SpectralConfig):
+    """Knobs of ``method: hscl``: Spectral CL's (``mu``) and the filter's."""
 
     filter_exponent: float = Field(
         0.5, ge=0.0, le=2.0, description="p of the high-pass filter g(λ) = λ^-p (the paper: "
         "0.1, 0.3, 0.5; 0 is Spectral CL)."
-    )
-    mu: float = Field(
-        1.0, gt=0.0, le=100.0, description="Squared radius of the ball projections are confined "
-        "to, as spectral.mu."
     )
     eigenvalue_floor: float = Field(
         1e-5, gt=0.0, lt=1.0, description="Eigenvalues of Bmat are floored at this fraction of "
@@ -68,19 +62,14 @@ class HSCL(SpectralCL):
         eigenvalue_floor: float,
     ) -> None:
         super().__init__(backbone, feature_dim, projector_hidden_dim, projector_dim, mu)
-        if not filter_exponent >= 0:
-            raise ValueError(f"filter_exponent must be >= 0, got {filter_exponent}")
-        if not 0 < eigenvalue_floor < 1:
-            raise ValueError(f"eigenvalue_floor must be in (0, 1), got {eigenvalue_floor}")
+        check_filter_args(filter_exponent, eigenvalue_floor)
         self.filter_exponent = filter_exponent
         self.eigenvalue_floor = eigenvalue_floor
 
     @classmethod
     def from_config(cls, cfg: CoreConfig, in_channels: int) -> HSCL:
         section = cfg.section(HSCLConfig)
-        backbone, feature_dim = build_backbone(cfg.model.backbone, in_channels, cfg.model.width)
-        return cls(backbone, feature_dim, cfg.model.projector_hidden_dim,
-                   cfg.model.projector_dim, mu=section.mu,
+        return cls(**cls.encoder_kwargs(cfg, in_channels), mu=section.mu,
                    filter_exponent=section.filter_exponent,
                    eigenvalue_floor=section.eigenvalue_floor)
 
