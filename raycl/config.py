@@ -713,6 +713,15 @@ def validate_references(config: CoreConfig, source: str) -> None:
     if config.method == "mcl" and config.mcl.base not in METHODS:
         raise ConfigError(f"{source}: mcl.base: unknown method {config.mcl.base!r} "
                           f"(known: {', '.join(sorted(METHODS))})")
+    method = METHODS[config.mcl.base if config.method == "mcl" else config.method]
+    if (config.method == "mcl" and config.mcl.negatives == "mask"
+            and not method.accepts_negative_mask):
+        takes_mask = sorted(name for name, cls in METHODS.items() if cls.accepts_negative_mask)
+        raise ConfigError(f"{source}: mcl.negatives: 'mask' needs a base method that restricts "
+                          f"its negatives ({', '.join(takes_mask)}); {config.mcl.base} does not: "
+                          f"use 'sampler'")
+    for key, problem in method.config_problems(config)[:1]:
+        raise ConfigError(f"{source}: {key}: {problem}")
     _check_data(config, source)
     _check_metric(config, source)
     _check_search_space(config, source)

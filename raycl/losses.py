@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from raycl.distributed import all_reduce_sum, gather_with_grad, rank
+from raycl.distributed import all_reduce_sum, gather_no_grad, gather_with_grad, rank
 
 
 def _check_pair(z1: Tensor, z2: Tensor) -> None:
@@ -340,3 +340,126 @@ def hscl_loss(
     check_filter_args(filter_exponent, eigenvalue_floor)
     return _spectral_family_loss(z1, z2, mu, negative_mask, gather, filter_exponent,
                                  eigenvalue_floor)
+
+
+def info_nce(queries: Tensor, keys: Tensor, temperature: float, gather: bool = True) -> Tensor:
+    """One-directional InfoNCE over the batch: query i's positive is key i, the other keys of
+    the (global) batch are its negatives.
+
+    ``L_i = -log( exp(q_i . k_i / tau) / sum_n exp(q_i . k_n / tau) )`` on L2-normalised rows.
+    It is All4One's neighbour contrast (paper eq. 1, NNCLR: ``q = nn^1``, the support-set
+    neighbour, ``k = p^2``, the predictor output of the other view) and centroid contrast (eq. 2:
+    ``q = c^1``, ``k = c^2``). Under DDP (``gather=True``) the keys are gathered from every rank
+    with gradients and the local queries meet all of them; the positive of rank r's query i sits
+    at ``r * B_local + i``.
+
+    Args:
+        queries: (B_local, D) queries; a support-set neighbour carries no gradient.
+        keys: (B_local, D) keys; row i is query i's positive.
+        temperature: tau > 0.
+        gather: contrast against the keys of the global batch when distributed.
+
+    Returns:
+        Scalar loss, the mean over the local queries (at least float32).
+
+    Raises:
+        ValueError: on a non-positive temperature or mismatched shapes.
+
+    Example:
+        >>> neighbours, _ = queue.nearest(momentum_z1, k=1)
+        >>> loss = info_nce(neighbours[:, 0], predictor(online_z2), temperature=0.1)
+    """
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    _check_pair(queries, keys)
+    queries = F.normalize(_at_least_float32(queries), dim=1)
+    keys = F.normalize(_at_least_float32(keys), dim=1)
+    offset = 0
+    if gather:
+        keys, offset = gather_with_grad(keys), rank() * queries.shape[0]
+    logits = queries @ keys.T / temperature
+    targets = offset + torch.arange(queries.shape[0], device=logits.device)
+    return F.cross_entropy(logits, targets)
+
+
+def redundancy_reduction_loss(
+    target1: Tensor,
+    online2: Tensor,
+    target2: Tensor,
+    online1: Tensor,
+    off_diagonal_weight: float = 0.5,
+    gather: bool = True,
+) -> Tensor:
+    """All4One's feature contrast (paper eq. 3), a square-root form of Barlow Twins' objective.
+
+    Columns (features) are L2-normalised along the batch, ``CC^1 = Z_t1^T Z_o2`` and, with the
+    branches swapped, ``CC^2 = Z_t2^T Z_o1`` (D x D), and
+
+    ``L = sqrt( 1/(2D) sum_i (1 - cc^1_ii)^2 + (1 - cc^2_ii)^2 )
+    + lambda sqrt( 1/(2D(D-1)) sum_{i != j} (cc^1_ij)^2 + (cc^2_ij)^2 )``.
+
+    The target (momentum) embeddings carry no gradient. Under DDP the normalisation and the
+    cross-correlations use the global batch (targets gathered without, online embeddings with
+    gradients), so every rank returns the global loss and, after DDP's averaging, parameters get
+    its exact gradient (see :mod:`raycl.distributed`).
+
+    Args:
+        target1: (B_local, D) momentum projections of view 1 (detached here).
+        online2: (B_local, D) online projections of view 2.
+        target2: (B_local, D) momentum projections of view 2 (detached here).
+        online1: (B_local, D) online projections of view 1.
+        off_diagonal_weight: lambda >= 0 (the paper: 0.5).
+        gather: use the global batch when distributed.
+
+    Returns:
+        Scalar loss (at least float32).
+
+    Raises:
+        ValueError: on mismatched shapes, D < 2 or a negative lambda.
+
+    Example:
+        >>> loss = redundancy_reduction_loss(zm1, z2, zm2, z1, off_diagonal_weight=0.5)
+    """
+    for other in (online2, target2, online1):
+        _check_pair(target1, other)
+    dim = target1.shape[1]
+    if dim < 2:
+        raise ValueError(f"the redundancy term needs D >= 2 features, got D = {dim}")
+    if not (math.isfinite(off_diagonal_weight) and off_diagonal_weight >= 0):
+        raise ValueError(f"off_diagonal_weight must be >= 0, got {off_diagonal_weight}")
+
+    def columns(z: Tensor, with_grad: bool) -> Tensor:
+        z = _at_least_float32(z)
+        if gather:
+            z = gather_with_grad(z) if with_grad else gather_no_grad(z)
+        return F.normalize(z, dim=0)  # each feature a unit vector over the batch
+
+    cc1 = columns(target1.detach(), False).T @ columns(online2, True)
+    cc2 = columns(target2.detach(), False).T @ columns(online1, True)
+    diagonal = torch.eye(dim, dtype=torch.bool, device=cc1.device)
+    on = ((1 - cc1[diagonal]) ** 2 + (1 - cc2[diagonal]) ** 2).sum() / (2 * dim)
+    off = (cc1[~diagonal] ** 2 + cc2[~diagonal] ** 2).sum() / (2 * dim * (dim - 1))
+    # clamp: sqrt has an infinite derivative at exactly 0 (perfect correlation)
+    return on.clamp_min(1e-12).sqrt() + off_diagonal_weight * off.clamp_min(1e-12).sqrt()
+
+
+def sinusoidal_positional_encoding(length: int, dim: int) -> Tensor:
+    """Vaswani et al.'s fixed positional encoding: ``PE[pos, 2i] = sin(pos / 10000^(2i/dim))``,
+    ``PE[pos, 2i+1] = cos(pos / 10000^(2i/dim))``.
+
+    Args:
+        length: sequence length (All4One: the k neighbours), >= 1.
+        dim: model width, >= 1 (an odd width drops the last cosine).
+
+    Returns:
+        (length, dim) float32 encoding, added to a (B, length, dim) sequence.
+    """
+    if length < 1 or dim < 1:
+        raise ValueError(f"length and dim must be >= 1, got {length} and {dim}")
+    position = torch.arange(length, dtype=torch.float64)[:, None]
+    frequency = torch.pow(10_000.0, -torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    encoding = torch.zeros(length, dim, dtype=torch.float64)
+    encoding[:, 0::2] = torch.sin(position * frequency)
+    encoding[:, 1::2] = torch.cos(position * frequency)[:, : dim // 2]
+    return encoding.float()
+

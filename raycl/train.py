@@ -42,6 +42,7 @@ import ray.train
 import ray.train.torch
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 
 from raycl.config import CoreConfig, search_config_class
@@ -54,6 +55,7 @@ from raycl.eval.diagnostics import representation_diagnostics
 from raycl.eval.transfer import TransferSet, load_transfer_sets
 from raycl.methods import build_method
 from raycl.methods.base import Batch, Method
+from raycl.queues import queue_buffer_names
 from raycl.session import InProcessSession, RayTrainSession, Session
 from raycl.stages import (
     DIAGNOSTICS_FILE,
@@ -86,7 +88,8 @@ def build_optimizer(method: Method, config: CoreConfig) -> torch.optim.Optimizer
     groups = []
     for group in method.param_groups():
         group = dict(group)
-        group["lr"] = config.train.lr * float(group.pop("lr_scale", 1.0))
+        # An absolute "lr" (e.g. All4One's transformer) or a scale of the base lr.
+        group["lr"] = float(group.pop("lr", config.train.lr)) * float(group.pop("lr_scale", 1.0))
         group["initial_lr"] = group["lr"]
         groups.append(group)
     if config.train.optimizer == "sgd":
@@ -548,7 +551,7 @@ def _train_stage(
         scaler.load_state_dict(resume.state["scaler"])
         start_epoch = int(resume.progress["epoch"])
         shutil.rmtree(resume.directory, ignore_errors=True)
-    model: nn.Module = ray.train.torch.prepare_model(method) if world > 1 else method
+    model: nn.Module = _data_parallel(method) if world > 1 else method
 
     features: Features = {}
     metrics: dict[str, Any] = {}
@@ -586,7 +589,7 @@ def _train_stage(
             scaler.scale(outputs["loss"]).backward()
             scaler.step(optimizer)
             scaler.update()
-            method.on_train_step_end(step, total_steps)
+            method.on_train_step_end(step + 1, total_steps)
             clock.first_step_done()
             for key, value in outputs.items():
                 # Summed as tensors: converting every step would sync the GPU every step.
@@ -640,6 +643,63 @@ def _train_stage(
     return features, metrics
 
 
+def _data_parallel(method: Method) -> nn.Module:
+    """DDP through Ray Train, minus the per-forward broadcast of queue buffers.
+
+    DDP re-broadcasts every buffer from rank 0 at each forward (``broadcast_buffers=True``, which
+    BatchNorm statistics need). A support-set queue is identical on every rank by construction
+    (each rank writes the same gathered rows), and re-sending a 98k x 256 queue would cost 100 MB
+    per step, so its buffers are excluded with DDP's ignore list (a private but long-standing
+    PyTorch API, used by TorchRec; it also skips them in DDP's initial sync, which the identical
+    seeded initialisation makes unnecessary).
+    """
+    ignored = queue_buffer_names(method)
+    if ignored:
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(method, ignored)
+    return ray.train.torch.prepare_model(method)
+
+
+@torch.no_grad()
+def neighbour_retrieval_accuracy(
+    method: Method,
+    data: DatasetSplits,
+    splits: tuple[str, ...],
+    device: torch.device,
+    batch_size: int = 512,
+) -> dict[str, float]:
+    """NN-retrieval accuracy of a method's support set: for every image of each split, does the
+    training sample behind its nearest support-set entry share its label?
+
+    Returns ``{split}/nn_retrieval/<attribute>`` (and ``/mean``) over the queries whose neighbour
+    holds a sample; ``{}`` for a method without a support set. The queries are held-out images
+    (the papers measure training batches), so the figure is comparable across trials.
+    """
+    if type(method).neighbour_retrieval is Method.neighbour_retrieval:
+        return {}
+    was_training = method.training
+    method.eval()
+    metrics: dict[str, float] = {}
+    try:
+        for split in splits:
+            images = data.split(split).images
+            found = np.concatenate([
+                method.neighbour_retrieval(
+                    to_float(torch.from_numpy(images[i:i + batch_size]).to(device))).cpu().numpy()
+                for i in range(0, len(images), batch_size)])
+            holds_sample = found >= 0
+            if not holds_sample.any():
+                continue
+            scores = {name: float(np.mean(data.train.labels[name][found[holds_sample]]
+                                          == labels[holds_sample]))
+                      for name, labels in data.split(split).labels.items()}
+            scores["mean"] = float(np.mean(list(scores.values())))
+            metrics.update({f"{split}/nn_retrieval/{name}": value
+                            for name, value in scores.items()})
+    finally:
+        method.train(was_training)
+    return metrics
+
+
 def _evaluate(
     config: CoreConfig,
     data: DatasetSplits,
@@ -675,6 +735,9 @@ def _evaluate(
     if rank == 0:
         started = time.perf_counter()
         metrics.update(_evaluation_metrics(config, data, inputs, features, device, transfer_sets))
+        retrieval = neighbour_retrieval_accuracy(method, data, splits[1:], device)
+        prefix = f"stage{inputs.stage}/" if config.num_stages > 1 else ""
+        metrics.update({prefix + key: value for key, value in retrieval.items()})
         if diagnose:
             result = inputs.integrated({"test": features["test"]})["test"]  # MCL: integration
             diag_metrics, diagnostics = representation_diagnostics(

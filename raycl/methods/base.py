@@ -14,20 +14,27 @@ are what the planned methods need; keep them generic:
   ``gather_with_grad`` when gradients must flow), which are no-ops in a single process.
 - **Parameter groups.** :meth:`Method.param_groups` returns optimizer groups; a group may carry
   ``"lr_scale"`` (multiplied into the base learning rate by the trainer), e.g. a predictor
-  trained at 10x lr, or ``"weight_decay"`` overrides. Frozen parameters are left out.
+  trained at 10x lr, an absolute ``"lr"`` (All4One's transformer), or ``"weight_decay"``
+  overrides. Every group follows the same warmup-cosine schedule. Frozen parameters are left out.
+- **Support sets.** A method with a queue of past samples (:class:`raycl.queues.FeatureQueue`)
+  answers :meth:`Method.neighbour_retrieval`; the loop scores it against labels at every
+  evaluation (``val/nn_retrieval/<attribute>``). DDP does not re-broadcast queue buffers.
+- **Config checks across sections** (e.g. All4One's heads must divide ``model.projector_dim``)
+  go in :meth:`Method.config_problems`, which the loader runs before anything is launched.
 - **Phases.** A method that trains in several phases (FGVR pre-trains its decoder before the
   min-max stage) lists them in :meth:`Method.phases`; the trainer calls
   :meth:`Method.set_phase` before each phase. The default is the single phase ``"train"``.
 - **Multi-modal batches.** Image-text methods (MCL on CLIP) subclass :class:`Batch` and add a
   ``texts`` field; everything else stays the same.
-- **MCL** is not a method: it wraps a base method and supplies ``Batch.pseudo_labels``; a
-  method that supports it restricts its negatives to samples with the same pseudo label.
+- **MCL** is not a method: it wraps a base method and supplies ``Batch.pseudo_labels``. A
+  method that sets ``accepts_negative_mask`` restricts its negatives to samples with the same
+  pseudo label (``mcl.negatives: mask``); any method can be MCL's base with ``sampler``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor, nn
 
@@ -73,6 +80,8 @@ class Method(nn.Module):
     """
 
     backbone: nn.Module
+    # True when forward honours Batch.negative_mask() (MCL's ``negatives: mask``).
+    accepts_negative_mask: ClassVar[bool] = False
 
     def forward(self, batch: Batch) -> dict[str, Tensor]:
         """Computes the training loss.
@@ -104,6 +113,19 @@ class Method(nn.Module):
 
         Returns:
             (B, projector_dim) projections, or None for a method without one (the default).
+        """
+        return None
+
+    def neighbour_retrieval(self, images: Tensor) -> Tensor | None:
+        """The dataset index of each image's nearest support-set entry, for the NN-retrieval
+        diagnostic (does its neighbour share its label?).
+
+        Args:
+            images: normalised float (B, C, H, W).
+
+        Returns:
+            (B,) int64 training-split indices (-1 for an entry that holds no sample yet), or
+            None for a method without a support set (the default).
         """
         return None
 
@@ -140,6 +162,13 @@ class Method(nn.Module):
         """
         if name not in self.phases():
             raise ValueError(f"unknown phase {name!r}; phases of this method: {self.phases()}")
+
+    @classmethod
+    def config_problems(cls, cfg: CoreConfig) -> list[tuple[str, str]]:
+        """Problems with ``cfg`` that one section's validation cannot see, as ``(key, why)``;
+        the loader reports the first as ``FILE: key: why`` before launching. None by default.
+        """
+        return []
 
     @classmethod
     def from_config(cls, cfg: CoreConfig, in_channels: int) -> Method:

@@ -27,6 +27,8 @@ class TwoViewMethod(Method):
         projector_dim: output dimension of the projector.
     """
 
+    accepts_negative_mask = True
+
     def __init__(
         self, backbone: nn.Module, feature_dim: int, projector_hidden_dim: int, projector_dim: int
     ) -> None:

@@ -1,0 +1,258 @@
+"""All4One (Estepa et al., 2023): neighbour, centroid and feature contrast in one objective.
+
+``L = σ L_nn + κ L_centroid + η L_red`` (paper eq. 4) on top of NNCLR, with a momentum (EMA)
+branch whose projections fill the support set and answer its lookups:
+
+- **Neighbour contrast** (eq. 1): InfoNCE between ``nn^1``, the nearest support-set entry of the
+  momentum projection of view 1, and ``q_nn(z^2)``, the first predictor on the online view 2.
+- **Centroid contrast** (eq. 2): the k nearest entries of each momentum projection form a
+  sequence; sinusoidal positions are added and a small transformer encoder ψ returns element 0 as
+  the centroid ``c^1``. On the online side the sequence of view 2's neighbours goes through the
+  *Shift*: ``q_c(z^2)`` (the second predictor) replaces the k-th neighbour and moves to the
+  front, so the gradient reaches the backbone; ψ gives ``c^2``; InfoNCE between ``c^1`` and
+  ``c^2``.
+- **Feature contrast** (eq. 3): :func:`raycl.losses.redundancy_reduction_loss` between momentum
+  and online projections of opposite views.
+
+Defaults are the paper's (σ, κ, η = 0.5, 0.5, 5; λ = 0.5; one-directional eqs. 1-2; τ = 0.1
+from NNCLR). The authors' code (solo-learn's ``all4one``) weights differently; in these knobs it
+is ``symmetric: true, temperature: 0.2, centroid_temperature: 0.1, eta: 2.5,
+redundancy_lambda: 1.0`` (its ``0.5 * 10 * (0.5 on + 0.5 off)``); see docs/methods.md. Where the
+paper is silent this file follows that code: the lookups of both views use momentum projections,
+ψ's feed-forward width is 512 with dropout 0.1, and view 1's momentum projections are enqueued.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+from torch import Tensor, nn
+
+from raycl.losses import info_nce, redundancy_reduction_loss, sinusoidal_positional_encoding
+from raycl.methods import register
+from raycl.methods.base import Batch
+from raycl.methods.nnclr import NNCLR, NNCLRConfig, _two_view_split
+from raycl.models import projection_mlp
+from raycl.models.momentum import ema_update, momentum_coefficient, momentum_copy
+
+if TYPE_CHECKING:
+    from raycl.config import CoreConfig
+
+
+class All4OneConfig(NNCLRConfig):
+    """Knobs of ``method: all4one``: NNCLR's (``temperature`` is the neighbour term's τ) and the
+    centroid, redundancy and momentum knobs. Paper defaults."""
+
+    symmetric: bool = Field(False, description="Symmetrise the neighbour and centroid terms "
+                            "over the two views (the authors' code does; the paper's eqs. 1-2 "
+                            "do not).")
+    sigma: float = Field(0.5, ge=0.0, description="σ, weight of the neighbour contrast.")
+    kappa: float = Field(0.5, ge=0.0, description="κ, weight of the centroid contrast.")
+    eta: float = Field(5.0, ge=0.0, description="η, weight of the feature (redundancy) contrast.")
+    redundancy_lambda: float = Field(0.5, ge=0.0, description="λ, weight of the off-diagonal "
+                                     "square root in the redundancy term (eq. 3).")
+    neighbours: int = Field(5, ge=2, le=64, description="k, support-set neighbours per centroid "
+                            "sequence (the paper: 5; ablation 5-20).")
+    centroid_temperature: float = Field(0.1, gt=0.0, le=10.0, description="InfoNCE τ of the "
+                                        "centroid contrast.")
+    transformer_layers: int = Field(3, ge=1, le=12, description="Encoder layers of ψ.")
+    transformer_heads: int = Field(8, ge=1, description="Attention heads of ψ; must divide "
+                                   "model.projector_dim.")
+    transformer_feedforward: int = Field(512, ge=1, description="Feed-forward width of ψ.")
+    transformer_dropout: float = Field(0.1, ge=0.0, lt=1.0, description="Dropout inside ψ.")
+    transformer_lr: float | None = Field(None, gt=0.0, description="ψ's absolute peak learning "
+                                         "rate (the paper: 0.1 with SGD+LARS); unset: train.lr x "
+                                         "transformer_lr_scale. Same warmup-cosine schedule.")
+    transformer_lr_scale: float = Field(1.0, gt=0.0, description="ψ's learning rate relative to "
+                                        "train.lr, when transformer_lr is unset.")
+    momentum_start: float = Field(0.99, ge=0.0, le=1.0, description="EMA coefficient of the "
+                                  "momentum branch at the first step ...")
+    momentum_end: float = Field(1.0, ge=0.0, le=1.0, description="... rising to this at the last "
+                                "(half cosine).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> All4OneConfig:
+        if self.queue_size < self.neighbours:
+            raise ValueError(f"queue_size ({self.queue_size}) must hold at least the "
+                             f"{self.neighbours} neighbours looked up per sample")
+        if self.momentum_start > self.momentum_end:
+            raise ValueError(f"momentum_start ({self.momentum_start}) must not exceed "
+                             f"momentum_end ({self.momentum_end})")
+        return self
+
+
+class CentroidEncoder(nn.Module):
+    """ψ: sinusoidal positions + a transformer encoder; element 0 of its output is the centroid.
+
+    Args:
+        dim: embedding width D (divisible by ``heads``).
+        length: sequence length k.
+        layers: encoder layers.
+        heads: attention heads.
+        feedforward: feed-forward width.
+        dropout: dropout probability inside the encoder.
+    """
+
+    positions: Tensor
+
+    def __init__(self, dim: int, length: int, layers: int, heads: int, feedforward: int,
+                 dropout: float) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"the transformer's {heads} heads must divide the embedding width "
+                             f"{dim}")
+        layer = nn.TransformerEncoderLayer(dim, heads, feedforward, dropout, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.register_buffer("positions", sinusoidal_positional_encoding(length, dim),
+                             persistent=False)
+
+    def forward(self, sequence: Tensor) -> Tensor:
+        """(B, k, D) sequence -> (B, D) centroid."""
+        return self.encoder(sequence + self.positions.to(sequence.dtype))[:, 0]
+
+
+def shift(neighbours: Tensor, prediction: Tensor) -> Tensor:
+    """The paper's Shift: ``prediction`` replaces the last of the k neighbours and moves to the
+    front, ``[q_c(z_i), nn_i1, ..., nn_i(k-1)]``.
+
+    Args:
+        neighbours: (B, k, D) support-set neighbours, nearest first.
+        prediction: (B, D) centroid-predictor output of the same samples.
+
+    Returns:
+        (B, k, D) sequence.
+    """
+    return torch.cat([prediction[:, None], neighbours[:, :-1].to(prediction.dtype)], dim=1)
+
+
+@register("all4one", section=All4OneConfig)
+class All4One(NNCLR):
+    """NNCLR plus a momentum branch, a centroid predictor, ψ and the redundancy term.
+
+    Args:
+        nnclr_kwargs: NNCLR's constructor arguments (:meth:`NNCLR.encoder_kwargs`).
+        neighbours: k.
+        weights: (σ, κ, η).
+        redundancy_lambda: λ.
+        centroid_temperature: τ of the centroid term.
+        transformer: ψ's ``layers``, ``heads``, ``feedforward``, ``dropout``.
+        transformer_lr: absolute lr of ψ, or None for ``train.lr * transformer_lr_scale``.
+        transformer_lr_scale: ψ's lr relative to the base lr.
+        momentum: (start, end) of the EMA coefficient's schedule.
+    """
+
+    def __init__(
+        self,
+        nnclr_kwargs: dict[str, Any],
+        neighbours: int = 5,
+        weights: tuple[float, float, float] = (0.5, 0.5, 5.0),
+        redundancy_lambda: float = 0.5,
+        centroid_temperature: float = 0.1,
+        transformer: dict[str, Any] | None = None,
+        transformer_lr: float | None = None,
+        transformer_lr_scale: float = 1.0,
+        momentum: tuple[float, float] = (0.99, 1.0),
+    ) -> None:
+        super().__init__(**nnclr_kwargs)
+        dim = nnclr_kwargs["projector_dim"]
+        transformer = {"layers": 3, "heads": 8, "feedforward": 512, "dropout": 0.1,
+                       **(transformer or {})}
+        self.centroid_predictor = projection_mlp(dim, nnclr_kwargs["predictor_hidden_dim"], dim)
+        self.psi = CentroidEncoder(dim, neighbours, **transformer)
+        self.momentum_backbone = momentum_copy(self.backbone)
+        self.momentum_projector = momentum_copy(self.projector)
+        self.neighbours = neighbours
+        self.weights = weights
+        self.redundancy_lambda = redundancy_lambda
+        self.centroid_temperature = centroid_temperature
+        self.transformer_lr = transformer_lr
+        self.transformer_lr_scale = transformer_lr_scale
+        self.momentum = momentum
+
+    @classmethod
+    def from_config(cls, cfg: CoreConfig, in_channels: int) -> All4One:
+        section = cfg.section(All4OneConfig)
+        return cls(
+            cls.encoder_kwargs(cfg, in_channels, section),
+            neighbours=section.neighbours,
+            weights=(section.sigma, section.kappa, section.eta),
+            redundancy_lambda=section.redundancy_lambda,
+            centroid_temperature=section.centroid_temperature,
+            transformer={"layers": section.transformer_layers, "heads": section.transformer_heads,
+                         "feedforward": section.transformer_feedforward,
+                         "dropout": section.transformer_dropout},
+            transformer_lr=section.transformer_lr,
+            transformer_lr_scale=section.transformer_lr_scale,
+            momentum=(section.momentum_start, section.momentum_end),
+        )
+
+    @classmethod
+    def config_problems(cls, cfg: CoreConfig) -> list[tuple[str, str]]:
+        section = cfg.section(All4OneConfig)
+        if cfg.model.projector_dim % section.transformer_heads:
+            return [("all4one.transformer_heads",
+                     f"{section.transformer_heads} heads must divide model.projector_dim "
+                     f"({cfg.model.projector_dim}), the width of ψ")]
+        return []
+
+    @torch.no_grad()
+    def momentum_project(self, images: Tensor) -> Tensor:
+        return self.momentum_projector(self.momentum_backbone(images))
+
+    def queries(self, images: Tensor) -> Tensor:
+        return self.momentum_project(images)
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        psi = list(self.psi.parameters())
+        psi_ids = {id(param) for param in psi}
+        rest = [param for param in self.parameters()
+                if param.requires_grad and id(param) not in psi_ids]
+        psi_group: dict[str, Any] = {"params": psi, "name": "transformer"}
+        if self.transformer_lr is not None:
+            psi_group["lr"] = self.transformer_lr
+        else:
+            psi_group["lr_scale"] = self.transformer_lr_scale
+        return [{"params": rest, "name": "default"}, psi_group]
+
+    def on_train_step_end(self, step: int, total_steps: int) -> None:
+        coefficient = momentum_coefficient(step, total_steps, *self.momentum)
+        ema_update(self.backbone, self.momentum_backbone, coefficient)
+        ema_update(self.projector, self.momentum_projector, coefficient)
+
+    def forward(self, batch: Batch) -> dict[str, Tensor]:
+        """The All4One objective; enqueues view 1's momentum projections after the lookups.
+
+        Returns:
+            ``{"loss", "neighbour_loss", "centroid_loss", "redundancy_loss", "pos_sim",
+            "support_fill"}`` (all but the loss detached).
+        """
+        z1, z2 = _two_view_split(self.project, batch)
+        target1, target2 = _two_view_split(self.momentum_project, batch)
+        p1, p2 = self.predictor(torch.cat([z1, z2])).chunk(2)
+        pc1, pc2 = self.centroid_predictor(torch.cat([z1, z2])).chunk(2)
+        neighbours1, _ = self.queue.nearest(target1, self.neighbours)
+        neighbours2, _ = self.queue.nearest(target2, self.neighbours)
+
+        neighbour_loss = info_nce(neighbours1[:, 0], p2, self.temperature)
+        centroid_loss = info_nce(self.psi(neighbours1), self.psi(shift(neighbours2, pc2)),
+                                 self.centroid_temperature)
+        if self.symmetric:
+            neighbour_loss = (neighbour_loss
+                              + info_nce(neighbours2[:, 0], p1, self.temperature)) / 2
+            centroid_loss = (centroid_loss + info_nce(
+                self.psi(neighbours2), self.psi(shift(neighbours1, pc1)),
+                self.centroid_temperature)) / 2
+        redundancy_loss = redundancy_reduction_loss(target1, z2, target2, z1,
+                                                    self.redundancy_lambda)
+        sigma, kappa, eta = self.weights
+        loss = sigma * neighbour_loss + kappa * centroid_loss + eta * redundancy_loss
+        self.queue.enqueue(target1, batch.index)  # after the lookups: never a sample's own entry
+        with torch.no_grad():
+            pos_sim = F.cosine_similarity(neighbours1[:, 0], p2.float(), dim=1).mean()
+        return {"loss": loss, "neighbour_loss": neighbour_loss.detach(),
+                "centroid_loss": centroid_loss.detach(),
+                "redundancy_loss": redundancy_loss.detach(), "pos_sim": pos_sim,
+                "support_fill": self.queue.fill()}
