@@ -18,8 +18,11 @@ from raycl import distributed
 from raycl.losses import (
     high_pass_filter,
     hscl_loss,
+    info_nce,
     nt_xent,
+    redundancy_reduction_loss,
     same_label_mask,
+    sinusoidal_positional_encoding,
     spectral_contrastive_loss,
 )
 
@@ -395,6 +398,217 @@ def test_spectral_losses_compute_half_precision_in_float32() -> None:
         assert loss.dtype == torch.float32 and torch.isfinite(loss)
 
 
+# ---------------------------------------------------------------- All4One: info_nce
+
+
+def loop_info_nce(queries: Tensor, keys: Tensor, tau: float) -> Tensor:
+    """Eq. 1/2 of All4One by loops: -log(exp(q_i.k_i/tau) / sum_n exp(q_i.k_n/tau)), mean over i
+    (differentiable)."""
+    q = [row / row.norm() for row in queries]
+    k = [row / row.norm() for row in keys]
+    total = torch.zeros((), dtype=queries.dtype)
+    for i in range(len(q)):
+        denominator = sum(torch.exp(q[i] @ k[n] / tau) for n in range(len(k)))
+        total = total - torch.log(torch.exp(q[i] @ k[i] / tau) / denominator)
+    return total / len(q)
+
+
+def test_info_nce_hand_computed_two_queries() -> None:
+    # q = e1, e2; keys (3, 0) and (2, 2) normalise to e1 and (1, 1)/sqrt 2. With tau = 0.5:
+    # query 0 sees its positive at cos 1 and the other key at 1/sqrt 2,
+    # query 1 its positive at 1/sqrt 2 and the other key at 0.
+    queries = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    keys = torch.tensor([[3.0, 0.0], [2.0, 2.0]], dtype=torch.float64)
+    c = 1 / math.sqrt(2)
+    loss_0 = -math.log(math.exp(1 / 0.5) / (math.exp(1 / 0.5) + math.exp(c / 0.5)))
+    loss_1 = -math.log(math.exp(c / 0.5) / (math.exp(0 / 0.5) + math.exp(c / 0.5)))
+    expected = (loss_0 + loss_1) / 2
+    assert info_nce(queries, keys, 0.5).item() == pytest.approx(expected, abs=1e-12)
+    # One direction only: swapping queries and keys is another loss.
+    assert info_nce(keys, queries, 0.5).item() != pytest.approx(expected, abs=1e-6)
+    # Identical keys: every candidate ties with the positive -> log B for any temperature.
+    same = torch.ones(3, 4, dtype=torch.float64)
+    assert info_nce(torch.randn(3, 4, dtype=torch.float64), same, 0.2).item() == pytest.approx(
+        math.log(3)
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("tau", [0.1, 0.5])
+def test_info_nce_matches_loop_reference_and_gradients(seed: int, tau: float) -> None:
+    q, k = tiny_pair(batch_size=5, dim=3, seed=seed)
+    qa, ka = q.clone().requires_grad_(), k.clone().requires_grad_()
+    loss = info_nce(qa, ka, tau)
+    loss.backward()
+    qb, kb = q.clone().requires_grad_(), k.clone().requires_grad_()
+    reference = loop_info_nce(qb, kb, tau)
+    reference.backward()
+    torch.testing.assert_close(loss, reference)
+    torch.testing.assert_close(qa.grad, qb.grad)
+    torch.testing.assert_close(ka.grad, kb.grad)
+    # gather=False is the same thing in a single process.
+    torch.testing.assert_close(info_nce(q, k, tau, gather=False), reference.detach())
+
+
+def test_info_nce_normalises_rows_and_computes_half_precision_in_float32() -> None:
+    q, k = tiny_pair(batch_size=4, dim=3, seed=3)
+    row_scales = torch.tensor([[0.1], [3.0], [7.5], [0.02]], dtype=torch.float64)
+    loss = info_nce(q, k, 0.3)
+    torch.testing.assert_close(info_nce(q * row_scales, k * row_scales.flip(0), 0.3), loss)
+    half = info_nce(q.to(torch.bfloat16), k.to(torch.bfloat16), 0.3)
+    assert half.dtype == torch.float32
+    assert half.item() == pytest.approx(loss.item(), rel=2e-2)
+
+
+@pytest.mark.parametrize("temperature", [0.0, -0.5, float("nan"), float("inf")])
+def test_info_nce_rejects_bad_temperature(temperature: float) -> None:
+    q, k = tiny_pair()
+    with pytest.raises(ValueError, match="temperature"):
+        info_nce(q, k, temperature)
+
+
+def test_info_nce_rejects_bad_shapes() -> None:
+    q, k = tiny_pair(batch_size=3, dim=4)
+    with pytest.raises(ValueError, match="same shape"):
+        info_nce(q, k[:2], 0.5)
+    with pytest.raises(ValueError, match="same shape"):
+        info_nce(q, k[:, :3], 0.5)
+    with pytest.raises(ValueError, match="2-D"):
+        info_nce(q[0], k[0], 0.5)
+    with pytest.raises(ValueError, match="at least one"):
+        info_nce(q[:0], k[:0], 0.5)
+
+
+# ---------------------------------------------------------------- All4One: redundancy reduction
+
+
+def loop_redundancy_parts(
+    target1: Tensor, online2: Tensor, target2: Tensor, online1: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Eq. 3's two square roots by loops over features i, j (targets detached):
+    sqrt(1/(2D) sum_i (1 - cc1_ii)^2 + (1 - cc2_ii)^2) and
+    sqrt(1/(2D(D-1)) sum_{i != j} cc1_ij^2 + cc2_ij^2)."""
+    batch, dim = target1.shape
+
+    def cross_correlation(target: Tensor, online: Tensor, i: int, j: int) -> Tensor:
+        t, o = target.detach()[:, i], online[:, j]
+        dot = sum(t[b] * o[b] for b in range(batch))
+        return dot / (t.norm() * o.norm())
+
+    on = torch.zeros((), dtype=online1.dtype)
+    off = torch.zeros((), dtype=online1.dtype)
+    for i in range(dim):
+        for j in range(dim):
+            cc1 = cross_correlation(target1, online2, i, j)
+            cc2 = cross_correlation(target2, online1, i, j)
+            if i == j:
+                on = on + (1 - cc1) ** 2 + (1 - cc2) ** 2
+            else:
+                off = off + cc1**2 + cc2**2
+    return torch.sqrt(on / (2 * dim)), torch.sqrt(off / (2 * dim * (dim - 1)))
+
+
+def test_redundancy_hand_computed_two_by_two() -> None:
+    # Identical views, features (1, 0) and (1, 1)/sqrt 2 over the batch: CC = [[1, c], [c, 1]]
+    # with c = 1/sqrt 2 for both branches, so the on-diagonal sum is 0 and the off-diagonal one is
+    # 4 * c^2 = 2 over 2D(D-1) = 4 -> L = 0 + lambda * sqrt(1/2). The on-diagonal square root is
+    # clamped at 1e-12 inside, i.e. contributes 1e-6 instead of 0.
+    z = torch.tensor([[1.0, 1.0], [0.0, 1.0]], dtype=torch.float64)
+    for weight in (0.0, 0.5, 2.0):
+        loss = redundancy_reduction_loss(z, z.clone(), z.clone(), z.clone(), weight)
+        assert loss.item() == pytest.approx(weight * math.sqrt(0.5), abs=1e-5)
+    # Targets e1, e2 (identity columns) against online features (1, 1)/sqrt 2 and (1, -1)/sqrt 2:
+    # CC = [[c, c], [c, -c]]; diagonal (1 - c)^2 + (1 + c)^2 = 2 + 2c^2 = 3 per branch -> 6 / 4;
+    # off-diagonal 2 * c^2 = 1 per branch -> 2 / 4.
+    target = torch.eye(2, dtype=torch.float64)
+    online = torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64)
+    loss = redundancy_reduction_loss(target, online, target.clone(), online.clone(), 0.5)
+    assert loss.item() == pytest.approx(math.sqrt(1.5) + 0.5 * math.sqrt(0.5), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_redundancy_matches_loop_reference_and_gradients(seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    t1, o2, t2, o1 = torch.randn(4, 5, 3, generator=generator, dtype=torch.float64)
+    o2a, o1a = o2.clone().requires_grad_(), o1.clone().requires_grad_()
+    o2b, o1b = o2.clone().requires_grad_(), o1.clone().requires_grad_()
+    on, off = loop_redundancy_parts(t1, o2b, t2, o1b)
+    weight = 0.5
+    loss = redundancy_reduction_loss(t1, o2a, t2, o1a, weight)
+    reference = on + weight * off
+    torch.testing.assert_close(loss, reference)
+    loss.backward()
+    reference.backward()
+    torch.testing.assert_close(o2a.grad, o2b.grad)
+    torch.testing.assert_close(o1a.grad, o1b.grad)
+    # lambda scales the off-diagonal square root only: the loss is affine in lambda.
+    for other_weight in (0.0, 1.0, 3.0):
+        torch.testing.assert_close(
+            redundancy_reduction_loss(t1, o2, t2, o1, other_weight, gather=False),
+            on.detach() + other_weight * off.detach(),
+        )
+    # Feature columns are normalised over the batch: rescaling a feature changes nothing.
+    column_scales = torch.tensor([0.2, 5.0, 1.7], dtype=torch.float64)
+    torch.testing.assert_close(
+        redundancy_reduction_loss(t1 * column_scales, o2, t2, o1 * column_scales, weight),
+        loss.detach(),
+    )
+
+
+def test_redundancy_sends_no_gradient_into_the_targets() -> None:
+    generator = torch.Generator().manual_seed(4)
+    t1, o2, t2, o1 = (
+        z.requires_grad_() for z in torch.randn(4, 6, 3, generator=generator, dtype=torch.float64)
+    )
+    redundancy_reduction_loss(t1, o2, t2, o1).backward()
+    assert t1.grad is None and t2.grad is None
+    assert o1.grad is not None and o2.grad is not None
+    assert o1.grad.abs().sum() > 0 and o2.grad.abs().sum() > 0
+
+
+def test_redundancy_validates_arguments() -> None:
+    z, _ = tiny_pair(batch_size=4, dim=3)
+    with pytest.raises(ValueError, match="D >= 2"):
+        redundancy_reduction_loss(z[:, :1], z[:, :1], z[:, :1], z[:, :1])
+    with pytest.raises(ValueError, match="off_diagonal_weight"):
+        redundancy_reduction_loss(z, z, z, z, -0.1)
+    with pytest.raises(ValueError, match="off_diagonal_weight"):
+        redundancy_reduction_loss(z, z, z, z, float("nan"))
+    with pytest.raises(ValueError, match="same shape"):
+        redundancy_reduction_loss(z, z, z[:3], z)
+    with pytest.raises(ValueError, match="same shape"):
+        redundancy_reduction_loss(z, z, z, z[:, :2])
+
+
+# ---------------------------------------------------------------- positional encoding
+
+
+@pytest.mark.parametrize("dim", [6, 5])
+def test_sinusoidal_positional_encoding_entries(dim: int) -> None:
+    encoding = sinusoidal_positional_encoding(4, dim)
+    assert encoding.shape == (4, dim) and encoding.dtype == torch.float32
+    for position in range(4):
+        for i in range((dim + 1) // 2):
+            angle = position / 10_000 ** (2 * i / dim)
+            assert encoding[position, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            if 2 * i + 1 < dim:
+                assert encoding[position, 2 * i + 1].item() == pytest.approx(
+                    math.cos(angle), abs=1e-6
+                )
+    # Position 0 is (0, 1, 0, 1, ...), and the first pair of position 1 is (sin 1, cos 1).
+    assert encoding[0, 0::2].eq(0).all() and encoding[0, 1::2].eq(1).all()
+    assert encoding[1, 0].item() == pytest.approx(math.sin(1.0), abs=1e-7)
+    assert encoding[1, 1].item() == pytest.approx(math.cos(1.0), abs=1e-7)
+
+
+def test_sinusoidal_positional_encoding_rejects_empty() -> None:
+    assert sinusoidal_positional_encoding(1, 1).tolist() == [[0.0]]
+    with pytest.raises(ValueError, match=">= 1"):
+        sinusoidal_positional_encoding(0, 4)
+    with pytest.raises(ValueError, match=">= 1"):
+        sinusoidal_positional_encoding(3, 0)
+
+
 # ---------------------------------------------------------------- distributed
 
 
@@ -414,7 +628,21 @@ GLOBAL_LOSSES: dict[str, Callable[[Tensor, Tensor, Tensor | None], Tensor]] = {
     "nt_xent": lambda z1, z2, mask: nt_xent(z1, z2, TEMPERATURE, mask),
     "spectral": lambda z1, z2, mask: spectral_contrastive_loss(z1, z2, negative_mask=mask),
     "hscl": lambda z1, z2, mask: hscl_loss(z1, z2, 0.5, negative_mask=mask),
+    # All4One's losses take no mask; the redundancy loss gets detached copies as its targets.
+    "info_nce": lambda z1, z2, mask: info_nce(z1, z2, TEMPERATURE),
+    "redundancy": lambda z1, z2, mask: redundancy_reduction_loss(
+        z1.detach(), z2, z2.detach(), z1, 0.5
+    ),
 }
+# Losses that take no negative mask run once ("plain") instead of plain and masked.
+MASKLESS_LOSSES = frozenset({"info_nce", "redundancy"})
+# Losses that return the global-batch loss itself on every rank rather than a local mean.
+GLOBAL_VALUE_LOSSES = frozenset({"redundancy"})
+
+
+def _mask_variants(loss_name: str) -> tuple[tuple[str, bool], ...]:
+    return (("plain", False),) if loss_name in MASKLESS_LOSSES else (
+        ("plain", False), ("masked", True))
 
 
 def _ddp_worker(
@@ -431,7 +659,7 @@ def _ddp_worker(
             "mean_rank": distributed.all_reduce_mean(torch.tensor(float(rank))),
         }
         for loss_name, loss_fn in GLOBAL_LOSSES.items():
-            for mask_name, use_mask in (("plain", False), ("masked", True)):
+            for mask_name, use_mask in _mask_variants(loss_name):
                 name = f"{loss_name}_{mask_name}"
                 x1 = inputs[0, shard].clone().requires_grad_()
                 x2 = inputs[1, shard].clone().requires_grad_()
@@ -452,8 +680,9 @@ def _ddp_worker(
 
 
 def test_distributed_loss_and_gradients_match_single_process(tmp_path: Path) -> None:
-    """NT-Xent, Spectral CL and HSCL (Bmat all-reduced), plain and masked, on a fake world of 2
-    gloo processes: losses and gradients equal those of the global batch in one process."""
+    """NT-Xent, Spectral CL and HSCL (Bmat all-reduced), plain and masked, and All4One's InfoNCE
+    and redundancy loss, on a fake world of 2 gloo processes: losses and gradients equal those of
+    the global batch in one process."""
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randn(2, 6, 5, generator=generator, dtype=torch.float64)  # (views, B, D_in)
     weight = torch.randn(5, 4, generator=generator, dtype=torch.float64)
@@ -478,10 +707,12 @@ def test_distributed_loss_and_gradients_match_single_process(tmp_path: Path) -> 
         assert torch.equal(per_rank[r]["gathered_labels"], labels)
         assert per_rank[r]["mean_rank"].item() == pytest.approx(0.5)
 
-    cases = [(f"{loss_name}_{mask_name}", loss_fn, mask)
+    global_mask = same_label_mask(labels, labels)
+    cases = [(loss_name, f"{loss_name}_{mask_name}", loss_fn, global_mask if use_mask else None)
              for loss_name, loss_fn in GLOBAL_LOSSES.items()
-             for mask_name, mask in (("plain", None), ("masked", same_label_mask(labels, labels)))]
-    for name, loss_fn, mask in cases:
+             for mask_name, use_mask in _mask_variants(loss_name)]
+    assert len(cases) == 8
+    for loss_name, name, loss_fn, mask in cases:
         x1 = inputs[0].clone().requires_grad_()
         x2 = inputs[1].clone().requires_grad_()
         shared_weight = weight.clone().requires_grad_()
@@ -491,6 +722,9 @@ def test_distributed_loss_and_gradients_match_single_process(tmp_path: Path) -> 
         # Per-rank loss = mean over local anchors, so the rank average is the global mean.
         rank_mean = sum(result[f"{name}_loss"] for result in per_rank) / WORLD_SIZE
         torch.testing.assert_close(rank_mean, full_loss.detach())
+        if loss_name in GLOBAL_VALUE_LOSSES:  # ... trivially: each rank holds the global loss
+            for result in per_rank:
+                torch.testing.assert_close(result[f"{name}_loss"], full_loss.detach())
         # gather_with_grad sums every rank's gradient into the shard owner: local input
         # gradients are world_size x the global-mean gradient ...
         for r, result in enumerate(per_rank):

@@ -45,14 +45,16 @@ class StoredSession(InProcessSession):
             shutil.move(checkpoint_dir, self.root / f"checkpoint_{count:06d}")
 
 
-def config_dict(**train: Any) -> dict[str, Any]:
-    config = SearchConfig.model_validate({**TINY, "train": {**TINY["train"], **train}})
+def config_dict(extra: dict[str, Any] | None = None, **train: Any) -> dict[str, Any]:
+    config = SearchConfig.model_validate({**TINY, **(extra or {}),
+                                          "train": {**TINY["train"], **train}})
     return config.to_dict()
 
 
-def run(root: Path, fault: dict[str, Any] | None = None, **train: Any) -> StoredSession:
+def run(root: Path, fault: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
+        **train: Any) -> StoredSession:
     session = StoredSession(root)
-    run_trial_loop({"config": config_dict(**train), "fault": fault}, session)
+    run_trial_loop({"config": config_dict(extra, **train), "fault": fault}, session)
     return session
 
 
@@ -101,3 +103,32 @@ def test_diverging_loss_ends_the_trial_with_step_and_value(data_cache, tmp_path)
     assert "loss=nan" in reason or "loss=inf" in reason
     assert len(session.reports) == 1  # not a single epoch was reported as if it had trained
     assert not list((tmp_path / "run").glob("checkpoint_*"))
+
+
+# A queue larger than three epochs of samples (3 x 640), so a reset would show in its fill.
+ALL4ONE = {"method": "all4one",
+           "all4one": {"queue_size": 4096, "predictor_hidden_dim": 32, "transformer_heads": 4,
+                       "transformer_feedforward": 32}}
+
+
+def test_resumed_all4one_trial_keeps_its_support_set(data_cache, tmp_path) -> None:
+    """Killed after epoch 2 and resumed, an All4One trial continues with the support set it had
+    (values, sample indices and write pointer come back from the checkpoint), so it ends with
+    exactly the numbers of an uninterrupted run; an emptied queue would change every one."""
+    reference = run(tmp_path / "reference", extra=ALL4ONE)
+
+    root = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="injected fault"):
+        run(root, fault={"after_epoch": 2, "marker": str(tmp_path / "crashed")}, extra=ALL4ONE)
+    saved = torch.load(root / "checkpoint_000001" / "state.pt", weights_only=True)["model"]
+    filled = int((saved["queue.sample_index"] >= 0).sum())
+    assert filled == 2 * 640 and int(saved["queue.pointer"]) == filled  # two epochs of 10 x 64
+
+    resumed = run(root, extra=ALL4ONE)
+    assert [r["epoch"] for r in resumed.reports] == [3]
+    final = resumed.reports[-1]
+    # The epoch's mean fill: 2 x 640 entries kept, then 64 more after each of its 10 steps.
+    assert final["train/support_fill"] == pytest.approx((2 * 640 + 64 * 5.5) / 4096)
+    for key in ("train/loss", "train/centroid_loss", "train/redundancy_loss", "val/linear/mean",
+                "val/nn_retrieval/mean", "test/nn_retrieval/mean"):
+        assert final[key] == pytest.approx(reference.reports[-1][key], abs=1e-6), key
