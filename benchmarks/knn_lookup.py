@@ -10,7 +10,7 @@ this measures, side by side in one process, the median time of one step's lookup
   faiss-gpu needed) this includes copying the queue and the queries to the host and the results
   back, and is labelled so;
 - ``queue``: what the method itself calls, :meth:`FeatureQueue.nearest` twice and
-  :meth:`FeatureQueue.enqueue` once, backend ``auto`` (faiss for a CPU queue, torch on a GPU).
+  :meth:`FeatureQueue.enqueue` once, with the default backend (torch).
 
 The three are interleaved within each repeat (after ``--warmup`` untimed calls), so drift on a
 shared machine hits all alike. Before timing, the two backends' neighbour sets are compared (the
@@ -66,7 +66,7 @@ def measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
     views = [torch.randn(args.batch_size, args.dim, generator=generator).to(device)
              for _ in range(2)]
     index = torch.arange(args.batch_size, device=device)
-    queue = FeatureQueue(size, args.dim, backend="auto").to(device)
+    queue = FeatureQueue(size, args.dim).to(device)
     queue.embeddings.copy_(keys)
 
     _, torch_positions = cosine_topk(views[0], keys, args.k, "torch")
@@ -127,14 +127,13 @@ def main() -> None:
     faiss.omp_set_num_threads(args.threads)
     device = torch.device(args.device)
     faiss_label = "faiss (host copy included)" if device.type != "cpu" else "faiss"
-    queue_backend = "faiss" if device.type == "cpu" else "torch"
     steps = step_seconds(args.steps_json,
                          args.step_method or ("all4one" if args.k > 1 else "nnclr"))
 
     print(f"one step's lookups: 2 x {args.batch_size} queries, D = {args.dim}, k = {args.k}, "
           f"{args.device}; median of {args.repeats} (ms)")
     header = (f"| queue size | torch | {faiss_label} | faiss speed-up | FeatureQueue step "
-              f"(auto = {queue_backend}) | agreement |"
+              f"(torch) | agreement |"
               + "".join(f" share of {label} step, torch / faiss |" for label in steps))
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
@@ -154,7 +153,7 @@ def main() -> None:
             row += f" {100 * shares['torch']:.1f}% / {100 * shares['faiss']:.1f}% |"
         print(row, flush=True)
     if args.out:
-        settings = {**vars(args), "faiss_label": faiss_label, "queue_backend": queue_backend,
+        settings = {**vars(args), "faiss_label": faiss_label,
                     "torch": torch.__version__, "faiss": faiss.__version__}
         Path(args.out).write_text(json.dumps(
             {"settings": settings, "step_seconds": steps, "results": results}, indent=2))

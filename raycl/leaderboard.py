@@ -48,11 +48,12 @@ def leaderboard_rows(
     objective_test = reported_test_metric(metric)
     attributes = sorted({key.split("/", 2)[2] for run in children for key in run.data.metrics
                          if key.startswith("val/linear/")})
-    # Reported beside the objective, never ranked on: transfer means and the effective rank.
+    # Reported beside the objective, never ranked on: transfer means, the effective rank and
+    # (NNCLR, All4One) the support set's NN-retrieval accuracy.
     reported = sorted({key for run in children for key in run.data.metrics
                        if re.fullmatch(r"transfer/[^/]+/linear/mean", key)})
-    reported += ["diag/effective_rank"] if any(
-        "diag/effective_rank" in run.data.metrics for run in children) else []
+    reported += [key for key in ("diag/effective_rank", "val/nn_retrieval/mean")
+                 if key != metric and any(key in run.data.metrics for run in children)]
     extra = [*reported, *[key for attribute in attributes
                           for key in (f"val/linear/{attribute}", f"test/linear/{attribute}")
                           if key not in (metric, objective_test)]]

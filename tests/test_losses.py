@@ -719,14 +719,16 @@ def test_distributed_loss_and_gradients_match_single_process(tmp_path: Path) -> 
         full_loss = loss_fn(x1 @ shared_weight, x2 @ shared_weight, mask)
         full_loss.backward()
 
-        # Per-rank loss = mean over local anchors, so the rank average is the global mean.
+        # Per-rank loss = mean over local anchors, so the rank average is the global mean (the
+        # redundancy loss holds the global loss itself on every rank, so its average is too).
         rank_mean = sum(result[f"{name}_loss"] for result in per_rank) / WORLD_SIZE
         torch.testing.assert_close(rank_mean, full_loss.detach())
-        if loss_name in GLOBAL_VALUE_LOSSES:  # ... trivially: each rank holds the global loss
+        if loss_name in GLOBAL_VALUE_LOSSES:
             for result in per_rank:
                 torch.testing.assert_close(result[f"{name}_loss"], full_loss.detach())
         # gather_with_grad sums every rank's gradient into the shard owner: local input
-        # gradients are world_size x the global-mean gradient ...
+        # gradients are world_size x the global-mean gradient (for a global-value loss every
+        # rank differentiates the whole loss, and the owner receives world_size copies) ...
         for r, result in enumerate(per_rank):
             shard = slice(r * local, (r + 1) * local)
             torch.testing.assert_close(result[f"{name}_grad_x1"], WORLD_SIZE * x1.grad[shard])

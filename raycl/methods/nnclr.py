@@ -45,8 +45,9 @@ class NNCLRConfig(Section):
                                       "predictor (the papers: 4096).")
     symmetric: bool = Field(True, description="Average the loss with its view-swapped twin "
                             "(NNCLR's paper does).")
-    knn_backend: KnnBackend = Field("auto", description="Support-set lookup: auto = faiss for a "
-                                    "queue on the CPU, torch topk on a GPU (docs/benchmarks.md).")
+    knn_backend: KnnBackend = Field("torch", description="Support-set lookup: torch (matmul + "
+                                    "topk on the device) or faiss (host); torch measured faster "
+                                    "(docs/benchmarks.md).")
 
 
 @register("nnclr", section=NNCLRConfig)
@@ -77,7 +78,7 @@ class NNCLR(Method):
         temperature: float,
         queue_size: int,
         symmetric: bool,
-        knn_backend: KnnBackend = "auto",
+        knn_backend: KnnBackend = "torch",
     ) -> None:
         super().__init__()
         if not temperature > 0:
