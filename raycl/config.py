@@ -615,10 +615,21 @@ def _check_search_space(config: CoreConfig, source: str) -> None:
             raise ConfigError(f"{where}: {key} is an integer: search it with randint or choice")
         for value in domain.candidates():
             try:
-                apply_overrides(config, {key: value})
+                candidate = apply_overrides(config, {key: value})
             except ValidationError as exc:
                 raise ConfigError(f"{where}: value {value!r} is invalid: "
                                   f"{exc.errors()[0]['msg']}") from None
+            # Checks across sections too (All4One's heads must divide model.projector_dim).
+            for _, problem in _method_problems(candidate)[:1]:
+                raise ConfigError(f"{where}: value {value!r}: {problem}")
+
+
+def _method_problems(config: CoreConfig) -> list[tuple[str, str]]:
+    """The (base) method's :meth:`~raycl.methods.base.Method.config_problems` for ``config``."""
+    from raycl.methods import METHODS
+
+    method = METHODS.get(config.mcl.base if config.method == "mcl" else config.method)
+    return method.config_problems(config) if method is not None else []
 
 
 def _check_metric(config: CoreConfig, source: str) -> None:
@@ -720,7 +731,7 @@ def validate_references(config: CoreConfig, source: str) -> None:
         raise ConfigError(f"{source}: mcl.negatives: 'mask' needs a base method that restricts "
                           f"its negatives ({', '.join(takes_mask)}); {config.mcl.base} does not: "
                           f"use 'sampler'")
-    for key, problem in method.config_problems(config)[:1]:
+    for key, problem in _method_problems(config)[:1]:
         raise ConfigError(f"{source}: {key}: {problem}")
     _check_data(config, source)
     _check_metric(config, source)

@@ -592,6 +592,18 @@ def test_heads_must_divide_the_projector_width(
     load_search(write(tmp_path, text), ["all4one.transformer_heads=4"])  # 4 divides 12
 
 
+def test_searched_heads_are_checked_against_the_projector_width(tmp_path: Path) -> None:
+    """Every offered value is checked before launch, not when its trial builds the method."""
+    space = ("tune: {num_samples: 1, search_space: "
+             "{all4one.transformer_heads: {choice: [4, 3]}}}\n")
+    message = error_of(tmp_path, SEARCH.replace("tune: {num_samples: 1}\n", space))
+    assert message.startswith(f"{tmp_path / 'search.yaml'}: "
+                              f"tune.search_space.all4one.transformer_heads: value 3: ")
+    assert "3 heads must divide model.projector_dim (64)" in message
+    fine = SEARCH.replace("tune: {num_samples: 1}\n", space.replace("4, 3", "4, 8"))
+    load_search(write(tmp_path, fine))
+
+
 def test_queue_must_hold_the_neighbours(tmp_path: Path) -> None:
     """queue_size < neighbours is rejected; equal is fine."""
     message = error_of(tmp_path, SEARCH + "all4one: {queue_size: 4, neighbours: 5}\n")
