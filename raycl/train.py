@@ -52,6 +52,7 @@ from raycl.data.samplers import PseudoLabelBatchSampler
 from raycl.distributed import any_rank, broadcast_from_rank0
 from raycl.eval import evaluate_knn, evaluate_linear_splits
 from raycl.eval.diagnostics import representation_diagnostics
+from raycl.eval.retrieval import neighbour_retrieval_accuracy
 from raycl.eval.transfer import TransferSet, load_transfer_sets
 from raycl.methods import build_method
 from raycl.methods.base import Batch, Method
@@ -650,54 +651,13 @@ def _data_parallel(method: Method) -> nn.Module:
     BatchNorm statistics need). A support-set queue is identical on every rank by construction
     (each rank writes the same gathered rows), and re-sending a 98k x 256 queue would cost 100 MB
     per step, so its buffers are excluded with DDP's ignore list (a private but long-standing
-    PyTorch API, used by TorchRec; it also skips them in DDP's initial sync, which the identical
-    seeded initialisation makes unnecessary).
+    PyTorch API; it also skips them in DDP's initial sync, which the identical seeded
+    initialisation makes unnecessary).
     """
     ignored = queue_buffer_names(method)
     if ignored:
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(method, ignored)
     return ray.train.torch.prepare_model(method)
-
-
-@torch.no_grad()
-def neighbour_retrieval_accuracy(
-    method: Method,
-    data: DatasetSplits,
-    splits: tuple[str, ...],
-    device: torch.device,
-    batch_size: int = 512,
-) -> dict[str, float]:
-    """NN-retrieval accuracy of a method's support set: for every image of each split, does the
-    training sample behind its nearest support-set entry share its label?
-
-    Returns ``{split}/nn_retrieval/<attribute>`` (and ``/mean``) over the queries whose neighbour
-    holds a sample; ``{}`` for a method without a support set. The queries are held-out images
-    (the papers measure training batches), so the figure is comparable across trials.
-    """
-    if type(method).neighbour_retrieval is Method.neighbour_retrieval:
-        return {}
-    was_training = method.training
-    method.eval()
-    metrics: dict[str, float] = {}
-    try:
-        for split in splits:
-            images = data.split(split).images
-            found = np.concatenate([
-                method.neighbour_retrieval(
-                    to_float(torch.from_numpy(images[i:i + batch_size]).to(device))).cpu().numpy()
-                for i in range(0, len(images), batch_size)])
-            holds_sample = found >= 0
-            if not holds_sample.any():
-                continue
-            scores = {name: float(np.mean(data.train.labels[name][found[holds_sample]]
-                                          == labels[holds_sample]))
-                      for name, labels in data.split(split).labels.items()}
-            scores["mean"] = float(np.mean(list(scores.values())))
-            metrics.update({f"{split}/nn_retrieval/{name}": value
-                            for name, value in scores.items()})
-    finally:
-        method.train(was_training)
-    return metrics
 
 
 def _evaluate(

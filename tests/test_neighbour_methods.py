@@ -28,6 +28,7 @@ from raycl.config import (
     search_config_class,
 )
 from raycl.data import DatasetSplits, ImageSet
+from raycl.eval.retrieval import neighbour_retrieval_accuracy
 from raycl.losses import info_nce, redundancy_reduction_loss, sinusoidal_positional_encoding
 from raycl.methods import METHODS, Batch, build_method
 from raycl.methods.all4one import All4One, CentroidEncoder, shift
@@ -35,7 +36,7 @@ from raycl.methods.nnclr import NNCLR
 from raycl.methods.simclr import SimCLR
 from raycl.models.momentum import momentum_coefficient
 from raycl.queues import FeatureQueue
-from raycl.train import build_optimizer, neighbour_retrieval_accuracy
+from raycl.train import build_optimizer
 from raycl.tune import main
 
 MODEL = {"backbone": "small_cnn", "width": 8, "projector_hidden_dim": 32, "projector_dim": 16}

@@ -133,7 +133,7 @@ class All4One(NNCLR):
     """NNCLR plus a momentum branch, a centroid predictor, ψ and the redundancy term.
 
     Args:
-        nnclr_kwargs: NNCLR's constructor arguments (:meth:`NNCLR.encoder_kwargs`).
+        nnclr_kwargs: NNCLR's constructor arguments (:meth:`NNCLR.nnclr_kwargs`).
         neighbours: k.
         weights: (σ, κ, η).
         redundancy_lambda: λ.
@@ -176,7 +176,7 @@ class All4One(NNCLR):
     def from_config(cls, cfg: CoreConfig, in_channels: int) -> All4One:
         section = cfg.section(All4OneConfig)
         return cls(
-            cls.encoder_kwargs(cfg, in_channels, section),
+            cls.nnclr_kwargs(cfg, in_channels, section),
             neighbours=section.neighbours,
             weights=(section.sigma, section.kappa, section.eta),
             redundancy_lambda=section.redundancy_lambda,

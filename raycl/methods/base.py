@@ -166,7 +166,8 @@ class Method(nn.Module):
     @classmethod
     def config_problems(cls, cfg: CoreConfig) -> list[tuple[str, str]]:
         """Problems with ``cfg`` that one section's validation cannot see, as ``(key, why)``;
-        the loader reports the first as ``FILE: key: why`` before launching. None by default.
+        the loader reports the first as ``FILE: key: why`` before launching. None by default
+        (an empty list).
         """
         return []
 

@@ -92,7 +92,7 @@ class NNCLR(Method):
         self.symmetric = symmetric
 
     @staticmethod
-    def encoder_kwargs(cfg: CoreConfig, in_channels: int, section: NNCLRConfig) -> dict[str, Any]:
+    def nnclr_kwargs(cfg: CoreConfig, in_channels: int, section: NNCLRConfig) -> dict[str, Any]:
         """The constructor arguments shared with All4One, from ``cfg.model`` and ``section``."""
         backbone, feature_dim = build_backbone(cfg.model.backbone, in_channels, cfg.model.width)
         return {"backbone": backbone, "feature_dim": feature_dim,
@@ -105,7 +105,7 @@ class NNCLR(Method):
 
     @classmethod
     def from_config(cls, cfg: CoreConfig, in_channels: int) -> NNCLR:
-        return cls(**cls.encoder_kwargs(cfg, in_channels, cfg.section(NNCLRConfig)))
+        return cls(**cls.nnclr_kwargs(cfg, in_channels, cfg.section(NNCLRConfig)))
 
     def project(self, images: Tensor) -> Tensor:
         return self.projector(self.backbone(images))
