@@ -34,7 +34,8 @@ from torch import Tensor, nn
 from raycl.losses import info_nce, redundancy_reduction_loss, sinusoidal_positional_encoding
 from raycl.methods import register
 from raycl.methods.base import Batch
-from raycl.methods.nnclr import NNCLR, NNCLRConfig, _two_view_split
+from raycl.methods.nnclr import NNCLR, NNCLRConfig
+from raycl.methods.two_view import encode_views
 from raycl.models import projection_mlp
 from raycl.models.momentum import ema_update, momentum_coefficient, momentum_copy
 
@@ -229,8 +230,8 @@ class All4One(NNCLR):
             ``{"loss", "neighbour_loss", "centroid_loss", "redundancy_loss", "pos_sim",
             "support_fill"}`` (all but the loss detached).
         """
-        z1, z2 = _two_view_split(self.project, batch)
-        target1, target2 = _two_view_split(self.momentum_project, batch)
+        z1, z2 = encode_views(self.project, batch)
+        target1, target2 = encode_views(self.momentum_project, batch)
         p1, p2 = self.predictor(torch.cat([z1, z2])).chunk(2)
         pc1, pc2 = self.centroid_predictor(torch.cat([z1, z2])).chunk(2)
         neighbours1, _ = self.queue.nearest(target1, self.neighbours)

@@ -11,7 +11,6 @@ neighbour within its step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,6 +21,7 @@ from torch import Tensor, nn
 from raycl.losses import info_nce
 from raycl.methods import register
 from raycl.methods.base import Batch, Method
+from raycl.methods.two_view import encode_views
 from raycl.models import build_backbone, projection_mlp
 from raycl.queues import FeatureQueue, KnnBackend
 from raycl.schema import Section
@@ -127,7 +127,7 @@ class NNCLR(Method):
             ``{"loss", "pos_sim", "support_fill"}``: pos_sim is the mean cosine similarity of a
             view-1 neighbour and its view-2 prediction (detached).
         """
-        z1, z2 = _two_view_split(self.project, batch)
+        z1, z2 = encode_views(self.project, batch)
         p1, p2 = self.predictor(torch.cat([z1, z2])).chunk(2)
         neighbour1 = self.queue.nearest(z1, k=1)[0][:, 0]
         loss = info_nce(neighbour1, p2, self.temperature)
@@ -138,10 +138,3 @@ class NNCLR(Method):
         with torch.no_grad():
             pos_sim = F.cosine_similarity(neighbour1, p2.float(), dim=1).mean()
         return {"loss": loss, "pos_sim": pos_sim, "support_fill": self.queue.fill()}
-
-
-def _two_view_split(encode: Callable[[Tensor], Tensor], batch: Batch) -> tuple[Tensor, Tensor]:
-    """``encode`` both views in one pass (BN sees both together) and split the rows again."""
-    if len(batch.views) != 2:
-        raise ValueError(f"this method needs exactly 2 views per batch, got {len(batch.views)}")
-    return encode(torch.cat(batch.views)).chunk(2)

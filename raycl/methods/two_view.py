@@ -4,6 +4,7 @@ projections of two augmented views. A subclass supplies :meth:`TwoViewMethod.los
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -73,14 +74,23 @@ class TwoViewMethod(Method):
         Raises:
             ValueError: if the batch does not have exactly two views.
         """
-        if len(batch.views) != 2:
-            raise ValueError(f"{type(self).__name__} needs exactly 2 views per batch, got "
-                             f"{len(batch.views)}")
-        batch_size = batch.views[0].shape[0]
-        # One pass over both views: half the kernel launches; BN sees both views together.
-        projections = self.project(torch.cat(batch.views, dim=0))
-        z1, z2 = projections[:batch_size], projections[batch_size:]
+        z1, z2 = encode_views(self.project, batch)
         loss = self.loss(z1, z2, batch.negative_mask())
         with torch.no_grad():
             pos_sim = F.cosine_similarity(z1, z2, dim=1).mean()
         return {"loss": loss, "pos_sim": pos_sim.detach()}
+
+
+def encode_views(encode: Callable[[Tensor], Tensor], batch: Batch) -> tuple[Tensor, Tensor]:
+    """``encode`` both views of ``batch`` in one pass and split the rows again.
+
+    One pass: half the kernel launches, and BatchNorm sees both views together (every raycl
+    two-view method does this).
+
+    Raises:
+        ValueError: if the batch does not have exactly two views.
+    """
+    if len(batch.views) != 2:
+        raise ValueError(f"this method needs exactly 2 views per batch, got {len(batch.views)}")
+    z1, z2 = encode(torch.cat(batch.views, dim=0)).chunk(2)
+    return z1, z2
