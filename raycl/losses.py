@@ -3,6 +3,8 @@
 Conventions shared by every loss here:
 - inputs are projections ``(B_local, D)`` of the local batch; the losses normalise or rescale
   them themselves, so callers pass raw projector outputs;
+- losses whose docstring says float32 run with autocast off (:func:`_full_precision`): fourth
+  powers, square roots of sums of squares and 65k-way softmaxes are not half-precision work;
 - losses that contrast against the batch gather the global batch *inside* the loss (with
   :func:`raycl.distributed.gather_with_grad`), so callers never have to think about ranks;
 - the returned loss is the mean over the **local** anchors. Averaged over ranks it equals the
@@ -12,7 +14,10 @@ Conventions shared by every loss here:
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -146,6 +151,21 @@ def _rescale_to_ball(z: Tensor, radius: float) -> Tensor:
     return z * scale
 
 
+LossFunction = TypeVar("LossFunction", bound=Callable[..., Tensor])
+
+
+def _full_precision(loss: LossFunction) -> LossFunction:
+    """Runs ``loss`` with autocast off, so the inputs that :func:`_at_least_float32` lifts stay
+    float32 through every matmul (autocast would otherwise cast them back to half precision)."""
+
+    @functools.wraps(loss)
+    def wrapper(*args: object, **kwargs: object) -> Tensor:
+        with torch.autocast("cuda", enabled=False), torch.autocast("cpu", enabled=False):
+            return loss(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
 def _at_least_float32(z: Tensor) -> Tensor:
     """Half precision (autocast) goes up to float32; float32/float64 stay as they are."""
     return z.float() if z.dtype in (torch.float16, torch.bfloat16) else z
@@ -202,6 +222,7 @@ def high_pass_filter(bmat: Tensor, filter_exponent: float, eigenvalue_floor: flo
     return (eigenvectors * scale) @ eigenvectors.T
 
 
+@_full_precision
 def _spectral_family_loss(
     z1: Tensor,
     z2: Tensor,
@@ -342,6 +363,7 @@ def hscl_loss(
                                  eigenvalue_floor)
 
 
+@_full_precision
 def info_nce(queries: Tensor, keys: Tensor, temperature: float, gather: bool = True) -> Tensor:
     """One-directional InfoNCE over the batch: query i's positive is key i, the other keys of
     the (global) batch are its negatives.
@@ -382,6 +404,7 @@ def info_nce(queries: Tensor, keys: Tensor, temperature: float, gather: bool = T
     return F.cross_entropy(logits, targets)
 
 
+@_full_precision
 def redundancy_reduction_loss(
     target1: Tensor,
     online2: Tensor,
@@ -441,6 +464,97 @@ def redundancy_reduction_loss(
     off = (cc1[~diagonal] ** 2 + cc2[~diagonal] ** 2).sum() / (2 * dim * (dim - 1))
     # clamp: sqrt has an infinite derivative at exactly 0 (perfect correlation)
     return on.clamp_min(1e-12).sqrt() + off_diagonal_weight * off.clamp_min(1e-12).sqrt()
+
+
+@_full_precision
+def moco_infonce(queries: Tensor, keys: Tensor, negatives: Tensor, temperature: float) -> Tensor:
+    """MoCo's InfoNCE (He et al., 2020, Algorithm 1; MoCo v2): each query meets its own key as
+    the positive and every row of a queue of earlier keys as negatives.
+
+    ``L_i = -log( exp(q_i . k_i / tau) / (exp(q_i . k_i / tau) + sum_j exp(q_i . n_j / tau)) )``
+    on L2-normalised rows, i.e. cross entropy of the logits ``[q_i . k_i, q_i . N^T] / tau`` with
+    target 0. No batch negatives and no gathering: a query meets its own key and the queue only,
+    and the queue is already global (:meth:`raycl.queues.FeatureQueue.enqueue` gathers the keys of
+    every rank), so the mean over the local queries, averaged over ranks by DDP, is the
+    global-batch loss. Keys and negatives come from the momentum encoder and receive no gradient
+    (detached here). The logits are computed in float32 with autocast disabled, so the similarity
+    to each of the (up to 65 536) negatives is not rounded to half precision.
+
+    Args:
+        queries: (B, D) online projections ``q``; normalised here.
+        keys: (B, D) momentum-encoder projections ``k``; row i is query i's positive;
+            normalised and detached here.
+        negatives: (K, D) the queue's entries (earlier keys), K >= 1; normalised and detached
+            here (a :class:`raycl.queues.FeatureQueue` stores them normalised already).
+        temperature: tau > 0 (MoCo v2: 0.2).
+
+    Returns:
+        Scalar loss, the mean over the B queries (float32, or float64 for float64 inputs).
+
+    Raises:
+        ValueError: on a non-positive temperature, mismatched query/key shapes, an empty queue
+            or a queue of another width.
+
+    Example:
+        >>> q = projector(backbone(view1))
+        >>> with torch.no_grad():
+        ...     k = key_projector(key_backbone(view2))
+        >>> loss = moco_infonce(q, k, queue.embeddings, temperature=0.2)
+        >>> queue.enqueue(k, batch.index)  # after the loss: a batch never meets its own keys
+    """
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    _check_pair(queries, keys)
+    if negatives.dim() != 2 or negatives.shape[1] != queries.shape[1]:
+        raise ValueError(f"negatives must be (K, D) with the queries' D = {queries.shape[1]}, "
+                         f"got shape {tuple(negatives.shape)}")
+    if negatives.shape[0] == 0:
+        raise ValueError("negatives must contain at least one row")
+    q = F.normalize(_at_least_float32(queries), dim=1)
+    k = F.normalize(_at_least_float32(keys.detach()), dim=1).to(q.dtype)
+    n = F.normalize(_at_least_float32(negatives.detach()), dim=1).to(q.dtype)
+    positive = (q * k).sum(dim=1, keepdim=True)  # (B, 1)
+    negative = q @ n.to(q.device).T  # (B, K)
+    logits = torch.cat([positive, negative], dim=1) / temperature
+    targets = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
+    return F.cross_entropy(logits, targets)
+
+
+def simsiam_loss(p1: Tensor, p2: Tensor, z1: Tensor, z2: Tensor) -> Tensor:
+    """SimSiam's symmetrised negative cosine similarity (Chen & He, 2021, eq. 2 and Algorithm 1).
+
+    ``L = D(p1, stopgrad(z2)) / 2 + D(p2, stopgrad(z1)) / 2`` with
+    ``D(p, z) = -mean_i (p_i / ||p_i||) . (z_i / ||z_i||)``. The stop-gradient is applied here:
+    no gradient ever flows through ``z1`` or ``z2`` (the paper's key ingredient against
+    collapse); the encoder is reached through ``p1``, ``p2`` only. No negatives, no gathering:
+    the mean over the local pairs, averaged over ranks by DDP, is the global-batch loss. Computed
+    in float32 under half-precision autocast (no matmul involved).
+
+    Args:
+        p1: (B, D) predictor output of view 1.
+        p2: (B, D) predictor output of view 2.
+        z1: (B, D) projector output of view 1 (the target of ``p2``; detached here).
+        z2: (B, D) projector output of view 2 (the target of ``p1``; detached here).
+
+    Returns:
+        Scalar loss in [-1, 1]; -1 when every prediction points along its target.
+
+    Raises:
+        ValueError: unless the four arguments are matching non-empty (B, D) matrices.
+
+    Example:
+        >>> z1, z2 = projector(backbone(view1)), projector(backbone(view2))
+        >>> loss = simsiam_loss(predictor(z1), predictor(z2), z1, z2)
+    """
+    for other in (p2, z1, z2):
+        _check_pair(p1, other)
+
+    def negative_cosine(p: Tensor, z: Tensor) -> Tensor:
+        p = F.normalize(_at_least_float32(p), dim=1)
+        z = F.normalize(_at_least_float32(z.detach()), dim=1)
+        return -(p * z).sum(dim=1).mean()
+
+    return negative_cosine(p1, z2) / 2 + negative_cosine(p2, z1) / 2
 
 
 def sinusoidal_positional_encoding(length: int, dim: int) -> Tensor:

@@ -19,6 +19,7 @@ from raycl.losses import (
     high_pass_filter,
     hscl_loss,
     info_nce,
+    moco_infonce,
     nt_xent,
     redundancy_reduction_loss,
     same_label_mask,
@@ -735,3 +736,24 @@ def test_distributed_loss_and_gradients_match_single_process(tmp_path: Path) -> 
             torch.testing.assert_close(result[f"{name}_grad_x2"], WORLD_SIZE * x2.grad[shard])
             # ... which DDP's averaging over ranks cancels for the parameters.
             torch.testing.assert_close(result[f"{name}_grad_weight"], shared_weight.grad)
+
+
+def test_float32_losses_ignore_autocast() -> None:
+    """Under bf16 autocast (fp16 on CUDA alike) the losses that promise float32 compute exactly
+    what they compute without it: autocast would otherwise round every matmul to half
+    precision (it moved HSCL's loss by 2 % on this case before autocast was switched off)."""
+    generator = torch.Generator().manual_seed(0)
+    z1, z2, z3, z4 = (torch.randn(8, 6, generator=generator) for _ in range(4))
+    losses: dict[str, Callable[[], Tensor]] = {
+        "spectral": lambda: spectral_contrastive_loss(z1, z2),
+        "hscl": lambda: hscl_loss(z1, z2, 0.5),
+        "info_nce": lambda: info_nce(z1, z2, 0.1),
+        "redundancy": lambda: redundancy_reduction_loss(z1, z2, z3, z4, 0.5),
+        "moco": lambda: moco_infonce(z1, z2, z3, 0.2),
+    }
+    for name, loss in losses.items():
+        reference = loss()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            under_autocast = loss()
+        assert under_autocast.dtype == torch.float32, name
+        torch.testing.assert_close(under_autocast, reference, rtol=0, atol=0, msg=name)

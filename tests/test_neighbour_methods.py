@@ -266,11 +266,11 @@ def test_all4one_forward_backward_and_weights() -> None:
     assert torch.equal(method.queue.sample_index[:BATCH], first.index)
     outputs = method(make_batch(1))
     assert set(outputs) == {"loss", "neighbour_loss", "centroid_loss", "redundancy_loss",
-                            "pos_sim", "support_fill"}
+                            "pos_sim", "queue_fill"}
     assert torch.isfinite(outputs["loss"]) and outputs["loss"].dim() == 0
     for key in ("neighbour_loss", "centroid_loss", "redundancy_loss", "pos_sim"):
         assert not outputs[key].requires_grad, key
-    assert outputs["support_fill"].item() == pytest.approx(12 / 30)
+    assert outputs["queue_fill"].item() == pytest.approx(12 / 30)
     parts = [outputs[key].item() for key in ("neighbour_loss", "centroid_loss",
                                              "redundancy_loss")]
     assert len({round(part, 4) for part in parts}) == 3  # a swapped weight would show

@@ -128,7 +128,7 @@ def test_resumed_all4one_trial_keeps_its_support_set(data_cache, tmp_path) -> No
     assert [r["epoch"] for r in resumed.reports] == [3]
     final = resumed.reports[-1]
     # The epoch's mean fill: 2 x 640 entries kept, then 64 more after each of its 10 steps.
-    assert final["train/support_fill"] == pytest.approx((2 * 640 + 64 * 5.5) / 4096)
+    assert final["train/queue_fill"] == pytest.approx((2 * 640 + 64 * 5.5) / 4096)
     for key in ("train/loss", "train/centroid_loss", "train/redundancy_loss", "val/linear/mean",
                 "val/nn_retrieval/mean", "test/nn_retrieval/mean"):
         assert final[key] == pytest.approx(reference.reports[-1][key], abs=1e-6), key

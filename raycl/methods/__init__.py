@@ -90,6 +90,6 @@ def build_method(cfg: CoreConfig, in_channels: int) -> Method:
 
 
 # Imported for their @register side effect; must come after register() is defined.
-from raycl.methods import all4one, hscl, nnclr, simclr, spectral  # noqa: E402, F401
+from raycl.methods import all4one, hscl, mocov2, nnclr, simclr, simsiam, spectral  # noqa: E402, F401
 
 __all__ = ["METHODS", "SECTIONS", "Batch", "Method", "build_method", "register"]

@@ -228,7 +228,7 @@ class All4One(NNCLR):
 
         Returns:
             ``{"loss", "neighbour_loss", "centroid_loss", "redundancy_loss", "pos_sim",
-            "support_fill"}`` (all but the loss detached).
+            "queue_fill"}`` (all but the loss detached).
         """
         z1, z2 = encode_views(self.project, batch)
         target1, target2 = encode_views(self.momentum_project, batch)
@@ -256,4 +256,4 @@ class All4One(NNCLR):
         return {"loss": loss, "neighbour_loss": neighbour_loss.detach(),
                 "centroid_loss": centroid_loss.detach(),
                 "redundancy_loss": redundancy_loss.detach(), "pos_sim": pos_sim,
-                "support_fill": self.queue.fill()}
+                "queue_fill": self.queue.fill()}

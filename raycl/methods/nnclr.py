@@ -124,7 +124,7 @@ class NNCLR(Method):
         """Neighbour contrast; enqueues view 1's projections after the lookup.
 
         Returns:
-            ``{"loss", "pos_sim", "support_fill"}``: pos_sim is the mean cosine similarity of a
+            ``{"loss", "pos_sim", "queue_fill"}``: pos_sim is the mean cosine similarity of a
             view-1 neighbour and its view-2 prediction (detached).
         """
         z1, z2 = encode_views(self.project, batch)
@@ -137,4 +137,4 @@ class NNCLR(Method):
         self.queue.enqueue(z1, batch.index)  # after the lookups: never a sample's own entry
         with torch.no_grad():
             pos_sim = F.cosine_similarity(neighbour1, p2.float(), dim=1).mean()
-        return {"loss": loss, "pos_sim": pos_sim, "support_fill": self.queue.fill()}
+        return {"loss": loss, "pos_sim": pos_sim, "queue_fill": self.queue.fill()}
