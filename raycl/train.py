@@ -711,7 +711,8 @@ def _maybe_inject_fault(
     loop_config: dict[str, Any], stage: int, completed: int, local_mode: bool
 ) -> None:
     """Test hook: die once after epoch ``after_epoch`` of stage ``stage`` (default 0); the
-    marker file records that we did."""
+    marker file records that we did. ``settle_seconds`` waits first, so Ray Train's controller
+    has polled the epoch's report (without it the crash races the checkpoint's registration)."""
     fault = loop_config.get("fault")
     if (not fault or stage != fault.get("stage", 0) or completed != fault["after_epoch"]
             or Path(fault["marker"]).exists()):
@@ -719,6 +720,7 @@ def _maybe_inject_fault(
     Path(fault["marker"]).write_text(str(completed))
     if local_mode:
         raise RuntimeError("injected fault")
+    time.sleep(float(fault.get("settle_seconds", 0)))
     os._exit(1)  # a hard worker crash, not an exception Ray could see coming
 
 

@@ -287,11 +287,17 @@ def test_all4one_under_data_parallelism_survives_a_worker_crash(
                          "scaling.num_workers=2", "scaling.cpus_per_worker=0.5",
                          "name=e2e-all4one")
     marker = tmp_path / "crashed"
-    results = build_tuner(config, None, fault={"after_epoch": 2, "marker": str(marker)}).fit()
+    results = build_tuner(config, None, fault={"after_epoch": 2, "marker": str(marker),
+                                               "settle_seconds": 5}).fit()
     assert marker.read_text() == "2"
     result = results[0]
     assert result.error is None and result.metrics["epoch"] == 3
-    assert result.metrics["resumed_from_epoch"] in (1, 2)
+    # Normally the group resumes from epoch 2's checkpoint (1 if the crash beat its
+    # registration). On a loaded machine Ray Train's controller can miss even epoch 1's report
+    # before the worker dies, and the group replays from the start (0). The queue count below
+    # holds in every case, and would not if a resumed group started from an empty queue (only
+    # 640 or 1 280 entries); the exact restore is pinned by test_reliability's in-process run.
+    assert result.metrics["resumed_from_epoch"] in (0, 1, 2)
     # Ray Train's checkpoints sort by time: the newest is the trial's last.
     newest = max((tmp_path / "ray").glob("e2e-all4one-train/*/checkpoint_*/state.pt"))
     state = torch.load(newest, weights_only=True)["model"]
