@@ -232,8 +232,9 @@ class All4One(NNCLR):
         """
         z1, z2 = encode_views(self.project, batch)
         target1, target2 = encode_views(self.momentum_project, batch)
-        p1, p2 = self.predictor(torch.cat([z1, z2])).chunk(2)
-        pc1, pc2 = self.centroid_predictor(torch.cat([z1, z2])).chunk(2)
+        both = torch.cat([z1, z2])  # each predictor sees both views in one batch
+        p1, p2 = self.predictor(both).chunk(2)
+        pc1, pc2 = self.centroid_predictor(both).chunk(2)
         neighbours1, _ = self.queue.nearest(target1, self.neighbours)
         neighbours2, _ = self.queue.nearest(target2, self.neighbours)
 

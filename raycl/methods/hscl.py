@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from raycl.losses import check_filter_args, hscl_loss
 from raycl.methods import register
 from raycl.methods.spectral import SpectralCL, SpectralConfig
+from raycl.methods.two_view import encoder_kwargs
 
 if TYPE_CHECKING:
     from raycl.config import CoreConfig
@@ -69,7 +70,7 @@ class HSCL(SpectralCL):
     @classmethod
     def from_config(cls, cfg: CoreConfig, in_channels: int) -> HSCL:
         section = cfg.section(HSCLConfig)
-        return cls(**cls.encoder_kwargs(cfg, in_channels), mu=section.mu,
+        return cls(**encoder_kwargs(cfg, in_channels), mu=section.mu,
                    filter_exponent=section.filter_exponent,
                    eigenvalue_floor=section.eigenvalue_floor)
 

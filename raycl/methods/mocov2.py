@@ -37,8 +37,8 @@ from torch import Tensor, nn
 from raycl.losses import moco_infonce
 from raycl.methods import register
 from raycl.methods.base import Batch, Method
-from raycl.methods.two_view import encode_views
-from raycl.models import build_backbone, projection_mlp
+from raycl.methods.two_view import encode_views, encoder_kwargs
+from raycl.models import projection_mlp
 from raycl.models.momentum import ema_update, momentum_coefficient, momentum_copy
 from raycl.queues import FeatureQueue
 from raycl.schema import Section
@@ -120,10 +120,8 @@ class MoCoV2(Method):
     @classmethod
     def from_config(cls, cfg: CoreConfig, in_channels: int) -> MoCoV2:
         section = cfg.section(MoCoV2Config)
-        backbone, feature_dim = build_backbone(cfg.model.backbone, in_channels, cfg.model.width)
-        return cls(backbone, feature_dim, cfg.model.projector_hidden_dim, cfg.model.projector_dim,
-                   projector_layers=section.projector_layers, temperature=section.temperature,
-                   queue_size=section.queue_size,
+        return cls(**encoder_kwargs(cfg, in_channels), projector_layers=section.projector_layers,
+                   temperature=section.temperature, queue_size=section.queue_size,
                    momentum=(section.momentum_start, section.momentum_end),
                    symmetric=section.symmetric)
 

@@ -21,8 +21,8 @@ from torch import Tensor, nn
 from raycl.losses import info_nce
 from raycl.methods import register
 from raycl.methods.base import Batch, Method
-from raycl.methods.two_view import encode_views
-from raycl.models import build_backbone, projection_mlp
+from raycl.methods.two_view import encode_views, encoder_kwargs
+from raycl.models import projection_mlp
 from raycl.queues import FeatureQueue, KnnBackend
 from raycl.schema import Section
 
@@ -94,10 +94,7 @@ class NNCLR(Method):
     @staticmethod
     def nnclr_kwargs(cfg: CoreConfig, in_channels: int, section: NNCLRConfig) -> dict[str, Any]:
         """The constructor arguments shared with All4One, from ``cfg.model`` and ``section``."""
-        backbone, feature_dim = build_backbone(cfg.model.backbone, in_channels, cfg.model.width)
-        return {"backbone": backbone, "feature_dim": feature_dim,
-                "projector_hidden_dim": cfg.model.projector_hidden_dim,
-                "projector_dim": cfg.model.projector_dim,
+        return {**encoder_kwargs(cfg, in_channels),
                 "projector_layers": section.projector_layers,
                 "predictor_hidden_dim": section.predictor_hidden_dim,
                 "temperature": section.temperature, "queue_size": section.queue_size,

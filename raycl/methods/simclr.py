@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from raycl.losses import nt_xent
 from raycl.methods import register
-from raycl.methods.two_view import TwoViewMethod
+from raycl.methods.two_view import TwoViewMethod, encoder_kwargs
 from raycl.schema import Section
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class SimCLR(TwoViewMethod):
 
     @classmethod
     def from_config(cls, cfg: CoreConfig, in_channels: int) -> SimCLR:
-        return cls(**cls.encoder_kwargs(cfg, in_channels),
+        return cls(**encoder_kwargs(cfg, in_channels),
                    temperature=cfg.section(SimCLRConfig).temperature)
 
     def loss(self, z1: Tensor, z2: Tensor, negative_mask: Tensor | None) -> Tensor:

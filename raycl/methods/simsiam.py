@@ -28,8 +28,8 @@ from torch import Tensor, nn
 from raycl.losses import simsiam_loss
 from raycl.methods import register
 from raycl.methods.base import Batch, Method
-from raycl.methods.two_view import encode_views
-from raycl.models import build_backbone, projection_mlp
+from raycl.methods.two_view import encode_views, encoder_kwargs
+from raycl.models import projection_mlp
 from raycl.schema import Section
 
 if TYPE_CHECKING:
@@ -78,9 +78,7 @@ class SimSiam(Method):
     @classmethod
     def from_config(cls, cfg: CoreConfig, in_channels: int) -> SimSiam:
         section = cfg.section(SimSiamConfig)
-        backbone, feature_dim = build_backbone(cfg.model.backbone, in_channels, cfg.model.width)
-        return cls(backbone, feature_dim, cfg.model.projector_hidden_dim, cfg.model.projector_dim,
-                   projector_layers=section.projector_layers,
+        return cls(**encoder_kwargs(cfg, in_channels), projector_layers=section.projector_layers,
                    predictor_hidden_dim=section.predictor_hidden_dim)
 
     def project(self, images: Tensor) -> Tensor:

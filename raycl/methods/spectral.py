@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from raycl.losses import spectral_contrastive_loss
 from raycl.methods import register
-from raycl.methods.two_view import TwoViewMethod
+from raycl.methods.two_view import TwoViewMethod, encoder_kwargs
 from raycl.schema import Section
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class SpectralCL(TwoViewMethod):
 
     @classmethod
     def from_config(cls, cfg: CoreConfig, in_channels: int) -> SpectralCL:
-        return cls(**cls.encoder_kwargs(cfg, in_channels), mu=cfg.section(SpectralConfig).mu)
+        return cls(**encoder_kwargs(cfg, in_channels), mu=cfg.section(SpectralConfig).mu)
 
     def loss(self, z1: Tensor, z2: Tensor, negative_mask: Tensor | None) -> Tensor:
         return spectral_contrastive_loss(z1, z2, self.mu, negative_mask=negative_mask)

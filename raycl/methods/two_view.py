@@ -37,14 +37,6 @@ class TwoViewMethod(Method):
         self.backbone = backbone
         self.projector = projection_mlp(feature_dim, projector_hidden_dim, projector_dim)
 
-    @staticmethod
-    def encoder_kwargs(cfg: CoreConfig, in_channels: int) -> dict[str, Any]:
-        """The constructor arguments above, from ``cfg.model``."""
-        backbone, feature_dim = build_backbone(cfg.model.backbone, in_channels, cfg.model.width)
-        return {"backbone": backbone, "feature_dim": feature_dim,
-                "projector_hidden_dim": cfg.model.projector_hidden_dim,
-                "projector_dim": cfg.model.projector_dim}
-
     def loss(self, z1: Tensor, z2: Tensor, negative_mask: Tensor | None) -> Tensor:
         """The objective between the projections of view 1 and view 2 (rows pair up).
 
@@ -79,6 +71,15 @@ class TwoViewMethod(Method):
         with torch.no_grad():
             pos_sim = F.cosine_similarity(z1, z2, dim=1).mean()
         return {"loss": loss, "pos_sim": pos_sim.detach()}
+
+
+def encoder_kwargs(cfg: CoreConfig, in_channels: int) -> dict[str, Any]:
+    """``backbone``, ``feature_dim``, ``projector_hidden_dim``, ``projector_dim`` from
+    ``cfg.model``: the constructor arguments every backbone + projector method starts with."""
+    backbone, feature_dim = build_backbone(cfg.model.backbone, in_channels, cfg.model.width)
+    return {"backbone": backbone, "feature_dim": feature_dim,
+            "projector_hidden_dim": cfg.model.projector_hidden_dim,
+            "projector_dim": cfg.model.projector_dim}
 
 
 def encode_views(encode: Callable[[Tensor], Tensor], batch: Batch) -> tuple[Tensor, Tensor]:
