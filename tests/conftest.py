@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,18 @@ def ray_session(data_cache: Path):
     init_ray(num_cpus=2, include_dashboard=True, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread for a test of tiny models: fastest for them, and no oversubscription
+    of a busy machine (two threads made All4One steps ~10x slower under load)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from fake_world import run_fake_world
 from torch import Tensor
 
 from raycl import distributed
@@ -689,18 +688,8 @@ def test_distributed_loss_and_gradients_match_single_process(tmp_path: Path) -> 
     weight = torch.randn(5, 4, generator=generator, dtype=torch.float64)
     labels = torch.tensor([0, 1, 1, 0, 1, 0])  # both ranks hold both labels
 
-    context = mp.spawn(
-        _ddp_worker,
-        args=(f"file://{tmp_path / 'rendezvous'}", inputs, weight, labels, str(tmp_path)),
-        nprocs=WORLD_SIZE,
-        join=False,
-    )
-    deadline = time.monotonic() + 60
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("distributed workers did not finish within 60 s")
+    run_fake_world(_ddp_worker, (f"file://{tmp_path / 'rendezvous'}", inputs, weight, labels,
+                                 str(tmp_path)), WORLD_SIZE)
     per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
 
     local = inputs.shape[1] // WORLD_SIZE

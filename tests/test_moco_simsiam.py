@@ -8,7 +8,6 @@ Tiny sizes throughout (small_cnn width 8, 16x16 greyscale images, 16-d projectio
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +40,8 @@ NUM_SAMPLES, BATCH, QUEUE = 12, 6, 20
 DATASET = torch.randn(NUM_SAMPLES, 1, 16, 16, generator=torch.Generator().manual_seed(321))
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: fastest for these tiny models, and no oversubscription of a busy
-    machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# One intra-op thread for these tiny models (see conftest.one_torch_thread).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_cfg(method: str, section: dict[str, Any] | None = None, **core: Any) -> CoreConfig:

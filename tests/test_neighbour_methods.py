@@ -7,7 +7,6 @@ entries), so the whole file runs in seconds on a CPU.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from test_config import error_of, write  # one-line ConfigError of a YAML in tmp_path
 from torch import Tensor
 
 from raycl.config import (
     CONFIG_KEYS,
-    ConfigError,
     CoreConfig,
     load_search,
     schema_markdown,
@@ -50,14 +49,8 @@ NUM_SAMPLES, BATCH = 12, 6  # two batches per epoch: every sample comes back eve
 DATASET = torch.randn(NUM_SAMPLES, 1, 16, 16, generator=torch.Generator().manual_seed(123))
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: fastest for these tiny models, and no oversubscription of a busy
-    machine (two threads made All4One steps ~10x slower under load)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# One intra-op thread for these tiny models (see conftest.one_torch_thread).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_cfg(method: str, section: dict[str, Any] | None = None, **core: Any) -> CoreConfig:
@@ -561,21 +554,6 @@ data: {dataset: trifeature, resolution: 32, samples_per_combination: 2}
 train: {epochs: 2, batch_size: 64}
 tune: {num_samples: 1}
 """
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "search.yaml"
-    path.write_text(text)
-    return path
-
-
-def error_of(tmp_path: Path, text: str, overrides: list[str] | None = None) -> str:
-    path = write(tmp_path, text)
-    with pytest.raises(ConfigError) as info:
-        load_search(path, overrides)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
 
 
 def test_heads_must_divide_the_projector_width(

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from fake_world import run_fake_world
 from torch import Tensor, nn
 
 from raycl.queues import FeatureQueue, KnnBackend, cosine_topk, queue_buffer_names
@@ -249,18 +248,8 @@ def test_distributed_queue_is_global_and_identical_on_every_rank(tmp_path: Path)
     batches = torch.randn(STEPS, WORLD_SIZE, LOCAL_BATCH, QUEUE_DIM, generator=generator)
     indices = torch.arange(STEPS * WORLD_SIZE * LOCAL_BATCH).view(STEPS, WORLD_SIZE, LOCAL_BATCH)
 
-    context = mp.spawn(
-        _queue_worker,
-        args=(f"file://{tmp_path / 'rendezvous'}", batches, indices, str(tmp_path)),
-        nprocs=WORLD_SIZE,
-        join=False,
-    )
-    deadline = time.monotonic() + 60
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("distributed workers did not finish within 60 s")
+    run_fake_world(_queue_worker, (f"file://{tmp_path / 'rendezvous'}", batches, indices,
+                                   str(tmp_path)), WORLD_SIZE)
     per_rank = [torch.load(tmp_path / f"queue{r}.pt", weights_only=True)
                 for r in range(WORLD_SIZE)]
 
