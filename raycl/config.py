@@ -60,9 +60,22 @@ class DataConfig(Section):
     )
     test_fraction: float = Field(
         0.2, gt=0.0, lt=1.0, description="Share of each class held out for the test split, "
-        "scored once at the end of each trial and never optimised."
+        "scored once at the end of each trial and never optimised. Ignored by a folder in the "
+        "train_test layout, whose test split is its test/ folder."
     )
-    root: str | None = Field(None, description="folder: root directory with one folder per class.")
+    root: str | None = Field(
+        None, description="folder: the dataset directory, root/<class>/* or root/train/<class>/* "
+        "+ root/test/<class>/* (see data.layout). Relative paths resolve against the launch "
+        "directory."
+    )
+    layout: Literal["auto", "flat", "train_test"] = Field(
+        "auto", description="folder: flat = root/<class>/*, split by data.val_fraction and "
+        "data.test_fraction; train_test = root/train/<class>/* and root/test/<class>/* as CUB-200, "
+        "Stanford Cars and FGVC-Aircraft ship them: test is exactly test/, validation a "
+        "stratified data.val_fraction share of train/, class indices the sorted class names of "
+        "both (a class only in test/ is an error). auto: train_test when root/train/ and "
+        "root/test/ both hold class folders, else flat."
+    )
     cache_dir: str | None = Field(
         None, description="Where generated datasets are cached (None: $RAYCL_CACHE or "
         "~/.cache/raycl). Must be shared storage on multi-node clusters, or each node generates."
@@ -102,7 +115,20 @@ class AugmentConfig(Section):
 class ModelConfig(Section):
     backbone: Literal["small_cnn", "resnet18", "resnet50"] = Field(
         "small_cnn", description="Encoder: a 4-block CNN for CPU runs, or torchvision "
-        "ResNet-18/50 in the CIFAR variant (3x3 stem, no max-pool) for GPU runs."
+        "ResNet-18/50 (stem: model.stem) for GPU runs."
+    )
+    stem: Literal["auto", "cifar", "imagenet"] = Field(
+        "auto", description="ResNet stem: cifar = 3x3 stride-1 conv, no max-pool (small "
+        "images); imagenet = torchvision's 7x7 stride-2 conv + max-pool (what ImageNet weights "
+        "need). auto: imagenet when data.resolution >= 128 (layer1 then sees >= 32 px, as with "
+        "the cifar stem at 32 px), else cifar. small_cnn ignores it."
+    )
+    pretrained: str | None = Field(
+        None, description="Local weights file the backbone starts from (never downloaded): a "
+        "torchvision ResNet state dict (torch.save(resnet50().state_dict()); fc.* ignored) or "
+        "a raycl checkpoint's state.pt (its backbone.* weights). Every backbone weight must be "
+        "in it with the shape model.backbone, model.stem and the data's channels give; checked "
+        "before launch. Relative paths resolve against the launch directory."
     )
     width: int = Field(32, ge=4, description="small_cnn: channels of the first block.")
     projector_hidden_dim: int = Field(256, ge=1, description="Projector MLP hidden width.")
@@ -189,6 +215,14 @@ class EvalConfig(Section):
         None, ge=10, description="Cap on probe training samples, a seeded subset stratified on "
         "the first attribute (None: the whole train split)."
     )
+    label_fractions: list[float] = Field(
+        default_factory=list, description="Also fit the linear probe on these shares of the "
+        "(max_train_samples-capped) training labels, e.g. [0.5, 0.2] as FGVR's Table 1: a seeded "
+        "subset stratified on the first attribute (at least one image per class when the share "
+        "allows), the same at every evaluation of a trial, scored as "
+        "val/linear_50pct/<attribute> (and test/...). Each in (0, 1); []: only the full-label "
+        "probe (val/linear/...)."
+    )
     transfer: list[TransferConfig] = Field(
         default_factory=list, description="Datasets the frozen encoder is linearly probed on "
         "after training, e.g. [{dataset: digits}]: transfer/<name>/linear/<attribute> on their "
@@ -208,6 +242,31 @@ class EvalConfig(Section):
             raise ValueError(f"transfer names must be distinct, got {labels} (set name: to "
                              f"tell two entries of one dataset apart)")
         return value
+
+    @field_validator("label_fractions")
+    @classmethod
+    def _fractions_below_one(cls, value: list[float]) -> list[float]:
+        outside = [fraction for fraction in value if not 0.0 < fraction < 1.0]
+        if outside:
+            raise ValueError(f"each fraction must be in (0, 1), got {outside} (the full-label "
+                             f"probe always runs, as val/linear/...)")
+        percents = [cls.fraction_percent(fraction) for fraction in value]
+        if len(set(percents)) != len(percents):
+            raise ValueError(f"fractions must be distinct (as percentages in metric keys), got "
+                             f"{value}")
+        return value
+
+    @staticmethod
+    def fraction_percent(fraction: float) -> str:
+        """A label fraction as its metric keys write it: 0.5 -> "50" (``linear_50pct``).
+
+        Args:
+            fraction: share of the training labels, in (0, 1).
+
+        Returns:
+            ``100 × fraction`` to 6 significant digits, without trailing zeros ("12.5", "20").
+        """
+        return f"{100 * fraction:g}"
 
 
 class ScalingSection(Section):
@@ -360,17 +419,22 @@ class CoreConfig(Section):
         return self.mcl.stages if self.method == "mcl" else 1
 
     def max_reports(self) -> int:
-        """ASHA's max_t: ``scheduler.max_t``, or the reports (epochs x stages) of the longest
-        trial the search space allows."""
+        """ASHA's max_t: ``scheduler.max_t``, or the reports of the longest trial the search
+        space allows (every phase's epochs, e.g. FGVR's decoder pre-training, times stages)."""
+        from raycl.methods import stage_epochs
+
         if self.tune.scheduler.max_t:
             return self.tune.scheduler.max_t
         space = self.tune.search_space
-
-        def largest(key: str, value: int) -> int:
-            return max(int(v) for v in space[key].candidates()) if key in space else value
-
-        stages = largest("mcl.stages", self.mcl.stages) if self.method == "mcl" else 1
-        return max(1, largest("train.epochs", self.train.epochs) * stages)
+        # The largest value of every searched epoch count and of the stage count.
+        longest = {key: max(int(v) for v in domain.candidates()) for key, domain in space.items()
+                   if key.endswith("epochs") or key == "mcl.stages"}
+        config = apply_overrides(self, longest) if longest else self
+        try:
+            epochs = stage_epochs(config)
+        except ValueError:  # an unknown method: reported by validate_references, not here
+            epochs = config.train.epochs
+        return max(1, epochs * config.num_stages)
 
     def to_dict(self, used_sections_only: bool = False) -> dict[str, Any]:
         """The config as plain JSON values; ``used_sections_only`` drops the sections of methods
@@ -513,12 +577,12 @@ def with_absolute_paths(config: CoreConfig) -> CoreConfig:
     """The config with relative paths made absolute against this (the driver's) directory.
 
     Ray Tune runs every trial in a working directory of its own, where a relative
-    ``sqlite:///mlflow.db``, ``data.root`` or ``data.cache_dir`` would name another file (a trial
-    would log its diagnostics into an empty database of its own).
+    ``sqlite:///mlflow.db``, ``data.root``, ``data.cache_dir`` or ``model.pretrained`` would name
+    another file (a trial would log its diagnostics into an empty database of its own).
     """
     values: dict[str, Any] = {"mlflow.tracking_uri": resolve_tracking_uri(
         config.mlflow.tracking_uri)}
-    for key in ("data.root", "data.cache_dir"):
+    for key in ("data.root", "data.cache_dir", "model.pretrained"):
         section, field = key.split(".")
         path = getattr(getattr(config, section), field)
         if path is not None and "://" not in path:
@@ -636,24 +700,26 @@ def _check_metric(config: CoreConfig, source: str) -> None:
     """A probe metric must name an attribute the dataset has."""
     from raycl.data import ATTRIBUTES
 
-    match = re.fullmatch(r"(?:stage\d+/)?val/(?:linear|knn)/(\w+)", config.tune.metric)
+    match = re.fullmatch(r"(?:stage\d+/)?val/(?:linear(?:_[\d.]+pct)?|knn)/(\w+)",
+                         config.tune.metric)
     known = ATTRIBUTES.get(config.data.dataset)
     if match and known and match.group(1) not in (*known, "mean"):
         raise ConfigError(f"{source}: tune.metric: {config.data.dataset} has no attribute "
                           f"{match.group(1)!r} (attributes: {', '.join(known)}, or mean)")
 
 
-def _check_dataset(dataset: str, root: str | None, where: str) -> None:
-    """The dataset's files exist: a folder's images, Fashion-MNIST's package."""
+def _check_dataset(dataset: str, root: str | None, where: str, layout: str = "auto") -> None:
+    """The dataset's files exist: a folder's images (both halves of a train/test layout, with
+    their classes aligned), Fashion-MNIST's package."""
     if dataset == "folder":
         path = Path(str(root)).expanduser()
         if not path.is_dir():
             raise ConfigError(f"{where}.root: not a directory: {root}")
-        from raycl.data.folders import list_image_files
+        from raycl.data.folders import list_folder
 
         try:
-            list_image_files(path)
-        except ValueError as exc:
+            list_folder(path, layout)
+        except (OSError, ValueError) as exc:
             raise ConfigError(f"{where}.root: {exc}") from None
     if dataset == "mnist_fashion":
         from raycl.data.pairs import FASHION_MNIST_DIR, FASHION_MNIST_PACKAGE
@@ -664,9 +730,54 @@ def _check_dataset(dataset: str, root: str | None, where: str) -> None:
 
 
 def _check_data(config: CoreConfig, source: str) -> None:
-    _check_dataset(config.data.dataset, config.data.root, f"{source}: data")
+    _check_dataset(config.data.dataset, config.data.root, f"{source}: data", config.data.layout)
     for i, entry in enumerate(config.eval.transfer):
         _check_dataset(entry.dataset, entry.root, f"{source}: eval.transfer.{i}")
+
+
+# Keys that decide whether model.pretrained fits the backbone a trial builds.
+_PRETRAINED_KEYS = ("model.pretrained", "model.backbone", "model.stem", "model.width",
+                    "data.resolution", "data.dataset")
+
+
+def _check_pretrained(config: CoreConfig, source: str) -> None:
+    """``model.pretrained`` exists, is readable and fits the backbone every trial builds (its
+    architecture, its stem and the data's channels), for each searched value of those keys.
+
+    Args:
+        config: the validated config.
+        source: the YAML file, for the message.
+
+    Raises:
+        ConfigError: ``FILE: model.pretrained: why``.
+    """
+    from itertools import product
+
+    from raycl.data import CHANNELS
+    from raycl.models import resolve_stem
+    from raycl.models.pretrained import pretrained_problem
+
+    space = config.tune.search_space
+    if config.model.pretrained is None and "model.pretrained" not in space:
+        return
+    searched = [key for key in _PRETRAINED_KEYS if key in space]
+    for values in product(*(space[key].candidates() for key in searched)):
+        chosen = dict(zip(searched, values, strict=True))
+        try:
+            candidate = apply_overrides(config, chosen) if chosen else config
+        except ValidationError:
+            continue  # an invalid searched value is _check_search_space's message
+        model = candidate.model
+        if model.pretrained is None:
+            continue
+        problem = pretrained_problem(
+            model.pretrained, model.backbone, CHANNELS[candidate.data.dataset], model.width,
+            resolve_stem(model.stem, candidate.data.resolution))
+        if problem:
+            shown = ", ".join(f"{key}={value}" for key, value in chosen.items()
+                              if key != "model.pretrained")
+            searched_note = f"with searched {shown}: " if shown else ""
+            raise ConfigError(f"{source}: model.pretrained: {searched_note}{problem}")
 
 
 def grid_size(config: CoreConfig) -> int:
@@ -715,7 +826,8 @@ def _check_feasible(config: CoreConfig, source: str) -> None:
 
 def validate_references(config: CoreConfig, source: str) -> None:
     """Checks that need more than field types: registry names, data on disk, the metric, the
-    search space, and whether the trials can train at all (batch size, MCL budget)."""
+    search space, pretrained weights, and whether the trials can train at all (batch size, MCL
+    budget)."""
     from raycl.methods import METHODS  # late: keeps `--help` and config errors fast
 
     if config.method != "mcl" and config.method not in METHODS:
@@ -736,6 +848,7 @@ def validate_references(config: CoreConfig, source: str) -> None:
     _check_data(config, source)
     _check_metric(config, source)
     _check_search_space(config, source)
+    _check_pretrained(config, source)
     _check_feasible(config, source)
 
 

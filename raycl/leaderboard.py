@@ -48,11 +48,12 @@ def leaderboard_rows(
     objective_test = reported_test_metric(metric)
     attributes = sorted({key.split("/", 2)[2] for run in children for key in run.data.metrics
                          if key.startswith("val/linear/")})
-    # Reported beside the objective, never ranked on: transfer means, the effective rank and
-    # (NNCLR, All4One) the support set's NN-retrieval accuracy.
+    # Reported beside the objective, never ranked on: transfer means, the effective rank,
+    # (NNCLR, All4One) the support set's NN-retrieval accuracy and image retrieval (rank-1, mAP).
     reported = sorted({key for run in children for key in run.data.metrics
                        if re.fullmatch(r"transfer/[^/]+/linear/mean", key)})
-    reported += [key for key in ("diag/effective_rank", "val/nn_retrieval/mean")
+    reported += [key for key in ("diag/effective_rank", "val/nn_retrieval/mean",
+                                 "val/retrieval/rank1", "val/retrieval/map")
                  if key != metric and any(key in run.data.metrics for run in children)]
     extra = [*reported, *[key for attribute in attributes
                           for key in (f"val/linear/{attribute}", f"test/linear/{attribute}")

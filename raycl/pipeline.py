@@ -32,6 +32,7 @@ from raycl.config import CoreConfig, apply_overrides, search_config_class
 from raycl.constraints import trial_problem
 from raycl.data import ATTRIBUTES, split_sizes_for
 from raycl.eval.diagnostics import plot_diagnostics
+from raycl.methods import method_class
 from raycl.session import InProcessSession
 from raycl.stages import DIAGNOSTICS_FILE, StageInputs, next_stage_inputs
 from raycl.train import FAILED_KEY, read_checkpoint, run_trial_loop, train_loop_per_worker
@@ -175,7 +176,9 @@ def log_representation_plots(config: CoreConfig, path: Path) -> None:
     with np.load(path) as stored:
         arrays = {key: stored[key] for key in stored.files}
     with tempfile.TemporaryDirectory() as directory:
-        plot_diagnostics(arrays, Path(directory), f"{config.name} {_trial_id()}")
+        title = f"{config.name} {_trial_id()}"
+        plot_diagnostics(arrays, Path(directory), title)
+        method_class(config).plot_diagnostics(arrays, Path(directory), title)
         tracking.log_to_trial_run(config, _trial_id(), {}, Path(directory))
 
 

@@ -79,12 +79,15 @@ class FeatureQueue(nn.Module):
     """A FIFO queue of L2-normalised embeddings with the dataset index of each entry.
 
     It starts full of random unit vectors (index -1), as NNCLR's and MoCo's do, so lookups work
-    from the first step; :meth:`fill` says how much of it holds real samples.
+    from the first step; :meth:`fill` says how much of it holds real samples. With
+    ``normalize=False`` it stores the rows as given and starts from zeros (FGVR's memory bank of
+    raw feature vectors, read through :meth:`filled`).
 
     Args:
         size: number of entries Q, >= 1.
         dim: embedding width D, >= 1.
         backend: kNN backend of :meth:`nearest` (see :func:`cosine_topk`).
+        normalize: L2-normalise rows on the way in (and start from random unit vectors).
 
     Example:
         >>> queue = FeatureQueue(size=98_304, dim=256)
@@ -96,14 +99,19 @@ class FeatureQueue(nn.Module):
     sample_index: Tensor
     pointer: Tensor
 
-    def __init__(self, size: int, dim: int, backend: KnnBackend = "torch") -> None:
+    def __init__(
+        self, size: int, dim: int, backend: KnnBackend = "torch", normalize: bool = True
+    ) -> None:
         super().__init__()
         if size < 1 or dim < 1:
             raise ValueError(f"queue size and dim must be >= 1, got {size} and {dim}")
         self.backend: KnnBackend = backend
+        self.normalize = normalize
         # The global RNG is seeded identically on every rank before a method is built, so every
         # rank starts from the same noise.
-        self.register_buffer("embeddings", F.normalize(torch.randn(size, dim), dim=1))
+        initial = F.normalize(torch.randn(size, dim), dim=1) if normalize else torch.zeros(size,
+                                                                                         dim)
+        self.register_buffer("embeddings", initial)
         self.register_buffer("sample_index", torch.full((size,), -1, dtype=torch.long))
         self.register_buffer("pointer", torch.zeros((), dtype=torch.long))
 
@@ -118,13 +126,16 @@ class FeatureQueue(nn.Module):
         Collective under DDP: every rank must call it, with the same batch size.
 
         Args:
-            embeddings: (B_local, D) embeddings; normalised and stored as float32.
+            embeddings: (B_local, D) embeddings; stored as float32 (normalised first unless
+                the queue was built with ``normalize=False``).
             sample_index: (B_local,) int64 dataset indices of the samples.
         """
         if embeddings.shape[0] != sample_index.shape[0]:
             raise ValueError(f"{embeddings.shape[0]} embeddings but {sample_index.shape[0]} "
                              f"sample indices")
-        rows = F.normalize(gather_no_grad(embeddings.detach().float()), dim=1)
+        rows = gather_no_grad(embeddings.detach().float())
+        if self.normalize:
+            rows = F.normalize(rows, dim=1)
         index = gather_no_grad(sample_index.to(self.sample_index.device).long())
         if rows.shape[0] > self.size:  # only the newest Q survive a batch larger than the queue
             rows, index = rows[-self.size:], index[-self.size:]
@@ -153,6 +164,10 @@ class FeatureQueue(nn.Module):
     def fill(self) -> Tensor:
         """Fraction of entries holding real samples (0-d tensor, no sync)."""
         return (self.sample_index >= 0).float().mean()
+
+    def filled(self) -> Tensor:
+        """The entries holding real samples, (n_filled, D), in storage order."""
+        return self.embeddings[self.sample_index >= 0]
 
 
 def queue_buffer_names(module: nn.Module) -> list[str]:

@@ -257,6 +257,7 @@ class MLflowSweepCallback(Callback):
         elif last.get(FAILED_KEY):
             status, ended = "FAILED", "diverged"
         elif (last.get("stage") == resolved.num_stages - 1
+              and last.get("phase", "train") == "train"
               and last.get("epoch") == resolved.train.epochs):
             status, ended = "FINISHED", "completed"
         else:

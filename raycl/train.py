@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +53,12 @@ from raycl.data.samplers import PseudoLabelBatchSampler
 from raycl.distributed import any_rank, broadcast_from_rank0
 from raycl.eval import evaluate_knn, evaluate_linear_splits
 from raycl.eval.diagnostics import representation_diagnostics
+from raycl.eval.image_retrieval import retrieval_scores
+from raycl.eval.label_fractions import label_fraction_subset
 from raycl.eval.retrieval import neighbour_retrieval_accuracy
 from raycl.eval.transfer import TransferSet, load_transfer_sets
-from raycl.methods import build_method
-from raycl.methods.base import Batch, Method
+from raycl.methods import build_method, stage_epochs, stage_phases
+from raycl.methods.base import TRAIN_PHASE, Batch, Method, Phase
 from raycl.queues import queue_buffer_names
 from raycl.session import InProcessSession, RayTrainSession, Session
 from raycl.stages import (
@@ -85,18 +88,29 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def build_optimizer(method: Method, config: CoreConfig) -> torch.optim.Optimizer:
+def build_optimizer(
+    method: Method, config: CoreConfig, phase: Phase = TRAIN_PHASE
+) -> torch.optim.Optimizer:
+    """The optimizer of one phase over ``method.param_groups()`` (called after ``set_phase``).
+
+    A group's absolute ``"lr"`` (e.g. All4One's transformer) or ``"lr_scale"`` applies to the
+    phase's base rate: ``phase.lr`` when the phase sets one, else ``train.lr``.
+    """
+    base_lr = config.train.lr if phase.lr is None else phase.lr
     groups = []
     for group in method.param_groups():
         group = dict(group)
-        # An absolute "lr" (e.g. All4One's transformer) or a scale of the base lr.
-        group["lr"] = float(group.pop("lr", config.train.lr)) * float(group.pop("lr_scale", 1.0))
+        group["lr"] = float(group.pop("lr", base_lr)) * float(group.pop("lr_scale", 1.0))
         group["initial_lr"] = group["lr"]
         groups.append(group)
-    if config.train.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=config.train.lr, momentum=config.train.momentum,
+    if (phase.optimizer or config.train.optimizer) == "sgd":
+        return torch.optim.SGD(groups, lr=base_lr, momentum=config.train.momentum,
                                weight_decay=config.train.weight_decay)
-    return torch.optim.AdamW(groups, lr=config.train.lr, weight_decay=config.train.weight_decay)
+    return torch.optim.AdamW(groups, lr=base_lr, weight_decay=config.train.weight_decay)
+
+
+def _phase_epochs(config: CoreConfig, phase: Phase) -> int:
+    return config.train.epochs if phase.epochs is None else phase.epochs
 
 
 def _autocast(config: CoreConfig, device: torch.device) -> tuple[Any, torch.amp.GradScaler]:
@@ -192,10 +206,15 @@ def evaluate_features(
     device: torch.device | None = None,
 ) -> dict[str, float]:
     """Linear probe and kNN per attribute, fit on ``features["train"]`` and scored on every other
-    split in ``features``, as ``{prefix}{split}/linear/<attribute>``, ``.../knn/...``.
+    split in ``features``, as ``{prefix}{split}/linear/<attribute>``, ``.../knn/...``; image
+    retrieval within each scored split on the first attribute, ``.../retrieval/rank1``,
+    ``rank5`` and ``map`` (every image a query against the rest of its split).
 
     ``eval.max_train_samples`` caps the probe's training set with a seeded subset stratified on
-    the first attribute (the first rows of a folder dataset would be its first classes).
+    the first attribute (the first rows of a folder dataset would be its first classes). Each of
+    ``eval.label_fractions`` adds a probe fit on that share of the (capped) training labels,
+    ``.../linear_<percent>pct/<attribute>`` (and ``/mean``), on a subset seeded by ``seed``, so
+    every evaluation of a trial uses the same one.
     """
     train_features = features["train"]
     train_labels = data.train.labels
@@ -210,14 +229,24 @@ def evaluate_features(
     if backend == "auto":
         large = len(train_features) > 20_000 or (device is not None and device.type == "cuda")
         backend = "torch" if large else "sklearn"
-    linear = evaluate_linear_splits(train_features, train_labels, eval_sets,
-                                    max_iter=config.eval.linear_max_iter, seed=config.seed,
-                                    backend=backend, device=device)
+    probe = partial(evaluate_linear_splits, eval_sets=eval_sets,
+                    max_iter=config.eval.linear_max_iter, seed=config.seed, backend=backend,
+                    device=device)
+    # Probe name -> split -> scores; the shares of the labels probe the same splits.
+    probes = {"linear": probe(train_features, train_labels)}
+    for fraction in config.eval.label_fractions:
+        keep = label_fraction_subset(train_labels[data.attributes[0]], fraction, config.seed)
+        probes[f"linear_{config.eval.fraction_percent(fraction)}pct"] = probe(
+            train_features[keep], {name: labels[keep] for name, labels in train_labels.items()})
     metrics: dict[str, float] = {}
     for split, (values, labels) in eval_sets.items():
+        for probe_name, scores in probes.items():
+            metrics.update({f"{prefix}{split}/{probe_name}/{name}": value
+                            for name, value in scores[split].items()})
         knn = evaluate_knn(train_features, train_labels, values, labels, k=config.eval.knn_k)
-        metrics.update({f"{prefix}{split}/linear/{name}": v for name, v in linear[split].items()})
         metrics.update({f"{prefix}{split}/knn/{name}": v for name, v in knn.items()})
+        retrieval = retrieval_scores(values, labels[data.attributes[0]])
+        metrics.update({f"{prefix}{split}/retrieval/{name}": v for name, v in retrieval.items()})
     return metrics
 
 
@@ -251,6 +280,8 @@ FAIL_REASON_KEY = "raycl/fail_reason"
 # Losses are checked for NaN/inf every this many steps (and at each epoch's end): one device
 # sync per check, so a GPU is not stalled every step, and a diverged trial still stops at once.
 FINITE_CHECK_EVERY = 20
+# Test images a method's end-of-trial pictures are drawn from (FGVR's reconstruction triples).
+DIAGNOSTIC_IMAGES = 8
 
 
 class NonFiniteLossError(RuntimeError):
@@ -539,108 +570,142 @@ def _train_stage(
     augment = BatchAugment(config.augment)
 
     method = build_method(config, data.channels).to(device)
-    optimizer = build_optimizer(method, config)
+    phases = stage_phases(config)
     autocast, scaler = _autocast(config, device)
     steps_per_epoch = len(loader)
-    total_steps = config.train.epochs * steps_per_epoch
-    warmup_steps = int(config.train.warmup_epochs * steps_per_epoch)
 
-    start_epoch = 0
+    first_phase, start_epoch = 0, 0
     if resume is not None:
         method.load_state_dict(resume.state["model"])
-        optimizer.load_state_dict(resume.state["optimizer"])
-        scaler.load_state_dict(resume.state["scaler"])
+        # Checkpoints from before phases existed were all in the single "train" phase.
+        first_phase = [phase.name for phase in phases].index(resume.progress.get("phase",
+                                                                                 "train"))
         start_epoch = int(resume.progress["epoch"])
-        shutil.rmtree(resume.directory, ignore_errors=True)
-    model: nn.Module = _data_parallel(method) if world > 1 else method
 
     features: Features = {}
     metrics: dict[str, Any] = {}
-    for epoch in range(start_epoch, config.train.epochs):
-        if hasattr(batch_sampler, "set_epoch"):
-            batch_sampler.set_epoch(epoch)
-        sampler = getattr(batch_sampler, "sampler", None)
-        if isinstance(sampler, DistributedSampler):
-            sampler.set_epoch(epoch)
-        # One generator per (stage, epoch, rank): augmentations replay identically after a resume.
-        generator = torch.Generator(device=device)
-        generator.manual_seed(config.seed * 1_000_003 + inputs.stage * 10_007 + epoch * 101 + rank)
-        torch.manual_seed(config.seed * 7 + inputs.stage * 10_007 + epoch * 101 + rank)
+    for phase_index in range(first_phase, len(phases)):
+        phase = phases[phase_index]
+        # Epochs of the stage before this phase: the augmentation seeds and the MLflow step
+        # count through all phases, so no two epochs of a stage share them.
+        offset = sum(_phase_epochs(config, earlier) for earlier in phases[:phase_index])
+        method.set_phase(phase.name)
+        optimizer = build_optimizer(method, config, phase)
+        if resume is not None:
+            if start_epoch > 0:  # inside this phase (at 0 the state is the previous phase's)
+                optimizer.load_state_dict(resume.state["optimizer"])
+                scaler.load_state_dict(resume.state["scaler"])
+            shutil.rmtree(resume.directory, ignore_errors=True)
+            resume = None
+        # Wrapped per phase: DDP registers the parameters that require grad when it is built.
+        model: nn.Module = _data_parallel(method) if world > 1 else method
+        epochs = _phase_epochs(config, phase)
+        total_steps = epochs * steps_per_epoch
+        warmup_steps = (int(config.train.warmup_epochs * steps_per_epoch)
+                        if phase.lr is None else 0)
+        for epoch in range(start_epoch, epochs):
+            stage_epoch = offset + epoch
+            if hasattr(batch_sampler, "set_epoch"):
+                batch_sampler.set_epoch(stage_epoch)
+            sampler = getattr(batch_sampler, "sampler", None)
+            if isinstance(sampler, DistributedSampler):
+                sampler.set_epoch(stage_epoch)
+            # One generator per (stage, epoch, rank): augmentations replay identically after a
+            # resume.
+            generator = torch.Generator(device=device)
+            generator.manual_seed(config.seed * 1_000_003 + inputs.stage * 10_007
+                                  + stage_epoch * 101 + rank)
+            torch.manual_seed(config.seed * 7 + inputs.stage * 10_007 + stage_epoch * 101 + rank)
 
-        model.train()
-        sums: dict[str, torch.Tensor] = {}
-        unchecked: list[torch.Tensor] = []
-        started = time.perf_counter()
-        seen = 0
-        for step_in_epoch, (batch_images, index) in enumerate(loader):
-            step = epoch * steps_per_epoch + step_in_epoch
-            for group in optimizer.param_groups:
-                group["lr"] = group["initial_lr"] * lr_factor(step, total_steps, warmup_steps)
-            batch_images = batch_images.to(device, non_blocking=True)
-            index = index.to(device, non_blocking=True)
-            batch = Batch(
-                images=to_float(batch_images),
-                views=[augment(batch_images, generator), augment(batch_images, generator)],
-                index=index,
-                pseudo_labels=pseudo_labels[index] if pseudo_labels is not None else None,
-            )
-            with autocast():
-                outputs = model(batch)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(outputs["loss"]).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            method.on_train_step_end(step + 1, total_steps)
-            clock.first_step_done()
-            for key, value in outputs.items():
-                # Summed as tensors: converting every step would sync the GPU every step.
-                sums[key] = sums.get(key, 0.0) + value.detach().float()
-            unchecked.append(outputs["loss"].detach())
-            if len(unchecked) == FINITE_CHECK_EVERY or step_in_epoch == steps_per_epoch - 1:
-                _check_finite(unchecked, step - len(unchecked) + 1, inputs.stage, epoch, device)
-                unchecked = []
-            seen += len(index)
-        epoch_seconds = time.perf_counter() - started
-        completed = epoch + 1
-        last = completed == config.train.epochs
+            model.train()
+            sums: dict[str, torch.Tensor] = {}
+            unchecked: list[torch.Tensor] = []
+            started = time.perf_counter()
+            seen = 0
+            for step_in_epoch, (batch_images, index) in enumerate(loader):
+                step = epoch * steps_per_epoch + step_in_epoch
+                factor = 1.0 if phase.lr is not None else lr_factor(step, total_steps,
+                                                                     warmup_steps)
+                for group in optimizer.param_groups:
+                    group["lr"] = group["initial_lr"] * factor
+                batch_images = batch_images.to(device, non_blocking=True)
+                index = index.to(device, non_blocking=True)
+                views = ([augment(batch_images, generator), augment(batch_images, generator)]
+                         if phase.augment else [])
+                batch = Batch(
+                    images=to_float(batch_images),
+                    views=views,
+                    index=index,
+                    pseudo_labels=pseudo_labels[index] if pseudo_labels is not None else None,
+                )
+                with autocast():
+                    outputs = model(batch)
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(outputs["loss"]).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                method.on_train_step_end(step + 1, total_steps)
+                clock.first_step_done()
+                for key, value in outputs.items():
+                    # Summed as tensors: converting every step would sync the GPU every step.
+                    sums[key] = sums.get(key, 0.0) + value.detach().float()
+                unchecked.append(outputs["loss"].detach())
+                if len(unchecked) == FINITE_CHECK_EVERY or step_in_epoch == steps_per_epoch - 1:
+                    _check_finite(unchecked, step - len(unchecked) + 1, inputs.stage, epoch,
+                                  device)
+                    unchecked = []
+                seen += len(index)
+            epoch_seconds = time.perf_counter() - started
+            completed = epoch + 1
+            last = completed == epochs and phase_index == len(phases) - 1
 
-        metrics = {f"train/{key}": float(value) / steps_per_epoch for key, value in sums.items()}
-        metrics.update({
-            "train/lr": optimizer.param_groups[0]["lr"],
-            "train/images_per_second": seen * world / max(epoch_seconds, 1e-9),
-            "stage": inputs.stage,
-            "epoch": completed,
-            # The MLflow step: stable across restarts, so a replayed epoch is logged once.
-            "global_epoch": inputs.stage * config.train.epochs + completed,
-            "resumed_from_epoch": start_epoch,
-        })
-        if isinstance(batch_sampler, PseudoLabelBatchSampler):
-            # How the pseudo-label groups filled batches: pure vs pooled leftovers vs dropped.
-            metrics.update({f"train/sampler_{key}": float(value)
-                            for key, value in batch_sampler.stats().items()})
-        if config.num_stages > 1:
-            metrics = {**metrics, **{f"stage{inputs.stage}/{key}": value
-                                     for key, value in metrics.items() if "/" in key}}
+            metrics = {f"train/{key}": float(value) / steps_per_epoch
+                       for key, value in sums.items()}
+            metrics.update({
+                "train/lr": optimizer.param_groups[0]["lr"],
+                "train/images_per_second": seen * world / max(epoch_seconds, 1e-9),
+                "stage": inputs.stage,
+                "epoch": completed,
+                # The MLflow step: stable across restarts, so a replayed epoch is logged once.
+                "global_epoch": inputs.stage * stage_epochs(config) + offset + completed,
+                "resumed_from_epoch": start_epoch,
+            })
+            if len(phases) > 1:
+                metrics["phase"] = phase.name
+            if isinstance(batch_sampler, PseudoLabelBatchSampler):
+                # How the pseudo-label groups filled batches: pure vs pooled leftovers vs dropped.
+                metrics.update({f"train/sampler_{key}": float(value)
+                                for key, value in batch_sampler.stats().items()})
+            if config.num_stages > 1:
+                metrics = {**metrics, **{f"stage{inputs.stage}/{key}": value
+                                         for key, value in metrics.items() if "/" in key}}
 
-        every = config.eval.every_n_epochs
-        features: Features = {}
-        diagnostics = None
-        if last or (every and completed % every == 0):
-            features, evaluation, diagnostics = _evaluate(config, data, transfer_sets, inputs,
-                                                          method, session, last)
-            metrics.update(evaluation)
-        metrics.update(clock.pop_metrics())
-        metrics["perf/peak_rss_mb"] = _peak_rss_mb()
+            every = config.eval.every_n_epochs
+            features = {}
+            diagnostics = None
+            if last or (phase.evaluate and every and completed % every == 0):
+                features, evaluation, diagnostics = _evaluate(config, data, transfer_sets,
+                                                              inputs, method, session, last)
+                metrics.update(evaluation)
+            metrics.update(clock.pop_metrics())
+            metrics["perf/peak_rss_mb"] = _peak_rss_mb()
 
-        checkpoint_dir = None
-        if rank == 0 and (last or completed % config.train.checkpoint_every == 0):
-            checkpoint_dir = tempfile.mkdtemp(prefix="raycl-ckpt-")
-            progress = {"stage": inputs.stage, "epoch": completed, "stage_complete": last}
-            _write_checkpoint(Path(checkpoint_dir), method, optimizer, scaler, progress, inputs,
-                              features if last else None, metrics, diagnostics)
-        session.report(metrics, checkpoint_dir)
-        _maybe_inject_fault(loop_config, inputs.stage, completed,
-                            isinstance(session, InProcessSession))
+            checkpoint_dir = None
+            if rank == 0 and (last or completed == epochs
+                              or completed % config.train.checkpoint_every == 0):
+                checkpoint_dir = tempfile.mkdtemp(prefix="raycl-ckpt-")
+                # A phase's last epoch is checkpointed as the next phase's epoch 0, so a
+                # restart there does not redo the phase.
+                at = ((phases[phase_index + 1].name, 0)
+                      if completed == epochs and not last else (phase.name, completed))
+                progress = {"stage": inputs.stage, "phase": at[0], "epoch": at[1],
+                            "stage_complete": last}
+                _write_checkpoint(Path(checkpoint_dir), method, optimizer, scaler, progress,
+                                  inputs, features if last else None, metrics, diagnostics)
+            session.report(metrics, checkpoint_dir)
+            _maybe_inject_fault(loop_config, inputs.stage, offset + completed,
+                                isinstance(session, InProcessSession))
+        start_epoch = 0
     return features, metrics
 
 
@@ -703,8 +768,29 @@ def _evaluate(
             diag_metrics, diagnostics = representation_diagnostics(
                 result, data.test.labels[data.attributes[0]], projections)
             metrics.update(diag_metrics)
+            diagnostics.update(_method_diagnostics(config, data, method, device))
         metrics["perf/eval_seconds"] = time.perf_counter() - started
     return features, metrics, diagnostics
+
+
+def _method_diagnostics(
+    config: CoreConfig, data: DatasetSplits, method: Method, device: torch.device
+) -> dict[str, np.ndarray]:
+    """The method's picture arrays (:meth:`Method.diagnostic_arrays`) on the first test images,
+    with two augmented views each, the model in eval mode."""
+    images = torch.from_numpy(data.test.images[:DIAGNOSTIC_IMAGES]).to(device)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(config.seed)
+    augment = BatchAugment(config.augment)
+    batch = Batch(images=to_float(images),
+                  views=[augment(images, generator), augment(images, generator)],
+                  index=torch.arange(len(images), device=device))
+    was_training = method.training
+    method.eval()
+    try:
+        return method.diagnostic_arrays(batch)
+    finally:
+        method.train(was_training)
 
 
 def _maybe_inject_fault(

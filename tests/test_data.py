@@ -394,3 +394,188 @@ def test_image_folder_errors_name_the_path(tmp_path: Path) -> None:
     (tmp_path / "broken" / "cls" / "b.png").write_bytes(b"garbage")
     with pytest.raises(ValueError, match=r"cannot read image .*b\.png"):
         load_image_folder(str(tmp_path / "broken"), resolution=8)
+
+
+# --- image folders in the train/test layout (CUB-200, Stanford Cars, FGVC-Aircraft) ----------
+
+# Class name -> colour; every image of a class has it, so a label can be checked by its pixels.
+_COLOURS = {"albatross": (255, 0, 0), "bunting": (0, 255, 0), "cardinal": (0, 0, 255)}
+
+
+def _make_train_test_folder(root: Path, train: dict[str, int], test: dict[str, int]) -> None:
+    """root/train/<class>/<i>.png and root/test/<class>/<i>.png, 8x8 in the class colour."""
+    for offset, (half, counts) in enumerate((("train", train), ("test", test))):
+        for name, count in counts.items():
+            for i in range(count):
+                # A grey corner, its level unique per half and image, makes every image distinct.
+                array = np.full((8, 8, 3), _COLOURS[name])
+                array[:2, :2] = 20 * i + 10 * offset
+                _write_image(root / half / name / f"{i:02d}.png", array)
+
+
+def _class_of_pixels(images: np.ndarray) -> list[int]:
+    """Class index (sorted names) of each image, read from its centre pixel's colour."""
+    names = sorted(_COLOURS)
+    by_colour = {_COLOURS[name]: index for index, name in enumerate(names)}
+    return [by_colour[tuple(int(v) for v in image[:, 4, 4])] for image in images]
+
+
+def test_train_test_folder_keeps_the_shipped_test_split(tmp_path: Path) -> None:
+    from raycl.data.folders import list_image_files, load_square_rgb
+
+    root = tmp_path / "cub"
+    # cardinal has no test images: allowed (its index still follows the sorted union).
+    _make_train_test_folder(root, train={"albatross": 4, "bunting": 8, "cardinal": 4},
+                            test={"albatross": 2, "bunting": 3})
+    cfg = data_cfg(tmp_path / "cache", dataset="folder", root=str(root), resolution=8,
+                   val_fraction=0.25, test_fraction=0.5, layout="auto")
+    splits = load_dataset(cfg, seed=0)
+    # Test is exactly test/, image for image and in order; test_fraction plays no part.
+    test_files = list_image_files(root / "test")
+    expected = np.stack([load_square_rgb(path, 8) for path, _ in test_files])
+    np.testing.assert_array_equal(splits.test.images, expected)
+    np.testing.assert_array_equal(splits.test.labels["class"], [0, 0, 1, 1, 1])
+    # Validation is a stratified 25 % of train/ (1, 2, 1), the rest is train.
+    np.testing.assert_array_equal(np.bincount(splits.val.labels["class"]), [1, 2, 1])
+    np.testing.assert_array_equal(np.bincount(splits.train.labels["class"]), [3, 6, 3])
+    # One class index means one class in every split (the pixels carry the truth).
+    for name in ("train", "val", "test"):
+        part = splits.split(name)
+        assert _class_of_pixels(part.images) == part.labels["class"].tolist()
+    # No test image leaks into train or validation.
+    test_rows = {image.tobytes() for image in splits.test.images}
+    assert not test_rows & {image.tobytes() for image in splits.train.images}
+    assert not test_rows & {image.tobytes() for image in splits.val.images}
+    assert splits.num_classes == {"class": 3} and splits.channels == 3
+    # The sizes a config check computes without reading images are the loaded ones.
+    assert split_sizes_for(cfg) == {name: len(splits.split(name).images)
+                                    for name in ("train", "val", "test")}
+    assert class_counts(cfg) == [6, 11, 4]
+    # The validation share follows the seed; the test split does not.
+    other = load_dataset(cfg, seed=1)
+    np.testing.assert_array_equal(other.test.images, splits.test.images)
+    assert {i.tobytes() for i in other.val.images} != {i.tobytes() for i in splits.val.images}
+
+
+def test_train_test_layout_is_detected_or_forced(tmp_path: Path) -> None:
+    from raycl.data.folders import resolve_layout
+
+    split_root = tmp_path / "split"
+    _make_train_test_folder(split_root, {"albatross": 2}, {"albatross": 1})
+    flat_root = tmp_path / "flat"
+    _make_folder(flat_root)
+    # A flat dataset whose classes are called train and test holds images in them directly.
+    vehicles = tmp_path / "vehicles"
+    for name in ("train", "test", "bus"):
+        _write_image(vehicles / name / "a.png", np.zeros((8, 8, 3)))
+    assert resolve_layout(split_root) == "train_test"
+    assert resolve_layout(flat_root) == "flat"
+    assert resolve_layout(vehicles) == "flat"
+    assert resolve_layout(split_root, "flat") == "flat"
+    assert resolve_layout(split_root, "train_test") == "train_test"
+    flat = load_dataset(data_cfg(tmp_path / "cache", dataset="folder", root=str(vehicles),
+                                 resolution=8, test_fraction=0.3), seed=0)
+    assert flat.num_classes == {"class": 3}
+
+
+def test_train_test_folder_errors_name_the_folder(tmp_path: Path) -> None:
+    from raycl.data.folders import list_folder
+
+    only_train = tmp_path / "only_train"
+    _make_train_test_folder(only_train, {"albatross": 2}, {})
+    with pytest.raises(FileNotFoundError, match=r"only_train/test/ does not exist"):
+        list_folder(only_train, "train_test")
+    with pytest.raises(ValueError, match=r"only_train has train/<class>/ but no "
+                                         r"test/<class>/.*data\.layout: flat"):
+        list_folder(only_train, "auto")
+    test_only_class = tmp_path / "test_only"
+    _make_train_test_folder(test_only_class, {"albatross": 2}, {"albatross": 1, "bunting": 1})
+    with pytest.raises(ValueError, match=r"'bunting' of .*test_only/test have no images in "
+                                         r".*test_only/train: a probe"):
+        list_folder(test_only_class)
+    with_val = tmp_path / "with_val"
+    _make_train_test_folder(with_val, {"albatross": 2}, {"albatross": 1})
+    _write_image(with_val / "val" / "albatross" / "a.png", np.zeros((8, 8, 3)))
+    with pytest.raises(ValueError, match=r"with_val/val/ is not read"):
+        list_folder(with_val)
+    empty_test = tmp_path / "empty_test"
+    _make_train_test_folder(empty_test, {"albatross": 2}, {})
+    (empty_test / "test").mkdir()
+    with pytest.raises(ValueError, match=r"no images in .*empty_test/test"):
+        list_folder(empty_test, "train_test")
+    with pytest.raises(ValueError, match="unknown folder layout"):
+        list_folder(with_val, "nested")
+
+
+def test_train_test_cache_fingerprints_both_halves(tmp_path: Path, monkeypatch) -> None:
+    from raycl.data import folders
+
+    root = tmp_path / "cub"
+    _make_train_test_folder(root, {"albatross": 3, "bunting": 3}, {"albatross": 1, "bunting": 1})
+    cfg = data_cfg(tmp_path / "cache", dataset="folder", root=str(root), resolution=8,
+                   val_fraction=0.3)
+    first = load_dataset(cfg, seed=0)
+    real = folders.load_image_folder
+    calls = []
+    monkeypatch.setattr(folders, "load_image_folder",
+                        lambda *args, **kwargs: calls.append(args) or real(*args, **kwargs))
+    again = load_dataset(cfg, seed=0)
+    assert not calls, "an unchanged folder comes from the cache, test/ still marked"
+    np.testing.assert_array_equal(again.test.images, first.test.images)
+    np.testing.assert_array_equal(again.train.labels["class"], first.train.labels["class"])
+    # A new test image, or an image moved from test/ to train/, is a new cache entry.
+    _write_image(root / "test" / "bunting" / "new.png", np.full((8, 8, 3), (0, 255, 0)))
+    assert len(load_dataset(cfg, seed=0).test.images) == 3 and len(calls) == 1
+    (root / "test" / "bunting" / "new.png").rename(root / "train" / "bunting" / "new.png")
+    moved = load_dataset(cfg, seed=0)
+    assert len(moved.test.images) == 2 and len(calls) == 2
+    assert len(moved.train.images) + len(moved.val.images) == 7
+
+
+def test_transfer_style_config_without_layout_key_uses_the_test_folder(tmp_path: Path) -> None:
+    """eval.transfer builds a namespace without layout and with val_fraction 0: auto applies."""
+    root = tmp_path / "cub"
+    _make_train_test_folder(root, {"albatross": 3, "bunting": 2}, {"albatross": 1, "bunting": 2})
+    cfg = data_cfg(tmp_path / "cache", dataset="folder", root=str(root), resolution=8,
+                   val_fraction=0.0, test_fraction=0.3)
+    splits = load_dataset(cfg, seed=0)
+    assert (len(splits.train.images), len(splits.val.images), len(splits.test.images)) == (5, 0, 3)
+
+
+def test_config_validation_knows_the_train_test_layout(tmp_path: Path) -> None:
+    from test_config import error_of, write  # one-line ConfigError of a YAML in tmp_path
+
+    from raycl.config import load_search
+
+    root = tmp_path / "cub"
+    _make_train_test_folder(root, {"albatross": 8, "bunting": 8}, {"albatross": 2, "bunting": 2})
+    text = f"""
+    name: t
+    data: {{dataset: folder, root: {root}, resolution: 8, val_fraction: 0.25}}
+    train: {{epochs: 1, batch_size: BATCH}}
+    tune: {{num_samples: 1}}
+    """
+    config = load_search(write(tmp_path, text.replace("BATCH", "12")))
+    assert config.data.layout == "auto"
+    # The training split is train/ less its validation share: 16 - 4 = 12 images.
+    assert "exceeds the training split (12 samples)" in error_of(tmp_path,
+                                                                 text.replace("BATCH", "13"))
+    # Forced flat, the train/ and test/ folders hold no images of their own.
+    assert ": data.root: no images in" in error_of(
+        tmp_path, text.replace("BATCH", "12").replace("val_fraction", "layout: flat, val_fraction"))
+    (root / "test" / "bunting").rename(tmp_path / "aside")
+    (root / "test" / "albatross").rename(root / "test" / "cardinal")
+    _write_image(root / "test" / "cardinal" / "extra.png", np.zeros((8, 8, 3)))
+    assert error_of(tmp_path, text.replace("BATCH", "12")).endswith(
+        f"search.yaml: data.root: class folder(s) 'cardinal' of {root}/test have no images in "
+        f"{root}/train: a probe fit on train cannot predict them")
+    for child in (root / "test").rglob("*.png"):
+        child.unlink()
+    for child in sorted((root / "test").iterdir()):
+        child.rmdir()
+    (root / "test").rmdir()
+    forced = text.replace("BATCH", "12").replace("val_fraction", "layout: train_test, val_fraction")
+    assert error_of(tmp_path, forced).endswith(
+        f"search.yaml: data.root: layout train_test needs {root}/train/ and {root}/test/, but "
+        f"{root}/test/ does not exist")
+    assert "data.layout: flat" in error_of(tmp_path, text.replace("BATCH", "12"))

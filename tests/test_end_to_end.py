@@ -171,6 +171,31 @@ def test_empty_space_runs_seed_repeats(ray_session, data_cache, tmp_path) -> Non
     assert all(child.data.tags["raycl.ended"] == "completed" for child in children)
 
 
+def test_fgvr_trial_pretrains_its_decoder_then_logs_retrieval_and_pictures(
+    ray_session, data_cache, tmp_path
+) -> None:
+    """searches/fgvr_eps.yaml, shortened: the decoder phase's epochs are logged (without
+    evaluation) before the joint ones, the trial counts as completed, and MLflow gets the
+    retrieval metrics, the few-label probes and the reconstruction pictures."""
+    config = tiny_config(tmp_path, "fgvr_eps.yaml", "train.epochs=1", "fgvr.decoder_epochs=1",
+                         "fgvr.memory_size=64", "mocov2.queue_size=128", "tune.num_samples=1",
+                         "tune.search_space={}", "name=e2e-fgvr")
+    assert config.max_reports() == 2
+    build_tuner(config, None).fit()
+    client, _, children = runs_of(tmp_path, "e2e-fgvr")
+    (child,) = children
+    assert child.data.tags["raycl.ended"] == "completed"
+    losses = client.get_metric_history(child.info.run_id, "train/reconstruction_loss")
+    assert [m.step for m in losses] == [1, 2]
+    assert [m.step for m in client.get_metric_history(child.info.run_id, "val/linear/mean")] == [2]
+    for key in ("val/retrieval/rank1", "val/retrieval/rank5", "val/retrieval/map",
+                "test/retrieval/map", "val/linear_50pct/mean", "test/linear_20pct/mean",
+                "train/pair_loss"):
+        assert key in child.data.metrics, key
+    pictures = {a.path for a in client.list_artifacts(child.info.run_id, "diagnostics")}
+    assert {"diagnostics/fgvr_triples.png", "diagnostics/fgvr_scores.png"} <= pictures
+
+
 def test_mcl_trial_logs_every_stage_and_ami(
     ray_session, data_cache, tmp_path, capsys, monkeypatch
 ) -> None:

@@ -5,9 +5,11 @@ attributes of `cfg` (a `DataConfig` or anything with the same field names):
 
 - dataset: one of DATASETS
 - resolution: image side in pixels
-- samples_per_combination (trifeature), num_samples (mnist_fashion), root (folder)
+- samples_per_combination (trifeature), num_samples (mnist_fashion), root and layout (folder;
+  ``layout`` may be absent: "auto")
 - val_fraction, test_fraction: share of each class (of the first attribute) held out for
-  validation (model selection) and for the final test
+  validation (model selection) and for the final test. A folder in the train/test layout ships
+  its test split (root/test/): test_fraction is ignored and validation is carved from train/.
 - cache_dir: where the generated arrays are kept (None -> $RAYCL_CACHE or ~/.cache/raycl)
 
 The full image set is cached as one .npz named by a hash of everything that changes its
@@ -42,6 +44,8 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     **{name: tuple(classes) for name, classes in _FIXED_NUM_CLASSES.items()},
     "folder": ("class",),
 }
+# Image channels of each dataset (what the encoder's first layer takes).
+CHANNELS: dict[str, int] = {"trifeature": 3, "mnist_fashion": 2, "digits": 1, "folder": 3}
 
 
 @dataclass
@@ -51,10 +55,13 @@ class ImageSet:
     Attributes:
         images: uint8 array (N, C, H, W).
         labels: attribute name -> int64 array (N,), e.g. {"shape", "texture", "color"}.
+        test_mask: bool array (N,) marking a test split the source ships (a folder's test/),
+            or None when the test split is drawn by ``test_fraction``.
     """
 
     images: np.ndarray
     labels: dict[str, np.ndarray]
+    test_mask: np.ndarray | None = None
 
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
@@ -89,7 +96,8 @@ DATASETS: dict[str, str] = {
     "mnist_fashion": "MNIST digit (channel 0) + independent Fashion-MNIST garment (channel 1); "
     "attributes digit, garment; needs Debian package dataset-fashion-mnist",
     "digits": "scikit-learn 8x8 digits (1 797 images), 1 channel; attribute digit",
-    "folder": "ImageFolder layout root/<class>/*.png|jpg, RGB; attribute class; needs root",
+    "folder": "ImageFolder layout root/<class>/*.png|jpg, or root/train/<class>/ and "
+    "root/test/<class>/ (the shipped test split), RGB; attribute class; needs root",
 }
 
 
@@ -117,10 +125,14 @@ def _content_key(cfg: Any, seed: int) -> dict[str, Any]:
     elif name == "digits":
         key.update(seed=int(seed))
     elif name == "folder":
-        from raycl.data.folders import folder_fingerprint
+        from raycl.data.folders import folder_fingerprint, resolve_layout
 
         root = _folder_root(cfg)
-        key.update(root=str(Path(root).resolve()), files=folder_fingerprint(root))
+        layout = resolve_layout(root, _folder_layout(cfg))
+        key.update(root=str(Path(root).resolve()), files=folder_fingerprint(root, layout))
+        if layout != "flat":
+            # Added only here: flat keys stay as they were, so existing caches remain valid.
+            key.update(layout=layout)
     return key
 
 
@@ -128,6 +140,11 @@ def _folder_root(cfg: Any) -> str:
     if not cfg.root:
         raise ValueError("dataset 'folder' needs data.root (the ImageFolder directory)")
     return str(cfg.root)
+
+
+def _folder_layout(cfg: Any) -> str:
+    """``cfg.layout``; "auto" for config-like objects without it (transfer entries)."""
+    return str(getattr(cfg, "layout", None) or "auto")
 
 
 def _build_image_set(cfg: Any, seed: int) -> ImageSet:
@@ -148,7 +165,7 @@ def _build_image_set(cfg: Any, seed: int) -> ImageSet:
     if name == "folder":
         from raycl.data import folders
 
-        return folders.load_image_folder(_folder_root(cfg), cfg.resolution)
+        return folders.load_image_folder(_folder_root(cfg), cfg.resolution, _folder_layout(cfg))
     raise ValueError(f"unknown dataset {name!r}; choose one of:\n{describe_datasets()}")
 
 
@@ -161,6 +178,8 @@ def _save_atomically(path: Path, image_set: ImageSet) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {f"label_{name}": values for name, values in image_set.labels.items()}
     arrays["attributes"] = np.array(list(image_set.labels))
+    if image_set.test_mask is not None:
+        arrays["test_mask"] = image_set.test_mask
     handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as tmp_file:
@@ -177,7 +196,8 @@ def _load_cached(path: Path) -> ImageSet | None:
         with np.load(path, allow_pickle=False) as archive:
             attributes = [str(name) for name in archive["attributes"]]
             labels = {name: archive[f"label_{name}"] for name in attributes}
-            return ImageSet(images=archive["images"], labels=labels)
+            test_mask = archive["test_mask"] if "test_mask" in archive.files else None
+            return ImageSet(images=archive["images"], labels=labels, test_mask=test_mask)
     except (OSError, KeyError, ValueError, zipfile.BadZipFile):
         return None
 
@@ -190,7 +210,8 @@ def load_image_set(cfg: Any, seed: int) -> ImageSet:
         seed: seeds generation and subsampling (ignored by "folder").
 
     Returns:
-        ImageSet with all images of the dataset.
+        ImageSet with all images of the dataset (both halves of a train/test folder, the test
+        ones marked by ``test_mask``).
     """
     if cfg.dataset not in DATASETS:
         raise ValueError(
@@ -279,6 +300,33 @@ def stratified_split(
     return train_indices, val_indices, test_indices
 
 
+def carve_validation(
+    labels: np.ndarray, val_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Take a stratified validation share out of a training set whose test split is given.
+
+    Args:
+        labels: int array (N,) of class labels of the training images.
+        val_fraction: share of each class moved to validation, in [0, 1).
+        seed: seeds the choice of validation samples.
+
+    Returns:
+        (train_indices, val_indices), sorted, disjoint, covering range(N). A class always keeps
+        at least one training sample; per-class counts round as in :func:`stratified_split`.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    rng = np.random.default_rng(seed)
+    val_parts = [np.zeros(0, np.int64)]
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        val_count, _ = _class_split_counts(len(members), val_fraction, 0.0)
+        val_parts.append(members[:val_count])
+    val_indices = np.sort(np.concatenate(val_parts)).astype(np.int64)
+    train_indices = np.setdiff1d(np.arange(len(labels)), val_indices).astype(np.int64)
+    return train_indices, val_indices
+
+
 def stratified_subset(labels: np.ndarray, count: int, seed: int) -> np.ndarray:
     """``count`` indices whose class proportions follow ``labels`` (largest remainders).
 
@@ -312,7 +360,8 @@ def stratified_subset(labels: np.ndarray, count: int, seed: int) -> np.ndarray:
 def class_counts(cfg: Any) -> list[int]:
     """Samples per class of the stratifying (first) attribute, known without loading images.
 
-    Generated and packaged sets know their counts from the config; a folder is listed.
+    Generated and packaged sets know their counts from the config; a folder is listed (both
+    halves together in the train/test layout: :func:`split_sizes_for` tells them apart).
     """
     name = cfg.dataset
     if name == "trifeature":
@@ -329,22 +378,43 @@ def class_counts(cfg: Any) -> list[int]:
 
         return np.bincount(load_digits().target).tolist()
     if name == "folder":
-        from collections import Counter
+        from raycl.data.folders import folder_class_counts
 
-        from raycl.data.folders import list_image_files
-
-        return list(Counter(label for _, label in list_image_files(_folder_root(cfg))).values())
+        parts = folder_class_counts(_folder_root(cfg), _folder_layout(cfg))
+        return [sum(counts) for counts in zip(*parts.values(), strict=True)]
     raise ValueError(f"unknown dataset {name!r}; choose one of:\n{describe_datasets()}")
 
 
 def split_sizes_for(cfg: Any) -> dict[str, int]:
     """Exact train/val/test sizes :func:`load_dataset` will produce for this config."""
+    if cfg.dataset == "folder":
+        from raycl.data.folders import folder_class_counts
+
+        parts = folder_class_counts(_folder_root(cfg), _folder_layout(cfg))
+        if "test" in parts:
+            # The shipped test split is whole; validation comes out of train/ (carve_validation).
+            val = sum(_class_split_counts(count, float(cfg.val_fraction), 0.0)[0]
+                      for count in parts["train"])
+            return {"train": sum(parts["train"]) - val, "val": val, "test": sum(parts["test"])}
     return split_sizes(class_counts(cfg), float(cfg.val_fraction), float(cfg.test_fraction))
 
 
 def _subset(image_set: ImageSet, indices: np.ndarray) -> ImageSet:
     return ImageSet(images=image_set.images[indices],
                     labels={name: values[indices] for name, values in image_set.labels.items()})
+
+
+def _split_indices(
+    image_set: ImageSet, stratify: np.ndarray, cfg: Any, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(train, val, test) indices: by fractions, or around the test split the source ships."""
+    if image_set.test_mask is None:
+        return stratified_split(stratify, float(cfg.test_fraction), seed,
+                                val_fraction=float(cfg.val_fraction))
+    pool = np.flatnonzero(~image_set.test_mask)
+    train_of_pool, val_of_pool = carve_validation(stratify[pool], float(cfg.val_fraction), seed)
+    return (pool[train_of_pool], pool[val_of_pool],
+            np.flatnonzero(image_set.test_mask).astype(np.int64))
 
 
 def load_dataset(cfg: Any, seed: int) -> DatasetSplits:
@@ -355,14 +425,14 @@ def load_dataset(cfg: Any, seed: int) -> DatasetSplits:
         seed: seeds generation, subsampling and the split; same seed -> same splits.
 
     Returns:
-        DatasetSplits; the split is stratified on the first attribute.
+        DatasetSplits; the split is stratified on the first attribute. A folder in the
+        train/test layout keeps its test/ images as the test split and carves validation
+        from train/.
     """
     image_set = load_image_set(cfg, seed)
     attributes = list(image_set.labels)
-    train_indices, val_indices, test_indices = stratified_split(
-        image_set.labels[attributes[0]], float(cfg.test_fraction), seed,
-        val_fraction=float(cfg.val_fraction),
-    )
+    train_indices, val_indices, test_indices = _split_indices(
+        image_set, image_set.labels[attributes[0]], cfg, seed)
     return DatasetSplits(
         name=cfg.dataset,
         train=_subset(image_set, train_indices),

@@ -1,9 +1,18 @@
 """Images from a folder a user points at, in the torchvision ImageFolder layout.
 
-    root/<class name>/<image>.png|jpg|jpeg|bmp|webp
+Two layouts (``data.layout``):
 
-This is how data that cannot be shipped (CIFAR, CUB, Cars, ImageNet subsets) comes in. Class
-indices follow the sorted names of the class folders that contain at least one image.
+    flat:        root/<class name>/<image>.png|jpg|jpeg|bmp|webp
+                 one pool, split into train/val/test by data.val_fraction and data.test_fraction
+    train_test:  root/train/<class name>/<image>   root/test/<class name>/<image>
+                 the split the dataset ships (CUB-200, Stanford Cars, FGVC-Aircraft): test is
+                 exactly test/, validation is a stratified data.val_fraction share of train/
+
+``auto`` (the default) picks train_test when root/train/ and root/test/ both hold class folders
+(and no images of their own), flat otherwise. Class indices follow the sorted names of the class
+folders that contain at least one image; in the train_test layout they are the sorted union of
+both halves' class names, so an index means the same class in train and test. A class with test
+images but no training images is an error: a probe fit on train could never predict it.
 """
 
 from __future__ import annotations
@@ -16,9 +25,21 @@ from PIL import Image
 from raycl.data import ImageSet
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".webp"})
+LAYOUTS: tuple[str, ...] = ("auto", "flat", "train_test")
+# The halves of the train_test layout, in the order their images are stacked.
+HALVES: tuple[str, ...] = ("train", "test")
+# Folders a train_test root may not hold: a shipped validation split would be silently ignored.
+_VALIDATION_DIRS: tuple[str, ...] = ("val", "valid", "validation")
+
+# (image path, class name) pairs, per part: "all" (flat) or "train" and "test" (train_test).
+FileList = list[tuple[Path, str]]
 
 
-def list_image_files(root: str | Path) -> list[tuple[Path, str]]:
+def _is_image(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES
+
+
+def list_image_files(root: str | Path) -> FileList:
     """All (image path, class name) pairs under root, sorted by class then file name.
 
     Raises:
@@ -32,7 +53,7 @@ def list_image_files(root: str | Path) -> list[tuple[Path, str]]:
         (path, class_dir.name)
         for class_dir in sorted(p for p in root_path.iterdir() if p.is_dir())
         for path in sorted(class_dir.iterdir())
-        if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES
+        if _is_image(path)
     ]
     if not files:
         raise ValueError(
@@ -42,14 +63,133 @@ def list_image_files(root: str | Path) -> list[tuple[Path, str]]:
     return files
 
 
-def folder_fingerprint(root: str | Path) -> list[list[str | int]]:
-    """(relative path, size, mtime in ns) of every image: changes whenever the content may."""
+def _holds_class_folders(path: Path) -> bool:
+    """Whether ``path`` looks like one half of a train/test split: sub-folders, no own images.
+
+    A flat dataset may have a class called "train" or "test"; its folder holds images directly.
+    """
+    if not path.is_dir():
+        return False
+    children = list(path.iterdir())
+    return any(child.is_dir() for child in children) and not any(map(_is_image, children))
+
+
+def resolve_layout(root: str | Path, layout: str = "auto") -> str:
+    """The layout ``root`` is read in: "flat" or "train_test".
+
+    Args:
+        root: the dataset directory (data.root).
+        layout: "auto", "flat" or "train_test" (data.layout).
+
+    Returns:
+        "flat" or "train_test".
+
+    Raises:
+        FileNotFoundError: root does not exist, or train_test is asked for and a half is missing.
+        ValueError: an unknown layout, auto finds only one half, or a train_test root also holds
+            a validation folder (which would be ignored).
+    """
+    root_path = Path(root)
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown folder layout {layout!r}; layouts: {', '.join(LAYOUTS)}")
+    if not root_path.is_dir():
+        raise FileNotFoundError(f"image folder {str(root_path)!r} does not exist")
+    if layout == "flat":
+        return "flat"
+    if layout == "train_test":
+        for half in HALVES:
+            if not (root_path / half).is_dir():
+                raise FileNotFoundError(
+                    f"layout train_test needs {root_path}/train/ and {root_path}/test/, but "
+                    f"{root_path / half}/ does not exist")
+    else:
+        split_halves = [half for half in HALVES if _holds_class_folders(root_path / half)]
+        if not split_halves:
+            return "flat"
+        if len(split_halves) == 1:
+            present = split_halves[0]
+            absent = next(half for half in HALVES if half != present)
+            raise ValueError(
+                f"{root_path} has {present}/<class>/ but no {absent}/<class>/: add "
+                f"{root_path / absent}/ for the train/test layout, or set data.layout: flat if "
+                f"{present!r} is a class")
+    for name in _VALIDATION_DIRS:
+        if (root_path / name).is_dir():
+            raise ValueError(
+                f"{root_path / name}/ is not read by the train/test layout (validation is "
+                f"carved from train/ by data.val_fraction): merge it into train/")
+    return "train_test"
+
+
+def list_folder(root: str | Path, layout: str = "auto") -> dict[str, FileList]:
+    """The images of a folder dataset, per part, with the train_test halves' classes checked.
+
+    Args:
+        root: the dataset directory.
+        layout: "auto", "flat" or "train_test".
+
+    Returns:
+        ``{"all": files}`` for the flat layout, ``{"train": files, "test": files}`` for
+        train_test; files as :func:`list_image_files` gives them.
+
+    Raises:
+        FileNotFoundError, ValueError: see :func:`resolve_layout` and :func:`list_image_files`;
+            also a class folder of test/ without images in train/.
+    """
+    root_path = Path(root)
+    if resolve_layout(root_path, layout) == "flat":
+        return {"all": list_image_files(root_path)}
+    parts = {half: list_image_files(root_path / half) for half in HALVES}
+    train_classes = {name for _, name in parts["train"]}
+    test_only = sorted({name for _, name in parts["test"]} - train_classes)
+    if test_only:
+        shown = ", ".join(repr(name) for name in test_only[:5])
+        more = f" (+{len(test_only) - 5} more)" if len(test_only) > 5 else ""
+        raise ValueError(
+            f"class folder(s) {shown}{more} of {root_path / 'test'} have no images in "
+            f"{root_path / 'train'}: a probe fit on train cannot predict them")
+    return parts
+
+
+def class_names(parts: dict[str, FileList]) -> list[str]:
+    """Sorted union of the class names of every part: index i is the same class everywhere."""
+    return sorted({name for files in parts.values() for _, name in files})
+
+
+def folder_class_counts(root: str | Path, layout: str = "auto") -> dict[str, list[int]]:
+    """Images per class (in class-index order) of each part, without reading any image.
+
+    Args:
+        root: the dataset directory.
+        layout: "auto", "flat" or "train_test".
+
+    Returns:
+        ``{part: counts}`` with the parts of :func:`list_folder`; a class a part lacks counts 0.
+    """
+    parts = list_folder(root, layout)
+    index = {name: i for i, name in enumerate(class_names(parts))}
+    counts: dict[str, list[int]] = {}
+    for part, files in parts.items():
+        part_counts = [0] * len(index)
+        for _, name in files:
+            part_counts[index[name]] += 1
+        counts[part] = part_counts
+    return counts
+
+
+def folder_fingerprint(root: str | Path, layout: str = "auto") -> list[list[str | int]]:
+    """(path relative to root, size, mtime in ns) of every image of every part.
+
+    Changes whenever the content may; in the train_test layout the paths start with train/ or
+    test/, so moving an image between the halves changes it too.
+    """
     root_path = Path(root)
     fingerprint: list[list[str | int]] = []
-    for path, _ in list_image_files(root_path):
-        stat = path.stat()
-        fingerprint.append([path.relative_to(root_path).as_posix(), stat.st_size,
-                            stat.st_mtime_ns])
+    for files in list_folder(root_path, layout).values():
+        for path, _ in files:
+            stat = path.stat()
+            fingerprint.append([path.relative_to(root_path).as_posix(), stat.st_size,
+                                stat.st_mtime_ns])
     return fingerprint
 
 
@@ -68,26 +208,33 @@ def load_square_rgb(path: Path, resolution: int) -> np.ndarray:
     return np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1)
 
 
-def load_image_folder(root: str, resolution: int) -> ImageSet:
+def load_image_folder(root: str, resolution: int, layout: str = "auto") -> ImageSet:
     """Load every image of an ImageFolder tree as RGB uint8 squares.
 
     Args:
-        root: directory with one sub-folder per class.
+        root: directory with one sub-folder per class (flat), or train/ and test/ that each
+            have one (train_test).
         resolution: side length of the output images.
+        layout: "auto", "flat" or "train_test" (see the module docstring).
 
     Returns:
         ImageSet with images (N, 3, resolution, resolution) and label "class" (index into the
-        sorted class-folder names).
+        sorted class names). In the train_test layout the train/ images come first and
+        ``test_mask`` marks the test/ ones.
 
     Raises:
-        FileNotFoundError: root does not exist.
-        ValueError: no images found, or resolution < 1.
+        FileNotFoundError: root (or, for train_test, one of its halves) does not exist.
+        ValueError: no images found, an unreadable image, a test-only class, or resolution < 1.
     """
     if resolution < 1:
         raise ValueError(f"resolution must be >= 1, got {resolution}")
-    files = list_image_files(root)
-    class_names = sorted({class_name for _, class_name in files})
-    class_index = {name: index for index, name in enumerate(class_names)}
+    parts = list_folder(root, layout)
+    class_index = {name: index for index, name in enumerate(class_names(parts))}
+    files = [entry for part_files in parts.values() for entry in part_files]
     images = np.stack([load_square_rgb(path, resolution) for path, _ in files])
     labels = np.array([class_index[class_name] for _, class_name in files], dtype=np.int64)
-    return ImageSet(images=images, labels={"class": labels})
+    test_mask = None
+    if "test" in parts:
+        test_mask = np.concatenate([np.full(len(part_files), part == "test")
+                                    for part, part_files in parts.items()])
+    return ImageSet(images=images, labels={"class": labels}, test_mask=test_mask)

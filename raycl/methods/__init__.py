@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from raycl.methods.base import Batch, Method
+from raycl.methods.base import Batch, Method, Phase
 from raycl.schema import Section
 
 if TYPE_CHECKING:
@@ -81,15 +81,43 @@ def build_method(cfg: CoreConfig, in_channels: int) -> Method:
     Raises:
         ValueError: if the (base) method name is not registered.
     """
+    return method_class(cfg).from_config(cfg, in_channels)
+
+
+def method_class(cfg: CoreConfig) -> type[Method]:
+    """The class of the (base) method ``cfg`` trains (MCL: ``mcl.base``)."""
     name = cfg.mcl.base if cfg.method == "mcl" else cfg.method
     if name not in METHODS:
         known = ", ".join(sorted(METHODS))
         context = " (MCL base method)" if cfg.method == "mcl" else ""
         raise ValueError(f"unknown method {name!r}{context}; known methods: {known}")
-    return METHODS[name].from_config(cfg, in_channels)
+    return METHODS[name]
+
+
+def stage_phases(cfg: CoreConfig) -> list[Phase]:
+    """The (base) method's training phases for ``cfg`` (:meth:`Method.phases`), checked.
+
+    Raises:
+        ValueError: if the last phase is not ``"train"`` over ``train.epochs``, or names repeat.
+    """
+    phases = method_class(cfg).phases(cfg)
+    names = [phase.name for phase in phases]
+    if not phases or phases[-1].name != "train" or phases[-1].epochs is not None:
+        raise ValueError(f"the last phase must be 'train' with train.epochs, got {phases}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"phase names repeat: {names}")
+    return phases
+
+
+def stage_epochs(cfg: CoreConfig) -> int:
+    """Epochs of one stage over all its phases: the reports one stage makes."""
+    return sum(cfg.train.epochs if phase.epochs is None else phase.epochs
+               for phase in stage_phases(cfg))
 
 
 # Imported for their @register side effect; must come after register() is defined.
-from raycl.methods import all4one, hscl, mocov2, nnclr, simclr, simsiam, spectral  # noqa: E402, F401
+from raycl.methods import all4one, hscl, mocov2, nnclr, simclr, simsiam, spectral  # noqa: E402, F401, I001
+from raycl.methods import fgvr  # noqa: E402, F401  (after its bases)
 
-__all__ = ["METHODS", "SECTIONS", "Batch", "Method", "build_method", "register"]
+__all__ = ["METHODS", "SECTIONS", "Batch", "Method", "Phase", "build_method", "method_class",
+           "register", "stage_epochs", "stage_phases"]

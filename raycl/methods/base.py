@@ -21,9 +21,16 @@ are what the planned methods need; keep them generic:
   evaluation (``val/nn_retrieval/<attribute>``). DDP does not re-broadcast queue buffers.
 - **Config checks across sections** (e.g. All4One's heads must divide ``model.projector_dim``)
   go in :meth:`Method.config_problems`, which the loader runs before anything is launched.
-- **Phases.** A method that trains in several phases (FGVR pre-trains its decoder before the
-  min-max stage) lists them in :meth:`Method.phases`; the trainer calls
-  :meth:`Method.set_phase` before each phase. The default is the single phase ``"train"``.
+- **Phases.** A method that trains in several phases (FGVR pre-trains its decoder on the frozen
+  encoder before joint training) lists them in :meth:`Method.phases`, each a :class:`Phase`
+  with its own epochs and optimizer; the loop calls :meth:`Method.set_phase` before each one,
+  builds that phase's optimizer from :meth:`Method.param_groups`, and checkpoints which phase
+  it is in, so a resumed trial continues in the right one. The last phase is ``"train"``
+  (``train.epochs``). The default is that phase alone.
+- **Pictures.** :meth:`Method.diagnostic_arrays` returns arrays computed on a batch of test
+  images at the end of a trial (FGVR's reconstruction triples);
+  :meth:`Method.plot_diagnostics` turns them into PNGs on the driver, logged to the trial's
+  MLflow run.
 - **Multi-modal batches.** Image-text methods (MCL on CLIP) subclass :class:`Batch` and add a
   ``texts`` field; everything else stays the same.
 - **MCL** is not a method: it wraps a base method and supplies ``Batch.pseudo_labels``. A
@@ -34,8 +41,10 @@ are what the planned methods need; keep them generic:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+import numpy as np
 from torch import Tensor, nn
 
 from raycl.distributed import gather_no_grad
@@ -70,6 +79,33 @@ class Batch:
         if self.pseudo_labels is None:
             return None
         return same_label_mask(self.pseudo_labels, gather_no_grad(self.pseudo_labels))
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One training phase of a method.
+
+    Attributes:
+        name: what :meth:`Method.set_phase` is called with; the last phase is ``"train"``.
+        epochs: epochs of the phase (None: ``train.epochs``).
+        optimizer: the phase's optimizer (None: ``train.optimizer``).
+        lr: a constant learning rate for the phase (None: ``train.lr`` with the warmup-cosine
+            schedule over the phase's own steps).
+        augment: whether the phase's batches need augmented views (False: ``Batch.views`` is
+            empty and only the clean images are prepared).
+        evaluate: whether the phase's epochs are evaluated (a phase that leaves the encoder
+            unchanged need not be).
+    """
+
+    name: str
+    epochs: int | None = None
+    optimizer: Literal["adamw", "sgd"] | None = None
+    lr: float | None = None
+    augment: bool = True
+    evaluate: bool = True
+
+
+TRAIN_PHASE = Phase("train")
 
 
 class Method(nn.Module):
@@ -147,21 +183,40 @@ class Method(nn.Module):
             total_steps: total number of optimizer steps of the run.
         """
 
-    def phases(self) -> list[str]:
-        """Names of the training phases, run in order; a single "train" phase by default."""
-        return ["train"]
+    @classmethod
+    def phases(cls, cfg: CoreConfig) -> list[Phase]:
+        """The training phases for ``cfg``, run in order; the last is ``"train"`` with
+        ``train.epochs``. A single ``"train"`` phase by default."""
+        return [TRAIN_PHASE]
 
     def set_phase(self, name: str) -> None:
-        """Switches to phase ``name`` (e.g. freezing or unfreezing modules).
+        """Switches to phase ``name`` (e.g. freezing or unfreezing modules). Called by the loop
+        before a phase's optimizer is built, also when a trial resumes inside it.
 
         Args:
-            name: one of :meth:`phases`.
+            name: the name of one of :meth:`phases`.
 
         Raises:
-            ValueError: if ``name`` is not one of :meth:`phases`.
+            ValueError: if ``name`` is not a phase of this method.
         """
-        if name not in self.phases():
-            raise ValueError(f"unknown phase {name!r}; phases of this method: {self.phases()}")
+        if name != TRAIN_PHASE.name:
+            raise ValueError(f"unknown phase {name!r}; this method has the single phase 'train'")
+
+    def diagnostic_arrays(self, batch: Batch) -> dict[str, np.ndarray]:
+        """Arrays for the end-of-trial pictures (none by default), called in eval mode. Keys
+        are prefixed with the method's name; they travel in the checkpoint.
+
+        Args:
+            batch: a few test images with two augmented views each (index = position).
+        """
+        return {}
+
+    @classmethod
+    def plot_diagnostics(cls, arrays: dict[str, np.ndarray], out: Path, title: str) -> list[Path]:
+        """Writes the pictures of :meth:`diagnostic_arrays` as PNGs into ``out`` (on the driver;
+        ``arrays`` also holds the other diagnostics). Returns the files written (none by
+        default)."""
+        return []
 
     @classmethod
     def config_problems(cls, cfg: CoreConfig) -> list[tuple[str, str]]:

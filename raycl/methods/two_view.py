@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raycl.methods.base import Batch, Method
-from raycl.models import build_backbone, projection_mlp
+from raycl.models import build_backbone, projection_mlp, resolve_stem
 
 if TYPE_CHECKING:
     from raycl.config import CoreConfig
@@ -75,8 +75,12 @@ class TwoViewMethod(Method):
 
 def encoder_kwargs(cfg: CoreConfig, in_channels: int) -> dict[str, Any]:
     """``backbone``, ``feature_dim``, ``projector_hidden_dim``, ``projector_dim`` from
-    ``cfg.model``: the constructor arguments every backbone + projector method starts with."""
-    backbone, feature_dim = build_backbone(cfg.model.backbone, in_channels, cfg.model.width)
+    ``cfg.model``: the constructor arguments every backbone + projector method starts with.
+    The backbone gets ``model.stem`` (``auto`` resolved at ``data.resolution``) and starts from
+    ``model.pretrained`` when it is set."""
+    backbone, feature_dim = build_backbone(
+        cfg.model.backbone, in_channels, cfg.model.width,
+        stem=resolve_stem(cfg.model.stem, cfg.data.resolution), pretrained=cfg.model.pretrained)
     return {"backbone": backbone, "feature_dim": feature_dim,
             "projector_hidden_dim": cfg.model.projector_hidden_dim,
             "projector_dim": cfg.model.projector_dim}

@@ -1,6 +1,7 @@
 """Backbones (encoders ``f``): image batches (B, C, H, W) -> features (B, feature_dim).
 
-No backbone ever downloads weights; all are randomly initialised.
+No backbone ever downloads weights: they are randomly initialised, or read from a local file
+the user names (``model.pretrained``, see :mod:`raycl.models.pretrained`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ from torch import nn
 from torchvision.models import resnet18, resnet50
 
 BACKBONES: tuple[str, ...] = ("small_cnn", "resnet18", "resnet50")
+STEMS: tuple[str, ...] = ("auto", "cifar", "imagenet")
+# From this side up "auto" picks the ImageNet stem: its stride 4 then leaves layer1 at least
+# 32x32 maps, which is what the CIFAR stem leaves at 32 px.
+IMAGENET_STEM_MIN_RESOLUTION = 128
 
 
 def _conv_bn_relu(in_channels: int, out_channels: int, stride: int) -> nn.Sequential:
@@ -45,39 +50,95 @@ def small_cnn(in_channels: int, width: int = 32) -> tuple[nn.Module, int]:
     return nn.Sequential(*layers), widths[-1]
 
 
-def _cifar_resnet(factory: Callable[..., nn.Module], in_channels: int) -> tuple[nn.Module, int]:
-    """A torchvision ResNet in the usual CIFAR variant: 3x3 stride-1 stem, no max pool, no fc."""
+def resolve_stem(stem: str, resolution: int) -> str:
+    """The ResNet stem ``model.stem`` names at this image size: "cifar" or "imagenet".
+
+    Args:
+        stem: "auto", "cifar" or "imagenet".
+        resolution: square image side in pixels (data.resolution).
+
+    Returns:
+        ``stem`` itself, or for "auto" "imagenet" from :data:`IMAGENET_STEM_MIN_RESOLUTION` px
+        up and "cifar" below.
+    """
+    if stem not in STEMS:
+        raise ValueError(f"unknown stem {stem!r}; stems: {', '.join(STEMS)}")
+    if stem != "auto":
+        return stem
+    return "imagenet" if resolution >= IMAGENET_STEM_MIN_RESOLUTION else "cifar"
+
+
+def _resnet(
+    factory: Callable[..., nn.Module], in_channels: int, stem: str
+) -> tuple[nn.Module, int]:
+    """A torchvision ResNet without fc, with the CIFAR or the ImageNet stem.
+
+    Args:
+        factory: torchvision's resnet18 or resnet50.
+        in_channels: number of input image channels.
+        stem: "cifar" (3x3 stride-1 conv, no max pool) or "imagenet" (torchvision's 7x7
+            stride-2 conv and 3x3 stride-2 max pool).
+
+    Returns:
+        (module, feature_dim).
+    """
     model = factory(weights=None)
-    # Small images: a 7x7 stride-2 stem plus max pool would shrink 32 px to 8 px before layer1.
-    model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
-    model.maxpool = nn.Identity()
+    if stem == "cifar":
+        # Small images: a 7x7 stride-2 stem plus max pool would shrink 32 px to 8 px before layer1.
+        model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        model.maxpool = nn.Identity()
+    elif stem == "imagenet":
+        if in_channels != 3:  # torchvision's own conv1 is kept for RGB, as its weights expect
+            model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3,
+                                    bias=False)
+    else:
+        raise ValueError(f"stem must be 'cifar' or 'imagenet', got {stem!r}")
     feature_dim = model.fc.in_features
     model.fc = nn.Identity()
     return model, feature_dim
 
 
-def build_backbone(name: str, in_channels: int, width: int = 32) -> tuple[nn.Module, int]:
-    """Builds a randomly initialised backbone.
+def build_backbone(
+    name: str,
+    in_channels: int,
+    width: int = 32,
+    *,
+    stem: str = "cifar",
+    pretrained: str | None = None,
+) -> tuple[nn.Module, int]:
+    """Builds a backbone, randomly initialised or from a local weights file.
 
     Args:
         name: one of ``BACKBONES``: "small_cnn", "resnet18", "resnet50".
         in_channels: number of input image channels (1 for greyscale, 3 for RGB, ...).
         width: first-block width of "small_cnn"; the ResNets have fixed widths and ignore it.
+        stem: the ResNets' stem, "cifar" or "imagenet" ("auto" is resolved by the caller with
+            :func:`resolve_stem`); "small_cnn" ignores it.
+        pretrained: path of a torchvision ResNet state dict or a raycl checkpoint's state.pt
+            whose weights the backbone starts from (see :mod:`raycl.models.pretrained`).
 
     Returns:
         (module mapping (B, C, H, W) -> (B, feature_dim), feature_dim).
 
     Raises:
-        ValueError: on an unknown name or non-positive in_channels / width.
+        ValueError: on an unknown name or stem, non-positive in_channels / width, or weights
+            that do not fit the backbone.
+        FileNotFoundError: ``pretrained`` does not exist.
     """
     if in_channels < 1:
         raise ValueError(f"in_channels must be >= 1, got {in_channels}")
     if width < 1:
         raise ValueError(f"width must be >= 1, got {width}")
     if name == "small_cnn":
-        return small_cnn(in_channels, width)
-    if name == "resnet18":
-        return _cifar_resnet(resnet18, in_channels)
-    if name == "resnet50":
-        return _cifar_resnet(resnet50, in_channels)
-    raise ValueError(f"unknown backbone {name!r}; valid backbones: {', '.join(BACKBONES)}")
+        model, feature_dim = small_cnn(in_channels, width)
+    elif name == "resnet18":
+        model, feature_dim = _resnet(resnet18, in_channels, stem)
+    elif name == "resnet50":
+        model, feature_dim = _resnet(resnet50, in_channels, stem)
+    else:
+        raise ValueError(f"unknown backbone {name!r}; valid backbones: {', '.join(BACKBONES)}")
+    if pretrained is not None:
+        from raycl.models.pretrained import load_pretrained  # late: it imports this module
+
+        load_pretrained(model, pretrained, name, stem, width)
+    return model, feature_dim
