@@ -23,6 +23,15 @@ hidden 4096, queue 98 304); on 2 CPU cores a step takes seconds, so 1 warm-up an
     python benchmarks/method_steps.py --variants all4one nnclr --device cuda --backbone resnet18 \
         --projector-hidden-dim 2048 --projector-dim 256 --predictor-hidden-dim 4096 \
         --queue-size 98304 --amp --out method_steps_all4one_cuda.json   # the same on a GPU
+
+FGVR on MoCo v2 against MoCo v2 alone (the joint phase's step: the base loss, the clean image's
+features, reconstruction, Grad-CAM, the perturbed decode and the pair loss) at the fgvr_eps CPU
+config; the paper's shape is ResNet-50 at 224 px, batch 128:
+
+    .venv/bin/python benchmarks/method_steps.py --variants mocov2 fgvr "fgvr random" simsiam \
+        --width 16 --out benchmarks/method_steps_fgvr.json
+    python benchmarks/method_steps.py --variants mocov2 fgvr --device cuda --backbone resnet50 \
+        --resolution 224 --batch-size 128 --projector-hidden-dim 2048 --projector-dim 128 --amp
 """
 
 from __future__ import annotations
@@ -49,6 +58,10 @@ VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     ("simclr", "simclr", {}),
     ("nnclr", "nnclr", {}),
     ("all4one", "all4one", {}),
+    ("mocov2", "mocov2", {}),
+    ("simsiam", "simsiam", {}),
+    ("fgvr", "fgvr", {}),
+    ("fgvr random", "fgvr", {"fgvr": {"perturbation": "random"}}),
 ]
 
 
@@ -65,6 +78,8 @@ def build(args: argparse.Namespace, method: str, sections: dict[str, Any]) -> to
         sections = {**sections, method: {**sizes, **sections.get(method, {})}}
     config = SearchConfig.model_validate({
         "name": "steps", "method": method, **sections,
+        # The resolution sizes FGVR's decoder and picks the ResNet stem (model.stem: auto).
+        "data": {"resolution": args.resolution},
         "model": {"backbone": args.backbone, "width": args.width,
                   "projector_hidden_dim": args.projector_hidden_dim,
                   "projector_dim": args.projector_dim}})

@@ -46,7 +46,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 
-from raycl.config import CoreConfig, search_config_class
+from raycl.config import CoreConfig, apply_overrides, search_config_class
 from raycl.data import DatasetSplits, load_dataset, stratified_subset
 from raycl.data.augment import BatchAugment, to_float
 from raycl.data.samplers import PseudoLabelBatchSampler
@@ -108,9 +108,6 @@ def build_optimizer(
                                weight_decay=config.train.weight_decay)
     return torch.optim.AdamW(groups, lr=base_lr, weight_decay=config.train.weight_decay)
 
-
-def _phase_epochs(config: CoreConfig, phase: Phase) -> int:
-    return config.train.epochs if phase.epochs is None else phase.epochs
 
 
 def _autocast(config: CoreConfig, device: torch.device) -> tuple[Any, torch.amp.GradScaler]:
@@ -569,7 +566,11 @@ def _train_stage(
         raise ValueError("no full batch per epoch: lower train.batch_size")
     augment = BatchAugment(config.augment)
 
-    method = build_method(config, data.channels).to(device)
+    # A resumed stage takes its weights from the checkpoint: the model.pretrained file is not
+    # read again (it may have moved since the trial started).
+    built_from = (apply_overrides(config, {"model.pretrained": None})
+                  if resume is not None and config.model.pretrained else config)
+    method = build_method(built_from, data.channels).to(device)
     phases = stage_phases(config)
     autocast, scaler = _autocast(config, device)
     steps_per_epoch = len(loader)
@@ -588,7 +589,8 @@ def _train_stage(
         phase = phases[phase_index]
         # Epochs of the stage before this phase: the augmentation seeds and the MLflow step
         # count through all phases, so no two epochs of a stage share them.
-        offset = sum(_phase_epochs(config, earlier) for earlier in phases[:phase_index])
+        offset = sum(earlier.epoch_count(config.train.epochs)
+                     for earlier in phases[:phase_index])
         method.set_phase(phase.name)
         optimizer = build_optimizer(method, config, phase)
         if resume is not None:
@@ -599,7 +601,7 @@ def _train_stage(
             resume = None
         # Wrapped per phase: DDP registers the parameters that require grad when it is built.
         model: nn.Module = _data_parallel(method) if world > 1 else method
-        epochs = _phase_epochs(config, phase)
+        epochs = phase.epoch_count(config.train.epochs)
         total_steps = epochs * steps_per_epoch
         warmup_steps = (int(config.train.warmup_epochs * steps_per_epoch)
                         if phase.lr is None else 0)

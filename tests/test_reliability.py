@@ -3,6 +3,7 @@ Tune here; the end-to-end versions are in test_end_to_end.py)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -132,3 +133,20 @@ def test_resumed_all4one_trial_keeps_its_support_set(data_cache, tmp_path) -> No
     for key in ("train/loss", "train/centroid_loss", "train/redundancy_loss", "val/linear/mean",
                 "val/nn_retrieval/mean", "test/nn_retrieval/mean"):
         assert final[key] == pytest.approx(reference.reports[-1][key], abs=1e-6), key
+
+
+def test_resume_does_not_need_the_pretrained_file_again(data_cache, tmp_path) -> None:
+    """A trial that started from model.pretrained resumes from its checkpoint even when the
+    weights file has gone since (the checkpoint holds the weights); the start used the file."""
+    source = run(tmp_path / "source", epochs=1)
+    weights = tmp_path / "weights.pt"
+    shutil.copy(tmp_path / "source" / "checkpoint_000000" / "state.pt", weights)
+    extra = {"model": {**TINY["model"], "pretrained": str(weights)}}
+    root = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="injected fault"):
+        run(root, fault={"after_epoch": 1, "marker": str(tmp_path / "crashed")}, extra=extra)
+    first_epoch = json.loads((root / "checkpoint_000000" / "metrics.json").read_text())
+    assert first_epoch["train/loss"] != pytest.approx(source.reports[0]["train/loss"])
+    weights.unlink()
+    resumed = run(root, extra=extra)
+    assert [r["epoch"] for r in resumed.reports] == [2, 3]

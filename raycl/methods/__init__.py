@@ -111,8 +111,7 @@ def stage_phases(cfg: CoreConfig) -> list[Phase]:
 
 def stage_epochs(cfg: CoreConfig) -> int:
     """Epochs of one stage over all its phases: the reports one stage makes."""
-    return sum(cfg.train.epochs if phase.epochs is None else phase.epochs
-               for phase in stage_phases(cfg))
+    return sum(phase.epoch_count(cfg.train.epochs) for phase in stage_phases(cfg))
 
 
 # Imported for their @register side effect; must come after register() is defined.

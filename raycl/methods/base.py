@@ -104,6 +104,10 @@ class Phase:
     augment: bool = True
     evaluate: bool = True
 
+    def epoch_count(self, train_epochs: int) -> int:
+        """The phase's epochs, given ``train.epochs``."""
+        return train_epochs if self.epochs is None else self.epochs
+
 
 TRAIN_PHASE = Phase("train")
 
