@@ -766,11 +766,15 @@ def _evaluate(
         prefix = f"stage{inputs.stage}/" if config.num_stages > 1 else ""
         metrics.update({prefix + key: value for key, value in retrieval.items()})
         if diagnose:
-            result = inputs.integrated({"test": features["test"]})["test"]  # MCL: integration
-            diag_metrics, diagnostics = representation_diagnostics(
-                result, data.test.labels[data.attributes[0]], projections)
-            metrics.update(diag_metrics)
-            diagnostics.update(_method_diagnostics(config, data, method, device))
+            try:
+                result = inputs.integrated({"test": features["test"]})["test"]  # MCL
+                diag_metrics, diagnostics = representation_diagnostics(
+                    result, data.test.labels[data.attributes[0]], projections)
+                diagnostics.update(_method_diagnostics(config, data, method, device))
+                metrics.update(diag_metrics)
+            except Exception:  # extras: a failure here must not cost the trial its results
+                logger.exception("end-of-trial diagnostics failed; the trial's results are kept")
+                diagnostics = None
         metrics["perf/eval_seconds"] = time.perf_counter() - started
     return features, metrics, diagnostics
 

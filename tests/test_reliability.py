@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import ray.train
 import torch
@@ -150,3 +151,33 @@ def test_resume_does_not_need_the_pretrained_file_again(data_cache, tmp_path) ->
     weights.unlink()
     resumed = run(root, extra=extra)
     assert [r["epoch"] for r in resumed.reports] == [2, 3]
+
+
+def test_failing_diagnostics_do_not_cost_the_trial_its_results(
+    data_cache, tmp_path, monkeypatch
+) -> None:
+    """The end-of-trial diagnostics are extras: when they raise (a LAPACK SVD that does not
+    converge did, in a SimSiam sweep), the trial still reports its test metrics and finishes."""
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise np.linalg.LinAlgError("SVD did not converge")
+
+    monkeypatch.setattr("raycl.train.representation_diagnostics", broken)
+    session = run(tmp_path / "run", epochs=1)
+    final = session.reports[-1]
+    assert "test/linear/mean" in final and not any(key.startswith("diag/") for key in final)
+
+
+def test_svd_falls_back_to_the_qr_driver(monkeypatch) -> None:
+    from raycl.eval import subspaces
+
+    matrix = np.random.default_rng(0).normal(size=(6, 4))
+    expected = subspaces._left_singular(matrix)
+
+    def not_converging(*args: Any, **kwargs: Any) -> None:
+        raise np.linalg.LinAlgError("SVD did not converge")
+
+    monkeypatch.setattr(np.linalg, "svd", not_converging)
+    left, values = subspaces._left_singular(matrix)
+    np.testing.assert_allclose(values, expected[1])
+    np.testing.assert_allclose(np.abs(left), np.abs(expected[0]), atol=1e-10)

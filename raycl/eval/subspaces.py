@@ -34,13 +34,27 @@ def _floor(data: np.ndarray) -> float:
     return float(np.linalg.norm(data, ord=2) * max(data.shape) * np.finfo(np.float64).eps)
 
 
+def _left_singular(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Left singular vectors and singular values. LAPACK's divide-and-conquer SVD (gesdd, what
+    numpy calls) can fail to converge on finite but ill-conditioned matrices (a SimSiam trial's
+    test features did, ending the trial after training); the slower QR-iteration driver (gesvd)
+    then gets the same factorisation."""
+    try:
+        left, values, _ = np.linalg.svd(matrix, full_matrices=False)
+    except np.linalg.LinAlgError:
+        import scipy.linalg
+
+        left, values, _ = scipy.linalg.svd(matrix, full_matrices=False, lapack_driver="gesvd")
+    return left, values
+
+
 def _basis(matrix: np.ndarray, energy: float, floor: float) -> np.ndarray:
     """Energy-cut left singular vectors, never keeping singular values <= floor."""
     if matrix.shape[1] > matrix.shape[0]:
         # matrix = R^T Q^T has the same U and singular values as the (D, D) R^T: far
         # cheaper than an SVD of (D, N) with N samples, and as accurate.
         matrix = np.linalg.qr(matrix.T, mode="r").T
-    left, values, _ = np.linalg.svd(matrix, full_matrices=False)
+    left, values = _left_singular(matrix)
     values = values[values > floor]
     if values.size == 0:
         return np.zeros((matrix.shape[0], 0))
