@@ -572,6 +572,7 @@ def _train_stage(
                   if resume is not None and config.model.pretrained else config)
     method = build_method(built_from, data.channels).to(device)
     phases = stage_phases(config)
+    epochs_per_stage = stage_epochs(config)
     autocast, scaler = _autocast(config, device)
     steps_per_epoch = len(loader)
 
@@ -669,7 +670,7 @@ def _train_stage(
                 "stage": inputs.stage,
                 "epoch": completed,
                 # The MLflow step: stable across restarts, so a replayed epoch is logged once.
-                "global_epoch": inputs.stage * stage_epochs(config) + offset + completed,
+                "global_epoch": inputs.stage * epochs_per_stage + offset + completed,
                 "resumed_from_epoch": start_epoch,
             })
             if len(phases) > 1:

@@ -161,7 +161,9 @@ def test_ablation_switches_choose_the_noise(mode: str, monkeypatch: pytest.Monke
     monkeypatch.setattr("raycl.methods.fgvr.gradcam_scores",
                         lambda *args: calls.append(1) or torch.full((8, 32), 0.5))
     method.memory.enqueue(torch.randn(8, 32), torch.arange(8))
-    std_g, std_var = method._noise_std(torch.randn(8, 32), make_batch().views[1])
+    features = torch.randn(8, 32)
+    std_g, std_var = method._noise_std(features,
+                                       *method._criteria(features, make_batch().views[1]))
     assert (std_g is not None) == (mode in ("both", "gradcam", "random"))
     assert (std_var is not None) == (mode in ("both", "low_variance", "random"))
     assert bool(calls) == (mode in ("both", "gradcam"))

@@ -271,11 +271,9 @@ class FGVR(Method):
         if self.phase == TRAIN_PHASE.name:  # MoCo's key encoder follows the trained encoder
             self.base.on_train_step_end(step, total_steps)
 
-    def _noise_std(self, v: Tensor, view: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        """The two noise stds for features ``v`` (bank already updated); ``view``: x''."""
-        if self.perturbation == "random":
-            return (torch.full_like(v, self.epsilon_g, dtype=torch.float32),
-                    torch.full_like(v[0], self.epsilon_var, dtype=torch.float32))
+    def _criteria(self, v: Tensor, view: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """The normalised Grad-CAM scores of features ``v`` (``view``: x'') and the bank's
+        column variances (bank already updated), each None when its criterion is off."""
         scores = variance = None
         if self.perturbation in ("both", "gradcam"):
             with torch.no_grad():
@@ -284,6 +282,15 @@ class FGVR(Method):
         bank = self.memory.filled()
         if self.perturbation in ("both", "low_variance") and bank.shape[0] >= 2:
             variance = column_variance(bank)
+        return scores, variance
+
+    def _noise_std(
+        self, v: Tensor, scores: Tensor | None, variance: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """The two noise stds for features ``v`` from :meth:`_criteria`'s outputs."""
+        if self.perturbation == "random":
+            return (torch.full_like(v, self.epsilon_g, dtype=torch.float32),
+                    torch.full_like(v[0], self.epsilon_var, dtype=torch.float32))
         return noise_std(scores, variance, self.epsilon_g, self.epsilon_var, self.kappa)
 
     def forward(self, batch: Batch) -> dict[str, Tensor]:
@@ -308,7 +315,7 @@ class FGVR(Method):
         reconstruction = self.decoder(v)
         loss_r = F.mse_loss(reconstruction.float(), batch.images.float())
         self.memory.enqueue(v, batch.index)  # before the variance, as the pseudo-code
-        std_g, std_var = self._noise_std(v, batch.views[1])
+        std_g, std_var = self._noise_std(v, *self._criteria(v, batch.views[1]))
         with torch.no_grad():
             perturbed = perturb(v, std_g, std_var)
             reconstruction_p = self.decoder(perturbed.to(v.dtype))
@@ -330,19 +337,20 @@ class FGVR(Method):
         bank's column variances s (with κ), for the pictures."""
         with torch.no_grad():
             v = self.backbone(batch.images)
-            std_g, std_var = self._noise_std(v, batch.views[1])
+        scores, variance = self._criteria(v, batch.views[1])
+        std_g, std_var = self._noise_std(v, scores, variance)
+        with torch.no_grad():
             reconstruction = self.decoder(v)
             reconstruction_p = self.decoder(perturb(v, std_g, std_var).to(v.dtype))
         triples = torch.stack([batch.images, reconstruction, reconstruction_p], dim=1)
         arrays = {"fgvr_triples": _to_uint8(triples), "fgvr_kappa": np.array([self.kappa])}
-        if self.perturbation in ("both", "gradcam"):
-            with torch.no_grad():
-                view_features = self.backbone(batch.views[1])
-            scores = gradcam_scores(v, view_features, self.base.projector, self.temperature)
+        if scores is not None:
             arrays["fgvr_gradcam_scores"] = scores.cpu().numpy()
         bank = self.memory.filled()
-        if bank.shape[0] >= 2:
-            arrays["fgvr_variance"] = column_variance(bank).cpu().numpy()
+        if variance is None and bank.shape[0] >= 2:  # shown even when the criterion is off
+            variance = column_variance(bank)
+        if variance is not None:
+            arrays["fgvr_variance"] = variance.cpu().numpy()
         return arrays
 
     @classmethod
