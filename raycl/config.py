@@ -41,9 +41,10 @@ class ConfigError(ValueError):
 
 
 class DataConfig(Section):
-    dataset: Literal["trifeature", "mnist_fashion", "digits", "folder"] = Field(
+    dataset: Literal["trifeature", "mnist_fashion", "digits", "folder", "pairs"] = Field(
         "trifeature", description="Dataset: generated Trifeature, MNIST⊕Fashion-MNIST, sklearn "
-        "digits, or an ImageFolder-style directory given by data.root."
+        "digits, an ImageFolder-style directory given by data.root, or image-caption pairs "
+        "listed in the CSV/TSV file data.root (no labels; split at random)."
     )
     resolution: int = Field(32, ge=8, le=1024, description="Square image side in pixels.")
     samples_per_combination: int = Field(
@@ -65,8 +66,16 @@ class DataConfig(Section):
     )
     root: str | None = Field(
         None, description="folder: the dataset directory, root/<class>/* or root/train/<class>/* "
-        "+ root/test/<class>/* (see data.layout). Relative paths resolve against the launch "
-        "directory."
+        "+ root/test/<class>/* (see data.layout). pairs: a CSV (comma) or TSV (tab, by the .tsv "
+        "suffix) file with a header, an image column (image, filepath or path; relative to the "
+        "file's directory) and a caption column (caption, title or text), one pair per row. "
+        "Relative paths resolve against the launch directory."
+    )
+    captions: dict[str, float] | None = Field(
+        None, description="trifeature: give every image a synthetic caption; per attribute "
+        "(color, texture, shape) the probability that a caption names it, e.g. {color: 1.0, "
+        "shape: 0.5, texture: 0.1} ('a red triangle', 'a red object'); unnamed attributes are "
+        "never named. Drawn from the data seed. None: no captions."
     )
     layout: Literal["auto", "flat", "train_test"] = Field(
         "auto", description="folder: flat = root/<class>/*, split by data.val_fraction and "
@@ -81,10 +90,30 @@ class DataConfig(Section):
         "~/.cache/raycl). Must be shared storage on multi-node clusters, or each node generates."
     )
 
+    @field_validator("captions")
+    @classmethod
+    def _known_caption_rates(cls, rates: dict[str, float] | None) -> dict[str, float] | None:
+        # The names of raycl.data.captions.CAPTION_ORDER, written out: importing that module
+        # here would load the Trifeature renderer whenever a config is read.
+        known = ("color", "texture", "shape")
+        for name, rate in (rates or {}).items():
+            if name not in known:
+                raise ValueError(f"unknown caption attribute {name!r} (attributes: "
+                                 f"{', '.join(known)})")
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"the rate of {name!r} must be in [0, 1], got {rate}")
+        return rates
+
     @model_validator(mode="after")
     def _folder_needs_root(self) -> DataConfig:
         if self.dataset == "folder" and not self.root:
             raise ValueError("data.root is required when data.dataset is 'folder'")
+        if self.dataset == "pairs" and not self.root:
+            raise ValueError("data.root is required when data.dataset is 'pairs' (the CSV or "
+                             "TSV file of image, caption rows)")
+        if self.captions is not None and self.dataset != "trifeature":
+            raise ValueError(f"data.captions is only for data.dataset trifeature (its captions "
+                             f"are made from its labels), not {self.dataset!r}")
         if self.val_fraction + self.test_fraction >= 1.0:
             raise ValueError("data.val_fraction + data.test_fraction must be < 1 (a training "
                              "split must remain)")
@@ -164,6 +193,13 @@ class MCLConfig(Section):
         "(a seeded random subset; every point is still assigned). None: all points."
     )
     kmeans_iterations: int = Field(50, ge=1, description="Lloyd iterations of k-means.")
+    integration: Literal["concat", "soup"] = Field(
+        "concat", description="How the stages make the trial's representation: concat = the "
+        "paper's concatenation of L2-normalised stage features (N times the width); soup = the "
+        "average of the stages' weights, one model's size (model soup, MCL appendix A.4). soup "
+        "starts every stage from the same initial weights (the same seed, or the pretrained "
+        "file), as averaging needs."
+    )
 
 
 class TransferConfig(Section):
@@ -233,6 +269,21 @@ class EvalConfig(Section):
         "test-split features (diag/effective_rank), principal angles between each class and the "
         "rest (diag/shared_directions, diag/subclass_directions), plots as artifacts."
     )
+    mmvp: str | None = Field(
+        None, description="MMVP-style pair benchmark for image-text methods (clip): "
+        "'synthetic' = Trifeature pairs differing in one attribute (colour, texture, shape), "
+        "each image with its own full caption, eval.mmvp_pairs per attribute, one set for "
+        "val/mmvp/* and another for test/mmvp/*; or the directory of the real MMVP-VLM "
+        "benchmark (test/mmvp/* only: it is a test set). A pair scores only if both of its "
+        "images and statements are matched (eval.mmvp_direction). None: off."
+    )
+    mmvp_direction: Literal["text_to_image", "image_to_text"] = Field(
+        "text_to_image", description="MMVP pair rule: text_to_image = each statement picks its "
+        "own image of the pair (the official MMVP-VLM script, scripts/evaluate_vlm.py); "
+        "image_to_text = each image picks its own statement."
+    )
+    mmvp_pairs: int = Field(30, ge=1, description="Synthetic MMVP: pairs per attribute in each "
+                            "of the val and test sets.")
 
     @field_validator("transfer")
     @classmethod
@@ -580,9 +631,12 @@ def with_absolute_paths(config: CoreConfig) -> CoreConfig:
     ``sqlite:///mlflow.db``, ``data.root``, ``data.cache_dir`` or ``model.pretrained`` would name
     another file (a trial would log its diagnostics into an empty database of its own).
     """
+    from raycl.methods import METHODS
+
     values: dict[str, Any] = {"mlflow.tracking_uri": resolve_tracking_uri(
         config.mlflow.tracking_uri)}
-    for key in ("data.root", "data.cache_dir", "model.pretrained"):
+    method_files = {key for cls in METHODS.values() for key in cls.weight_file_keys}
+    for key in ("data.root", "data.cache_dir", "model.pretrained", *sorted(method_files)):
         section, field = key.split(".")
         path = getattr(getattr(config, section), field)
         if path is not None and "://" not in path:
@@ -593,6 +647,8 @@ def with_absolute_paths(config: CoreConfig) -> CoreConfig:
             entry["root"] = str(Path(entry["root"]).expanduser().resolve())
     if transfer:
         values["eval.transfer"] = transfer
+    if config.eval.mmvp not in (None, "synthetic") and "://" not in config.eval.mmvp:
+        values["eval.mmvp"] = str(Path(config.eval.mmvp).expanduser().resolve())
     return apply_overrides(config, values)
 
 
@@ -721,6 +777,13 @@ def _check_dataset(dataset: str, root: str | None, where: str, layout: str = "au
             list_folder(path, layout)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{where}.root: {exc}") from None
+    if dataset == "pairs":
+        from raycl.data.image_text import read_pairs
+
+        try:
+            read_pairs(Path(str(root)).expanduser())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{where}.root: {exc}") from None
     if dataset == "mnist_fashion":
         from raycl.data.pairs import FASHION_MNIST_DIR, FASHION_MNIST_PACKAGE
 
@@ -731,6 +794,14 @@ def _check_dataset(dataset: str, root: str | None, where: str, layout: str = "au
 
 def _check_data(config: CoreConfig, source: str) -> None:
     _check_dataset(config.data.dataset, config.data.root, f"{source}: data", config.data.layout)
+    mmvp = config.eval.mmvp
+    if mmvp not in (None, "synthetic"):
+        from raycl.eval.mmvp import load_mmvp_vlm
+
+        try:
+            load_mmvp_vlm(mmvp, 8, check_only=True)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{source}: eval.mmvp: {exc}") from None
     for i, entry in enumerate(config.eval.transfer):
         _check_dataset(entry.dataset, entry.root, f"{source}: eval.transfer.{i}")
 

@@ -1,5 +1,10 @@
 """What one MCL stage hands to the next, and how stages are combined.
 
+Two integrations (``mcl.integration``): ``concat`` (the paper's) concatenates the stages'
+L2-normalised features; ``soup`` averages the stages' weights into one model of the size of one
+stage (model soup, Wortsman et al. 2022; MCL appendix A.4), which needs every stage to start from
+the same weights. For the soup a finished stage hands on its :data:`StageWeights`.
+
 Between stages the training features of stage j are clustered into K groups (faiss k-means) and
 every sample's pseudo label is extended by its group, so stage j+1's fresh encoder only contrasts
 samples that earlier stages could not tell apart (feature-aware negatives). A stage's checkpoint
@@ -15,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
+from torch import Tensor, nn
 
 from raycl.cluster import kmeans, l2_normalize, pseudo_label_codes
 
@@ -27,12 +34,52 @@ PROGRESS_FILE = "progress.json"
 FEATURES_FILE = "features.npz"
 METRICS_FILE = "metrics.json"
 STAGE_INPUTS_FILE = "stage_inputs.npz"
+STAGE_WEIGHTS_FILE = "stage_weights.pt"  # beside STAGE_INPUTS_FILE: the earlier stages' soup
 DIAGNOSTICS_FILE = "diagnostics.npz"  # end of trial: spectra and principal angles, for plots
 
 
 # Split name ("train", "val", "test", and "transfer:<name>:train|test" after a stage's last
 # epoch) -> (N_split, D) features of one stage.
 Features = dict[str, np.ndarray]
+# State-dict entries of one stage's model that a soup averages: the trained parameters and the
+# floating-point buffers (frozen parameters are the same in every stage).
+StageWeights = dict[str, Tensor]
+
+
+def soup_weights(method: nn.Module) -> StageWeights:
+    """The entries of ``method.state_dict()`` that differ between stages: every parameter that
+    trains and every floating-point buffer, copied to the CPU."""
+    from raycl.queues import queue_buffer_names
+
+    trained = {name for name, param in method.named_parameters() if param.requires_grad}
+    # Queues of past samples are training state, not part of the model a soup averages.
+    queues = set(queue_buffer_names(method))
+    buffers = {name for name, buffer in method.named_buffers()
+               if buffer.is_floating_point() and name not in queues}
+    return {name: value.detach().cpu().clone() for name, value in method.state_dict().items()
+            if name in trained or name in buffers}
+
+
+def average_weights(stages: list[StageWeights]) -> StageWeights:
+    """The model soup: the element-wise mean of each entry over the stages.
+
+    Raises:
+        ValueError: if the stages hold different entries or shapes (their architectures differ).
+    """
+    if not stages:
+        raise ValueError("a soup needs at least one stage")
+    keys = set(stages[0])
+    for j, stage in enumerate(stages[1:], start=1):
+        if set(stage) != keys:
+            raise ValueError(f"stage {j} holds other weights than stage 0: "
+                             f"{sorted(set(stage) ^ keys)[:3]}")
+    soup = {}
+    for key in stages[0]:
+        values = [stage[key] for stage in stages]
+        if any(value.shape != values[0].shape for value in values):
+            raise ValueError(f"{key}: shapes differ between stages")
+        soup[key] = torch.stack([value.double() for value in values]).mean(0).to(values[0].dtype)
+    return soup
 
 
 @dataclass
@@ -45,6 +92,7 @@ class StageInputs:
         features: frozen features of stages 0..j-1, per split (for integrated evaluation).
         assignments: k-means assignments of stages 0..j-1 (kept in checkpoints for resumption).
         stage_metrics: final metrics of stages 0..j-1 (for the per-stage diagnostics).
+        weights: soup weights of stages 0..j-1 (``mcl.integration: soup`` only).
     """
 
     stage: int = 0
@@ -52,6 +100,7 @@ class StageInputs:
     features: list[Features] = field(default_factory=list)
     assignments: list[np.ndarray] = field(default_factory=list)
     stage_metrics: list[dict[str, Any]] = field(default_factory=list)
+    weights: list[StageWeights] = field(default_factory=list)
 
     def integrated(self, current: Features) -> Features:
         """The integration of the earlier stages with ``current``, for each split it holds."""
@@ -71,9 +120,14 @@ class StageInputs:
         for j, assignment in enumerate(self.assignments):
             arrays[f"assignments_{j}"] = assignment
         np.savez(path, **arrays)
+        if self.weights:
+            torch.save(self.weights, path.with_name(STAGE_WEIGHTS_FILE))
 
     @classmethod
     def load(cls, path: Path) -> StageInputs:
+        weights_path = path.with_name(STAGE_WEIGHTS_FILE)
+        weights = (torch.load(weights_path, map_location="cpu", weights_only=True)
+                   if weights_path.exists() else [])
         with np.load(path) as arrays:
             stage = int(arrays["stage"])
             features: list[Features] = [{} for _ in range(stage)]
@@ -88,6 +142,7 @@ class StageInputs:
                 assignments=[arrays[f"assignments_{j}"] for j in range(stage)
                              if f"assignments_{j}" in arrays],
                 stage_metrics=json.loads(str(arrays["stage_metrics"])),
+                weights=weights,
             )
 
 
@@ -104,9 +159,11 @@ def next_stage_inputs(
     features: Features,
     metrics: dict[str, Any] | None = None,
     assignment: np.ndarray | None = None,
+    weights: StageWeights | None = None,
 ) -> StageInputs:
     """Stage j+1's inputs: stage j's clustering (``assignment``, computed here when None) added to
-    the pseudo labels, which encode every stage so far, and its features frozen."""
+    the pseudo labels, which encode every stage so far, its features frozen and (soup) its
+    ``weights`` kept."""
     if assignment is None:
         assignment = cluster_stage(config, inputs, features)
     assignments = [*inputs.assignments, assignment]
@@ -116,6 +173,7 @@ def next_stage_inputs(
         features=[*inputs.features, features],
         assignments=assignments,
         stage_metrics=[*inputs.stage_metrics, metrics or {}],
+        weights=[*inputs.weights, weights] if weights is not None else inputs.weights,
     )
 
 

@@ -20,6 +20,7 @@ with a report naming the step and value (``raycl/failed``), which MLflow records
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -55,9 +56,10 @@ from raycl.eval import evaluate_knn, evaluate_linear_splits
 from raycl.eval.diagnostics import representation_diagnostics
 from raycl.eval.image_retrieval import retrieval_scores
 from raycl.eval.label_fractions import label_fraction_subset
+from raycl.eval.multimodal import EvalSets, image_text_metrics, load_mmvp_sets
 from raycl.eval.retrieval import neighbour_retrieval_accuracy
 from raycl.eval.transfer import TransferSet, load_transfer_sets
-from raycl.methods import build_method, stage_epochs, stage_phases
+from raycl.methods import build_method, method_class, stage_epochs, stage_phases
 from raycl.methods.base import TRAIN_PHASE, Batch, Method, Phase
 from raycl.queues import queue_buffer_names
 from raycl.session import InProcessSession, RayTrainSession, Session
@@ -70,8 +72,11 @@ from raycl.stages import (
     STATE_FILE,
     Features,
     StageInputs,
+    StageWeights,
+    average_weights,
     cluster_stage,
     next_stage_inputs,
+    soup_weights,
 )
 
 logger = logging.getLogger(__name__)
@@ -390,10 +395,14 @@ def _write_checkpoint(
     features: Features | None,
     metrics: dict[str, Any],
     diagnostics: dict[str, np.ndarray] | None = None,
+    soup: StageWeights | None = None,
 ) -> None:
     # Tensors, numbers, strings and plain containers only: read back with weights_only=True.
-    torch.save({"model": method.state_dict(), "optimizer": optimizer.state_dict(),
-                "scaler": scaler.state_dict()}, directory / STATE_FILE)
+    state = {"model": method.state_dict(), "optimizer": optimizer.state_dict(),
+             "scaler": scaler.state_dict()}
+    if soup is not None:  # a finished stage's share of the model soup
+        state["soup"] = soup
+    torch.save(state, directory / STATE_FILE)
     inputs.save(directory / STAGE_INPUTS_FILE)
     if features is not None:
         np.savez(directory / FEATURES_FILE, **features)
@@ -436,7 +445,7 @@ def run_trial_loop(loop_config: dict[str, Any], session: Session) -> None:
     if config.train.batch_size > len(data.train.images):
         raise ValueError(f"train.batch_size={config.train.batch_size} exceeds the training split "
                          f"({len(data.train.images)} samples)")
-    transfer_sets = load_transfer_sets(config, data.channels)
+    eval_sets = EvalSets(load_transfer_sets(config, data.channels), load_mmvp_sets(config))
     clock = _Clock(loop_config.get("trial_started_at"))
     last_stage = config.num_stages - 1
 
@@ -452,18 +461,18 @@ def run_trial_loop(loop_config: dict[str, Any], session: Session) -> None:
         if progress["stage_complete"]:
             assert restored.features is not None
             inputs = _between_stages(config, inputs, restored.features, restored.metrics,
-                                     session, clock)
+                                     restored.state.get("soup"), session, clock)
             shutil.rmtree(restored.directory, ignore_errors=True)
         else:
             resume = restored
     try:
         while True:
-            features, metrics = _train_stage(config, data, transfer_sets, inputs, session, resume,
-                                             clock, loop_config)
+            features, metrics, weights = _train_stage(config, data, eval_sets, inputs, session,
+                                                      resume, clock, loop_config)
             resume = None
             if inputs.stage == last_stage:
                 return
-            inputs = _between_stages(config, inputs, features, metrics, session, clock)
+            inputs = _between_stages(config, inputs, features, metrics, weights, session, clock)
     except NonFiniteLossError as exc:
         # Every rank raised at the same check (the flag is all-reduced), so every rank reports.
         logger.error("%s", exc)
@@ -495,10 +504,12 @@ def _between_stages(
     inputs: StageInputs,
     features: Features,
     metrics: dict[str, Any],
+    weights: StageWeights | None,
     session: Session,
     clock: _Clock,
 ) -> StageInputs:
-    """Rank 0 clusters stage j's training features; every rank gets the same assignment."""
+    """Rank 0 clusters stage j's training features; every rank gets the same assignment.
+    ``weights``: the stage's soup weights (``mcl.integration: soup``), else None."""
     started = time.perf_counter()
     if session.rank == 0:
         assignment = cluster_stage(config, inputs, features).astype(np.int64)
@@ -506,7 +517,8 @@ def _between_stages(
         assignment = np.zeros(len(features["train"]), dtype=np.int64)
     assignment = broadcast_from_rank0(torch.from_numpy(assignment).to(session.device))
     clock.pending["perf/kmeans_seconds"] = time.perf_counter() - started
-    return next_stage_inputs(config, inputs, features, metrics, assignment.cpu().numpy())
+    return next_stage_inputs(config, inputs, features, metrics, assignment.cpu().numpy(),
+                             weights)
 
 
 def _report_finished(restored: Restored, session: Session) -> None:
@@ -542,15 +554,16 @@ def _check_finite(
 def _train_stage(
     config: CoreConfig,
     data: DatasetSplits,
-    transfer_sets: list[TransferSet],
+    eval_sets: EvalSets,
     inputs: StageInputs,
     session: Session,
     resume: Restored | None,
     clock: _Clock,
     loop_config: dict[str, Any],
-) -> tuple[Features, dict[str, Any]]:
+) -> tuple[Features, dict[str, Any], StageWeights | None]:
     """Train stage ``inputs.stage`` with a fresh encoder (or the resumed one); return its features
-    per split (every rank) and its final metrics (rank 0)."""
+    per split (every rank), its final metrics (rank 0) and, for ``mcl.integration: soup``, the
+    weights the soup averages."""
     rank, world, device = session.rank, session.world_size, session.device
     torch.manual_seed(config.seed + 1000 * inputs.stage)
     np.random.seed(config.seed + 1000 * inputs.stage + rank)
@@ -568,9 +581,16 @@ def _train_stage(
 
     # A resumed stage takes its weights from the checkpoint: the model.pretrained file is not
     # read again (it may have moved since the trial started).
-    built_from = (apply_overrides(config, {"model.pretrained": None})
-                  if resume is not None and config.model.pretrained else config)
+    cls = method_class(config)
+    weight_files = {key: None for key in ("model.pretrained", *cls.weight_file_keys)}
+    built_from = apply_overrides(config, weight_files) if resume is not None else config
+    # Model soups average stages that start from the same weights; CLIP tuning always does.
+    same_start = cls.stages_share_initial_weights or config.mcl.integration == "soup"
+    torch.manual_seed(config.seed if same_start else config.seed + 1000 * inputs.stage)
     method = build_method(built_from, data.channels).to(device)
+    # Every caption tokenised once; a batch takes its rows.
+    tokens = (method.tokenize(data.train.captions).to(device)
+              if cls.multimodal and data.train.captions is not None else None)
     phases = stage_phases(config)
     epochs_per_stage = stage_epochs(config)
     autocast, scaler = _autocast(config, device)
@@ -586,6 +606,7 @@ def _train_stage(
 
     features: Features = {}
     metrics: dict[str, Any] = {}
+    soup = config.num_stages > 1 and config.mcl.integration == "soup"
     for phase_index in range(first_phase, len(phases)):
         phase = phases[phase_index]
         # Epochs of the stage before this phase: the augmentation seeds and the MLflow step
@@ -640,6 +661,7 @@ def _train_stage(
                     views=views,
                     index=index,
                     pseudo_labels=pseudo_labels[index] if pseudo_labels is not None else None,
+                    texts=tokens[index] if tokens is not None else None,
                 )
                 with autocast():
                     outputs = model(batch)
@@ -687,7 +709,7 @@ def _train_stage(
             features = {}
             diagnostics = None
             if last or (phase.evaluate and every and completed % every == 0):
-                features, evaluation, diagnostics = _evaluate(config, data, transfer_sets,
+                features, evaluation, diagnostics = _evaluate(config, data, eval_sets,
                                                               inputs, method, session, last)
                 metrics.update(evaluation)
             metrics.update(clock.pop_metrics())
@@ -704,12 +726,13 @@ def _train_stage(
                 progress = {"stage": inputs.stage, "phase": at[0], "epoch": at[1],
                             "stage_complete": last}
                 _write_checkpoint(Path(checkpoint_dir), method, optimizer, scaler, progress,
-                                  inputs, features if last else None, metrics, diagnostics)
+                                  inputs, features if last else None, metrics, diagnostics,
+                                  soup_weights(method) if last and soup else None)
             session.report(metrics, checkpoint_dir)
             _maybe_inject_fault(loop_config, inputs.stage, offset + completed,
                                 isinstance(session, InProcessSession))
         start_epoch = 0
-    return features, metrics
+    return features, metrics, soup_weights(method) if soup else None
 
 
 def _data_parallel(method: Method) -> nn.Module:
@@ -731,14 +754,15 @@ def _data_parallel(method: Method) -> nn.Module:
 def _evaluate(
     config: CoreConfig,
     data: DatasetSplits,
-    transfer_sets: list[TransferSet],
+    eval_sets: EvalSets,
     inputs: StageInputs,
     method: Method,
     session: Session,
     last: bool,
 ) -> tuple[Features, dict[str, float], dict[str, np.ndarray] | None]:
     """Embed (every rank) and score (rank 0) one evaluation: train and val; after a stage's last
-    epoch also test and the transfer sets; at the trial's end the diagnostics.
+    epoch also test and the transfer sets; at the trial's end the diagnostics. MMVP-style pair
+    sets are embedded like splits (``mmvp:val``, ``mmvp:test``), so stages integrate them too.
 
     Returns:
         The features per split, the metrics (rank 0; timings on every rank), and the diagnostic
@@ -749,11 +773,27 @@ def _evaluate(
     # last epoch.
     splits = ("train", "val", "test") if last else ("train", "val")
     started = time.perf_counter()
-    features = {split: embed_images(method, data.split(split).images, session)
-                for split in splits}
-    for transfer in transfer_sets if last else []:
-        features[transfer.train_key] = embed_images(method, transfer.train.images, session)
-        features[transfer.test_key] = embed_images(method, transfer.test.images, session)
+
+    def embed_all(model: Method) -> Features:
+        embedded = {split: embed_images(model, data.split(split).images, session)
+                    for split in splits}
+        for transfer in eval_sets.transfer if last else []:
+            embedded[transfer.train_key] = embed_images(model, transfer.train.images, session)
+            embedded[transfer.test_key] = embed_images(model, transfer.test.images, session)
+        for split, pairs in eval_sets.mmvp.items():
+            if split in splits:
+                embedded[f"mmvp:{split}"] = embed_images(model, pairs.images, session)
+        return embedded
+
+    features = embed_all(method)
+    # The trial's representation: the stages so far integrated (MCL), or this stage alone.
+    integrated, integrated_method = features, method
+    if config.num_stages > 1:
+        if config.mcl.integration == "soup" and inputs.weights:
+            integrated_method = _soup(method, [*inputs.weights, soup_weights(method)])
+            integrated = embed_all(integrated_method)
+        else:
+            integrated = inputs.integrated(features)
     diagnose = last and inputs.stage == config.num_stages - 1 and config.eval.diagnostics
     projections = None
     if diagnose and type(method).project is not Method.project:
@@ -762,15 +802,15 @@ def _evaluate(
     diagnostics = None
     if rank == 0:
         started = time.perf_counter()
-        metrics.update(_evaluation_metrics(config, data, inputs, features, device, transfer_sets))
+        metrics.update(_evaluation_metrics(config, data, inputs, features, integrated, device,
+                                           eval_sets, method, integrated_method))
         retrieval = neighbour_retrieval_accuracy(method, data, splits[1:], device)
         prefix = f"stage{inputs.stage}/" if config.num_stages > 1 else ""
         metrics.update({prefix + key: value for key, value in retrieval.items()})
-        if diagnose:
+        if diagnose and data.attributes:
             try:
-                result = inputs.integrated({"test": features["test"]})["test"]  # MCL
                 diag_metrics, diagnostics = representation_diagnostics(
-                    result, data.test.labels[data.attributes[0]], projections)
+                    integrated["test"], data.test.labels[data.attributes[0]], projections)
                 diagnostics.update(_method_diagnostics(config, data, method, device))
                 metrics.update(diag_metrics)
             except Exception:  # extras: a failure here must not cost the trial its results
@@ -778,6 +818,13 @@ def _evaluate(
                 diagnostics = None
         metrics["perf/eval_seconds"] = time.perf_counter() - started
     return features, metrics, diagnostics
+
+
+def _soup(method: Method, weights: list[StageWeights]) -> Method:
+    """A copy of ``method`` holding the average of the stages' soup weights (model soup)."""
+    soup = copy.deepcopy(method)
+    soup.load_state_dict(average_weights(weights), strict=False)
+    return soup
 
 
 def _method_diagnostics(
@@ -822,28 +869,37 @@ def _evaluation_metrics(
     data: DatasetSplits,
     inputs: StageInputs,
     features: Features,
+    integrated: Features,
     device: torch.device,
-    transfer_sets: list[TransferSet],
+    eval_sets: EvalSets,
+    method: Method,
+    integrated_method: Method,
 ) -> dict[str, float]:
-    """This stage's encoder alone, and (MCL) integrated with the frozen earlier stages.
+    """This stage's encoder alone, and (MCL) the integration of the stages so far
+    (concatenated features, or the model soup's).
 
     The integrated representation is the trial's result: its test split and transfer sets are
     scored only after the last stage, so every trial scores them exactly once.
     """
 
-    def scores(values: Features, prefix: str) -> dict[str, float]:
-        metrics = evaluate_features(config, data, values, prefix, device)
+    def scores(values: Features, prefix: str, model: Method) -> dict[str, float]:
+        metrics = evaluate_features(config, data, values, prefix, device) \
+            if data.attributes else {}
         if "test" in values:  # a stage's last epoch: the transfer sets were embedded too
-            metrics.update(evaluate_transfer(config, transfer_sets, values, prefix, device))
+            metrics.update(evaluate_transfer(config, eval_sets.transfer, values, prefix,
+                                             device))
+        if type(model).multimodal:
+            metrics.update(image_text_metrics(model, data, values, eval_sets.mmvp, prefix,
+                                              device, config.eval.mmvp_direction))
         return metrics
 
     if config.num_stages == 1:
-        return scores(features, "")
-    metrics = scores(features, f"stage{inputs.stage}/")
-    integrated = inputs.integrated(features)
+        return scores(features, "", method)
+    metrics = scores(features, f"stage{inputs.stage}/", method)
     if inputs.stage < config.num_stages - 1:
-        integrated = {split: integrated[split] for split in ("train", "val")}
-    return {**metrics, **scores(integrated, "")}
+        integrated = {split: values for split, values in integrated.items()
+                      if split in ("train", "val", "mmvp:val")}
+    return {**metrics, **scores(integrated, "", integrated_method)}
 
 
 __all__ = ["embed_images", "lr_factor", "restore", "run_trial_loop",

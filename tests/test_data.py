@@ -256,7 +256,7 @@ def test_unknown_dataset_and_folder_without_root_are_clear_errors(tmp_path: Path
         load_dataset(data_cfg(tmp_path, dataset="cifar"), seed=0)
     with pytest.raises(ValueError, match=r"needs data\.root"):
         load_dataset(data_cfg(tmp_path, dataset="folder"), seed=0)
-    assert set(DATASETS) == {"trifeature", "mnist_fashion", "digits", "folder"}
+    assert set(DATASETS) == {"trifeature", "mnist_fashion", "digits", "folder", "pairs"}
 
 
 # --- MNIST + Fashion-MNIST, digits --------------------------------------------------------

@@ -6,10 +6,13 @@ attributes of `cfg` (a `DataConfig` or anything with the same field names):
 - dataset: one of DATASETS
 - resolution: image side in pixels
 - samples_per_combination (trifeature), num_samples (mnist_fashion), root and layout (folder;
-  ``layout`` may be absent: "auto")
+  ``layout`` may be absent: "auto"), root (pairs: the CSV/TSV file)
+- captions (trifeature; may be absent: None): attribute -> probability that an image's caption
+  names it; when set, every image gets a synthetic caption (:mod:`raycl.data.captions`)
 - val_fraction, test_fraction: share of each class (of the first attribute) held out for
   validation (model selection) and for the final test. A folder in the train/test layout ships
   its test split (root/test/): test_fraction is ignored and validation is carved from train/.
+  An unlabelled set (pairs) has no classes: its shares are drawn at random (:func:`random_split`).
 - cache_dir: where the generated arrays are kept (None -> $RAYCL_CACHE or ~/.cache/raycl)
 
 The full image set is cached as one .npz named by a hash of everything that changes its
@@ -20,6 +23,7 @@ split sizes from the config alone, so a search can be checked before anything is
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -43,9 +47,16 @@ _FIXED_NUM_CLASSES: dict[str, dict[str, int]] = {
 ATTRIBUTES: dict[str, tuple[str, ...]] = {
     **{name: tuple(classes) for name, classes in _FIXED_NUM_CLASSES.items()},
     "folder": ("class",),
+    # An image-text corpus has captions, not classes: nothing to stratify or probe.
+    "pairs": (),
 }
 # Image channels of each dataset (what the encoder's first layer takes).
-CHANNELS: dict[str, int] = {"trifeature": 3, "mnist_fashion": 2, "digits": 1, "folder": 3}
+CHANNELS: dict[str, int] = {"trifeature": 3, "mnist_fashion": 2, "digits": 1, "folder": 3,
+                            "pairs": 3}
+# Keeps the synthetic captions' draws apart from the Trifeature generator's, which is seeded
+# with the same data seed: otherwise whether a caption names the colour would follow the
+# generator's first random numbers (e.g. the objects' positions).
+_CAPTION_STREAM = 0xCA9
 
 
 @dataclass
@@ -54,14 +65,18 @@ class ImageSet:
 
     Attributes:
         images: uint8 array (N, C, H, W).
-        labels: attribute name -> int64 array (N,), e.g. {"shape", "texture", "color"}.
+        labels: attribute name -> int64 array (N,), e.g. {"shape", "texture", "color"}; empty
+            for an unlabelled set (an image-text corpus).
         test_mask: bool array (N,) marking a test split the source ships (a folder's test/),
             or None when the test split is drawn by ``test_fraction``.
+        captions: str array (N,), one caption per image (a pairs file's, or Trifeature's
+            synthetic ones when data.captions is set); None for a set without text.
     """
 
     images: np.ndarray
     labels: dict[str, np.ndarray]
     test_mask: np.ndarray | None = None
+    captions: np.ndarray | None = None
 
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
@@ -98,6 +113,9 @@ DATASETS: dict[str, str] = {
     "digits": "scikit-learn 8x8 digits (1 797 images), 1 channel; attribute digit",
     "folder": "ImageFolder layout root/<class>/*.png|jpg, or root/train/<class>/ and "
     "root/test/<class>/ (the shipped test split), RGB; attribute class; needs root",
+    "pairs": "image-caption pairs listed in a CSV/TSV file (root; columns image|filepath|path "
+    "and caption|title|text, image paths relative to the file), RGB; no labels, one caption "
+    "per image; split at random",
 }
 
 
@@ -133,12 +151,26 @@ def _content_key(cfg: Any, seed: int) -> dict[str, Any]:
         if layout != "flat":
             # Added only here: flat keys stay as they were, so existing caches remain valid.
             key.update(layout=layout)
+    elif name == "pairs":
+        from raycl.data.image_text import pairs_fingerprint
+
+        path = _pairs_file(cfg)
+        key.update(root=str(Path(path).resolve()), files=pairs_fingerprint(path))
+    # data.captions is not part of the key: Trifeature's captions are drawn after the cache is
+    # read (see load_image_set), so every caption setting shares one copy of the images.
     return key
 
 
 def _folder_root(cfg: Any) -> str:
     if not cfg.root:
         raise ValueError("dataset 'folder' needs data.root (the ImageFolder directory)")
+    return str(cfg.root)
+
+
+def _pairs_file(cfg: Any) -> str:
+    if not cfg.root:
+        raise ValueError("dataset 'pairs' needs data.root (the CSV or TSV file of image, "
+                         "caption rows)")
     return str(cfg.root)
 
 
@@ -166,6 +198,10 @@ def _build_image_set(cfg: Any, seed: int) -> ImageSet:
         from raycl.data import folders
 
         return folders.load_image_folder(_folder_root(cfg), cfg.resolution, _folder_layout(cfg))
+    if name == "pairs":
+        from raycl.data import image_text
+
+        return image_text.load_image_text_pairs(_pairs_file(cfg), cfg.resolution)
     raise ValueError(f"unknown dataset {name!r}; choose one of:\n{describe_datasets()}")
 
 
@@ -177,9 +213,13 @@ def _save_atomically(path: Path, image_set: ImageSet) -> None:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {f"label_{name}": values for name, values in image_set.labels.items()}
-    arrays["attributes"] = np.array(list(image_set.labels))
+    # dtype str: an unlabelled set's empty list would otherwise be saved as float64.
+    arrays["attributes"] = np.array(list(image_set.labels), dtype=np.str_)
     if image_set.test_mask is not None:
         arrays["test_mask"] = image_set.test_mask
+    if image_set.captions is not None:
+        # A fixed-width unicode array, so loading needs no pickle.
+        arrays["captions"] = np.asarray(image_set.captions, dtype=np.str_)
     handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as tmp_file:
@@ -197,9 +237,31 @@ def _load_cached(path: Path) -> ImageSet | None:
             attributes = [str(name) for name in archive["attributes"]]
             labels = {name: archive[f"label_{name}"] for name in attributes}
             test_mask = archive["test_mask"] if "test_mask" in archive.files else None
-            return ImageSet(images=archive["images"], labels=labels, test_mask=test_mask)
+            captions = archive["captions"] if "captions" in archive.files else None
+            return ImageSet(images=archive["images"], labels=labels, test_mask=test_mask,
+                            captions=captions)
     except (OSError, KeyError, ValueError, zipfile.BadZipFile):
         return None
+
+
+def caption_rates(cfg: Any) -> dict[str, float] | None:
+    """``cfg.captions`` checked against the dataset: None when absent or unset.
+
+    Raises:
+        ValueError: captions are set for a dataset other than trifeature.
+    """
+    rates = getattr(cfg, "captions", None)
+    if rates is None:
+        return None
+    if cfg.dataset != "trifeature":
+        raise ValueError(f"data.captions is only for dataset trifeature (its captions are "
+                         f"made from its labels), not {cfg.dataset!r}")
+    return {str(name): float(rate) for name, rate in rates.items()}
+
+
+def caption_seed(seed: int) -> int:
+    """The seed of the synthetic captions drawn for data seed ``seed`` (see _CAPTION_STREAM)."""
+    return int(np.random.SeedSequence([int(seed), _CAPTION_STREAM]).generate_state(1)[0])
 
 
 def load_image_set(cfg: Any, seed: int) -> ImageSet:
@@ -207,11 +269,12 @@ def load_image_set(cfg: Any, seed: int) -> ImageSet:
 
     Args:
         cfg: DataConfig-like object (see the module docstring).
-        seed: seeds generation and subsampling (ignored by "folder").
+        seed: seeds generation, subsampling and synthetic captions (ignored by "folder" and
+            "pairs").
 
     Returns:
         ImageSet with all images of the dataset (both halves of a train/test folder, the test
-        ones marked by ``test_mask``).
+        ones marked by ``test_mask``), and captions for "pairs" or when data.captions is set.
     """
     if cfg.dataset not in DATASETS:
         raise ValueError(
@@ -219,15 +282,22 @@ def load_image_set(cfg: Any, seed: int) -> ImageSet:
         )
     if int(cfg.resolution) < 1:
         raise ValueError(f"data.resolution must be >= 1, got {cfg.resolution}")
+    rates = caption_rates(cfg)  # before any work: a bad combination fails at once
     key = _content_key(cfg, seed)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
     path = cache_dir / f"{cfg.dataset}-{digest}.npz"
-    cached = _load_cached(path) if path.exists() else None
-    if cached is not None:
-        return cached
-    image_set = _build_image_set(cfg, seed)
-    _save_atomically(path, image_set)
+    image_set = _load_cached(path) if path.exists() else None
+    if image_set is None:
+        image_set = _build_image_set(cfg, seed)
+        _save_atomically(path, image_set)
+    if rates is not None:
+        # Drawn here rather than cached: a cache keyed by the rates would store one copy of the
+        # images per caption setting a sweep tries, and the captions take well under a second.
+        from raycl.data.captions import caption_corpus
+
+        captions = caption_corpus(image_set.labels, rates, caption_seed(seed))
+        image_set = dataclasses.replace(image_set, captions=captions)
     return image_set
 
 
@@ -267,6 +337,62 @@ def split_sizes(
         sizes["val"] += val
         sizes["test"] += test
     return sizes
+
+
+def unlabelled_split_sizes(
+    count: int, val_fraction: float, test_fraction: float
+) -> dict[str, int]:
+    """Sizes of the splits :func:`random_split` makes of ``count`` unlabelled images.
+
+    Each held-out split gets ``round(fraction * count)`` images, at least one (none for
+    validation when ``val_fraction`` is 0), and train keeps at least one. Test always leaves room
+    for one validation image, so its size does not depend on ``val_fraction``.
+
+    Args:
+        count: images in the set.
+        val_fraction: share put in the validation split, in [0, 1).
+        test_fraction: share put in the test split, in (0, 1).
+
+    Returns:
+        ``{"train": n, "val": n, "test": n}``.
+
+    Raises:
+        ValueError: fractions out of range, or too few images for a split each.
+    """
+    _check_fractions(val_fraction, test_fraction)
+    if count < 3:
+        raise ValueError(f"{count} image(s) are too few for a train, validation and test split")
+    min_val = 1 if val_fraction > 0 else 0
+    test = min(max(1, round(test_fraction * count)), count - 2)
+    val = min(max(min_val, round(val_fraction * count)), count - 1 - test)
+    return {"train": count - val - test, "val": val, "test": test}
+
+
+def random_split(
+    count: int, val_fraction: float, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split ``count`` unlabelled images at random into train, validation and test.
+
+    Args:
+        count: images in the set.
+        val_fraction: share put in the validation split, in [0, 1).
+        test_fraction: share put in the test split, in (0, 1).
+        seed: seeds the permutation; same seed -> same split.
+
+    Returns:
+        (train_indices, val_indices, test_indices), each sorted, pairwise disjoint, covering
+        range(count), sized as :func:`unlabelled_split_sizes` says. As in
+        :func:`stratified_split`, test is taken first, so it does not depend on
+        ``val_fraction``.
+
+    Raises:
+        ValueError: see :func:`unlabelled_split_sizes`.
+    """
+    sizes = unlabelled_split_sizes(count, val_fraction, test_fraction)
+    order = np.random.default_rng(seed).permutation(count).astype(np.int64)
+    test, val = sizes["test"], sizes["val"]
+    return (np.sort(order[test + val:]), np.sort(order[test:test + val]),
+            np.sort(order[:test]))
 
 
 def stratified_split(
@@ -361,7 +487,9 @@ def class_counts(cfg: Any) -> list[int]:
     """Samples per class of the stratifying (first) attribute, known without loading images.
 
     Generated and packaged sets know their counts from the config; a folder is listed (both
-    halves together in the train/test layout: :func:`split_sizes_for` tells them apart).
+    halves together in the train/test layout: :func:`split_sizes_for` tells them apart). An
+    unlabelled set (pairs) counts as one class of all its images: ``[N]``, its rows counted
+    without opening an image.
     """
     name = cfg.dataset
     if name == "trifeature":
@@ -382,11 +510,23 @@ def class_counts(cfg: Any) -> list[int]:
 
         parts = folder_class_counts(_folder_root(cfg), _folder_layout(cfg))
         return [sum(counts) for counts in zip(*parts.values(), strict=True)]
+    if name == "pairs":
+        from raycl.data.image_text import count_pairs
+
+        return [count_pairs(_pairs_file(cfg))]
     raise ValueError(f"unknown dataset {name!r}; choose one of:\n{describe_datasets()}")
+
+
+def is_unlabelled(dataset: str) -> bool:
+    """Whether ``dataset`` has no class labels (its splits are random, it cannot be probed)."""
+    return ATTRIBUTES.get(dataset) == ()
 
 
 def split_sizes_for(cfg: Any) -> dict[str, int]:
     """Exact train/val/test sizes :func:`load_dataset` will produce for this config."""
+    if is_unlabelled(cfg.dataset):
+        (total,) = class_counts(cfg)
+        return unlabelled_split_sizes(total, float(cfg.val_fraction), float(cfg.test_fraction))
     if cfg.dataset == "folder":
         from raycl.data.folders import folder_class_counts
 
@@ -401,13 +541,24 @@ def split_sizes_for(cfg: Any) -> dict[str, int]:
 
 def _subset(image_set: ImageSet, indices: np.ndarray) -> ImageSet:
     return ImageSet(images=image_set.images[indices],
-                    labels={name: values[indices] for name, values in image_set.labels.items()})
+                    labels={name: values[indices] for name, values in image_set.labels.items()},
+                    captions=None if image_set.captions is None
+                    else image_set.captions[indices])
 
 
 def _split_indices(
-    image_set: ImageSet, stratify: np.ndarray, cfg: Any, seed: int
+    image_set: ImageSet, cfg: Any, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(train, val, test) indices: by fractions, or around the test split the source ships."""
+    """(train, val, test) indices: by fractions (stratified on the first attribute, at random
+    when there is none), or around the test split the source ships."""
+    if image_set.labels:
+        stratify = next(iter(image_set.labels.values()))
+    elif image_set.test_mask is None:
+        return random_split(len(image_set.images), float(cfg.val_fraction),
+                            float(cfg.test_fraction), seed)
+    else:
+        # Unlabelled with a shipped test split: validation is a random share of the rest.
+        stratify = np.zeros(len(image_set.images), dtype=np.int64)
     if image_set.test_mask is None:
         return stratified_split(stratify, float(cfg.test_fraction), seed,
                                 val_fraction=float(cfg.val_fraction))
@@ -427,12 +578,13 @@ def load_dataset(cfg: Any, seed: int) -> DatasetSplits:
     Returns:
         DatasetSplits; the split is stratified on the first attribute. A folder in the
         train/test layout keeps its test/ images as the test split and carves validation
-        from train/.
+        from train/. An unlabelled set (pairs) is split at random (:func:`random_split`) and
+        has ``attributes == []`` and ``num_classes == {}``. Captions, when the set has them,
+        follow their images into every split.
     """
     image_set = load_image_set(cfg, seed)
     attributes = list(image_set.labels)
-    train_indices, val_indices, test_indices = _split_indices(
-        image_set, image_set.labels[attributes[0]], cfg, seed)
+    train_indices, val_indices, test_indices = _split_indices(image_set, cfg, seed)
     return DatasetSplits(
         name=cfg.dataset,
         train=_subset(image_set, train_indices),

@@ -117,6 +117,7 @@ def stage_epochs(cfg: CoreConfig) -> int:
 # Imported for their @register side effect; must come after register() is defined.
 from raycl.methods import all4one, hscl, mocov2, nnclr, simclr, simsiam, spectral  # noqa: E402, F401, I001
 from raycl.methods import fgvr  # noqa: E402, F401  (after its bases)
+from raycl.methods import clip  # noqa: E402, F401
 
 __all__ = ["METHODS", "SECTIONS", "Batch", "Method", "Phase", "build_method", "method_class",
            "register", "stage_epochs", "stage_phases"]

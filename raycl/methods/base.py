@@ -31,8 +31,14 @@ are what the planned methods need; keep them generic:
   images at the end of a trial (FGVR's reconstruction triples);
   :meth:`Method.plot_diagnostics` turns them into PNGs on the driver, logged to the trial's
   MLflow run.
-- **Multi-modal batches.** Image-text methods (MCL on CLIP) subclass :class:`Batch` and add a
-  ``texts`` field; everything else stays the same.
+- **Image-text methods** (CLIP) set ``multimodal``: the loop tokenises the dataset's captions
+  once with :meth:`Method.tokenize`, hands each batch its captions' tokens as ``Batch.texts``,
+  and scores image-text metrics (MMVP-style pairs, zero-shot, caption retrieval) with
+  :meth:`Method.embed_texts`.
+- **Initial weights.** ``stages_share_initial_weights``: every MCL stage starts from the same
+  weights (CLIP tuning; also forced by ``mcl.integration: soup``), not a fresh seed per stage.
+  ``weight_file_keys`` names the method's own weight-file keys (besides ``model.pretrained``),
+  which a resumed stage does not read again.
 - **MCL** is not a method: it wraps a base method and supplies ``Batch.pseudo_labels``. A
   method that sets ``accepts_negative_mask`` restricts its negatives to samples with the same
   pseudo label (``mcl.negatives: mask``); any method can be MCL's base with ``sampler``.
@@ -40,6 +46,7 @@ are what the planned methods need; keep them generic:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -64,12 +71,14 @@ class Batch:
         index: int64 (B,) dataset indices of the samples.
         pseudo_labels: int64 (B,) MCL group codes, or None; when given, an anchor's negatives
             are restricted to samples with the same code.
+        texts: int64 (B, L) tokens of each image's caption (multimodal methods), or None.
     """
 
     images: Tensor
     views: list[Tensor]
     index: Tensor
     pseudo_labels: Tensor | None = None
+    texts: Tensor | None = None
 
     def negative_mask(self) -> Tensor | None:
         """MCL's (B_local, B_global) mask of allowed negatives (same pseudo label), or None.
@@ -122,6 +131,12 @@ class Method(nn.Module):
     backbone: nn.Module
     # True when forward honours Batch.negative_mask() (MCL's ``negatives: mask``).
     accepts_negative_mask: ClassVar[bool] = False
+    # True for image-text methods: Batch.texts, tokenize and embed_texts.
+    multimodal: ClassVar[bool] = False
+    # True when every MCL stage starts from the same initial weights.
+    stages_share_initial_weights: ClassVar[bool] = False
+    # Config keys of weight files the method reads (a resumed stage does not read them again).
+    weight_file_keys: ClassVar[tuple[str, ...]] = ()
 
     def forward(self, batch: Batch) -> dict[str, Tensor]:
         """Computes the training loss.
@@ -155,6 +170,26 @@ class Method(nn.Module):
             (B, projector_dim) projections, or None for a method without one (the default).
         """
         return None
+
+    def tokenize(self, texts: Sequence[str]) -> Tensor:
+        """Tokens of each caption (multimodal methods only).
+
+        Args:
+            texts: N captions.
+        Returns:
+            int64 (N, L) tokens, on the CPU.
+        """
+        raise NotImplementedError(f"{type(self).__name__} is not an image-text method")
+
+    def embed_texts(self, tokens: Tensor) -> Tensor:
+        """L2-normalised text embeddings in the image embedding's space (multimodal methods).
+
+        Args:
+            tokens: int64 (B, L) from :meth:`tokenize`, on the method's device.
+        Returns:
+            (B, D) embeddings.
+        """
+        raise NotImplementedError(f"{type(self).__name__} is not an image-text method")
 
     def neighbour_retrieval(self, images: Tensor) -> Tensor | None:
         """The dataset index of each image's nearest support-set entry, for the NN-retrieval

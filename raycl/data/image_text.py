@@ -1,0 +1,202 @@
+"""Image–caption pairs listed in a CSV or TSV file: the real corpus of the ``pairs`` dataset.
+
+The file has a header row; the image column is called ``image``, ``filepath`` or ``path`` and the
+caption column ``caption``, ``title`` or ``text`` (the names open_clip's CSV loader and COCO-style
+exports use; matched without regard to case, the first present in that order wins). One row is
+one pair. Image paths are relative to the file's directory (absolute paths are kept). The
+delimiter is a tab for ``.tsv``/``.tab``, a comma for ``.csv``, and sniffed otherwise.
+
+A corpus has no class labels: :func:`load_image_text_pairs` returns an ImageSet with
+``labels == {}`` and one caption per image. An image named by several rows (COCO has five
+captions per image) is decoded once and repeated, one copy per row.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from raycl.data import ImageSet
+from raycl.data.folders import load_square_rgb
+
+IMAGE_COLUMNS: tuple[str, ...] = ("image", "filepath", "path")
+CAPTION_COLUMNS: tuple[str, ...] = ("caption", "title", "text")
+_TAB_SUFFIXES = frozenset({".tsv", ".tab"})
+# Enough text for csv.Sniffer to see a few rows of a file with an unknown suffix.
+_SNIFF_BYTES = 64 * 1024
+
+
+class Pair(NamedTuple):
+    """One row of a pairs file.
+
+    Attributes:
+        row: 1-based index among the data rows (the header is not counted).
+        line: line of the file the row ends on (csv counts quoted line breaks).
+        image: the image's absolute path (a relative one is resolved against the file's
+            directory).
+        caption: the caption, surrounding whitespace removed.
+    """
+
+    row: int
+    line: int
+    image: Path
+    caption: str
+
+
+def _where(path: Path, pair: Pair) -> str:
+    """The ``FILE: row R (line L)`` prefix of an error about one row."""
+    return f"{path}: row {pair.row} (line {pair.line})"
+
+
+def _delimiter(path: Path, sample: str) -> str:
+    """Tab or comma by suffix; for any other suffix the delimiter csv.Sniffer finds (or comma)."""
+    suffix = path.suffix.lower()
+    if suffix in _TAB_SUFFIXES:
+        return "\t"
+    if suffix == ".csv":
+        return ","
+    try:
+        return csv.Sniffer().sniff(sample, delimiters=",\t;|").delimiter
+    except csv.Error:
+        return ","
+
+
+def _column(path: Path, header: list[str], names: tuple[str, ...], what: str) -> int:
+    """Index of the first of ``names`` in ``header`` (case-insensitive)."""
+    normalised = [name.strip().lower() for name in header]
+    for name in names:
+        if name in normalised:
+            return normalised.index(name)
+    raise ValueError(f"{path}: no {what} column: expected one of {', '.join(names)}; the header "
+                     f"has {', '.join(repr(name) for name in header)}")
+
+
+def read_pairs(path: str | Path) -> list[Pair]:
+    """The rows of a pairs file, without opening any image.
+
+    Args:
+        path: the CSV or TSV file (data.root).
+
+    Returns:
+        One :class:`Pair` per non-blank data row, in file order.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: the file is empty, not UTF-8 or not valid CSV, lacks the image or caption
+            column, has no rows, or a row is short or has an empty image path or caption. The
+            message is one line naming the file (and the row).
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"image-caption file {str(file)!r} does not exist")
+    # Images resolve against the file's absolute directory, so a path means the same image (and
+    # the cache key the same thing) whatever directory the run starts in.
+    base = file.resolve().parent
+    pairs: list[Pair] = []
+    try:
+        # utf-8-sig: spreadsheet exports often start with a byte-order mark, which would
+        # otherwise become part of the first column's name.
+        with file.open(encoding="utf-8-sig", newline="") as handle:
+            delimiter = _delimiter(file, handle.read(_SNIFF_BYTES))
+            handle.seek(0)
+            reader = csv.reader(handle, delimiter=delimiter)
+            header = next(reader, None)
+            if not header or not any(name.strip() for name in header):
+                raise ValueError(
+                    f"{file}: empty file: expected a header naming an image column "
+                    f"({', '.join(IMAGE_COLUMNS)}) and a caption column "
+                    f"({', '.join(CAPTION_COLUMNS)})")
+            image_index = _column(file, header, IMAGE_COLUMNS, "image")
+            caption_index = _column(file, header, CAPTION_COLUMNS, "caption")
+            for fields in reader:
+                if not any(field.strip() for field in fields):
+                    continue  # a blank line (e.g. at the end of the file) is no pair
+                where = f"{file}: row {len(pairs) + 1} (line {reader.line_num})"
+                if len(fields) <= max(image_index, caption_index):
+                    raise ValueError(f"{where}: {len(fields)} field(s), but the header has "
+                                     f"{len(header)}")
+                image, caption = fields[image_index].strip(), fields[caption_index].strip()
+                if not image:
+                    raise ValueError(f"{where}: empty {header[image_index]!r}")
+                if not caption:
+                    raise ValueError(f"{where}: empty {header[caption_index]!r}")
+                pairs.append(Pair(len(pairs) + 1, reader.line_num, base / image,
+                                  caption))
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{file}: not UTF-8 text ({error})") from error
+    except csv.Error as error:
+        raise ValueError(f"{file}: not valid CSV: {error}") from error
+    if not pairs:
+        raise ValueError(f"{file}: no image-caption rows after the header")
+    return pairs
+
+
+def count_pairs(path: str | Path) -> int:
+    """Number of pairs (data rows) of a pairs file, without opening any image."""
+    return len(read_pairs(path))
+
+
+def _unique_images(path: Path, pairs: list[Pair]) -> dict[Path, Pair]:
+    """Each distinct image path with the first row naming it; a missing image is an error."""
+    first: dict[Path, Pair] = {}
+    for pair in pairs:
+        if pair.image not in first:
+            if not pair.image.is_file():
+                raise ValueError(f"{_where(path, pair)}: image {str(pair.image)!r} not found")
+            first[pair.image] = pair
+    return first
+
+
+def pairs_fingerprint(path: str | Path) -> list[list[str | int]]:
+    """(path, size, mtime in ns) of the pairs file and of every distinct image it names.
+
+    Changes whenever the cached content may: a caption edit changes the file's size or mtime,
+    an image edit the image's.
+
+    Raises:
+        FileNotFoundError, ValueError: see :func:`read_pairs`; also an image that does not
+            exist (the message names the file, the row and the image).
+    """
+    file = Path(path)
+    pairs = read_pairs(file)
+    stat = file.stat()
+    fingerprint: list[list[str | int]] = [[file.name, stat.st_size, stat.st_mtime_ns]]
+    for image in _unique_images(file, pairs):
+        image_stat = image.stat()
+        fingerprint.append([str(image), image_stat.st_size, image_stat.st_mtime_ns])
+    return fingerprint
+
+
+def load_image_text_pairs(path: str | Path, resolution: int) -> ImageSet:
+    """Read every pair of a pairs file: RGB images, centre-cropped and resized as folders are.
+
+    Args:
+        path: the CSV or TSV file (see the module docstring).
+        resolution: side length of the output images.
+
+    Returns:
+        ImageSet with images uint8 (N, 3, resolution, resolution), ``labels == {}`` and
+        ``captions`` a (N,) str array, both in row order.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: see :func:`read_pairs`; also a missing or unreadable image (the message
+            names the file, the row and the image) or resolution < 1.
+    """
+    if resolution < 1:
+        raise ValueError(f"resolution must be >= 1, got {resolution}")
+    file = Path(path)
+    pairs = read_pairs(file)
+    unique = _unique_images(file, pairs)
+    decoded: dict[Path, np.ndarray] = {}
+    for image, pair in unique.items():
+        try:
+            decoded[image] = load_square_rgb(image, resolution)
+        except ValueError as error:
+            raise ValueError(f"{_where(file, pair)}: {error}") from error
+    images = np.stack([decoded[pair.image] for pair in pairs])
+    captions = np.array([pair.caption for pair in pairs], dtype=np.str_)
+    return ImageSet(images=images, labels={}, captions=captions)

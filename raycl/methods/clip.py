@@ -1,0 +1,393 @@
+"""CLIP tuning (Radford et al., 2021) on open_clip models: MCL's multimodal base method.
+
+As in MCL's CLIP setting (paper §5.4, the authors' open_clip code): every stage starts from the
+same initial weights, the text tower is frozen, and only the last ``clip.trainable_blocks``
+blocks of the image transformer (with its final norm and projection) and the logit scale are
+trained, by the symmetric image-text InfoNCE loss. Under MCL (``method: mcl``,
+``mcl.base: clip``) each image's negatives are restricted to captions (and images) with its
+pseudo label, from k-means on the image embeddings of the stages before.
+
+Nothing is downloaded: the model is random (``clip.pretrained: null``) or starts from a local
+checkpoint file; only models whose tokenizer ships with open_clip (its BPE vocabulary) and whose
+image tower is a ViT are accepted, checked before launch. ``clip.model: tiny`` is a 4-block ViT
+and a 2-layer text transformer for CPU runs and tests; any open_clip ViT config (``ViT-B-32``,
+``ViT-L-14``) is the GPU-scale choice. ``clip.train_text: true`` unfreezes the text tower and
+every image block: plain CLIP pre-training, e.g. to make the initial checkpoint of a CPU-scale
+experiment.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor, nn
+
+from raycl.distributed import gather_with_grad, rank
+from raycl.methods import register
+from raycl.methods.base import Batch, Method
+from raycl.schema import Section
+
+if TYPE_CHECKING:
+    from raycl.config import CoreConfig
+
+# open_clip's preprocessing statistics (OPENAI_DATASET_MEAN / STD), applied inside the method.
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+# open_clip's training script clamps the logit scale at 100 (temperature 0.01).
+MAX_LOGIT_SCALE = 100.0
+
+
+class CLIPConfig(Section):
+    """Knobs of ``method: clip`` (MCL's multimodal base: ``mcl.base: clip``)."""
+
+    model: str = Field(
+        "tiny", description="open_clip model config with a ViT image tower and open_clip's own "
+        "tokenizer (ViT-B-32, ViT-L-14, ...; the image size follows data.resolution), or 'tiny' "
+        "(tiny_* below) for CPU runs."
+    )
+    pretrained: str | None = Field(
+        None, description="Local checkpoint file every stage starts from (never downloaded): "
+        "an open_clip/OpenAI CLIP state dict (torch.save, 'state_dict' or TorchScript archives "
+        "too) or a raycl state.pt of a clip run. None: random initialisation (seeded, the same "
+        "for every stage). A hub tag such as 'openai' is rejected: download it elsewhere and "
+        "give the file."
+    )
+    trainable_blocks: int = Field(
+        6, ge=0, description="Last image transformer blocks trained (with the final norm, the "
+        "projection and the logit scale); the rest is frozen. Paper 6, its appendix found 4 "
+        "better. (The authors' code counts open_clip lock groups: its 6 groups are 5 blocks.) "
+        "Capped at the tower's depth, where the whole image tower trains."
+    )
+    train_text: bool = Field(
+        False, description="Also train the text tower and every image block (plain CLIP "
+        "training, e.g. to make an initial checkpoint); MCL's setting keeps it false."
+    )
+    init_logit_scale: float | None = Field(
+        None, gt=0.0, le=MAX_LOGIT_SCALE, description="Initial logit scale 1/τ. None: the "
+        "checkpoint's value, or 1/0.07 for a random model."
+    )
+    learn_logit_scale: bool = Field(True, description="Train the logit scale (clamped at 100).")
+    tiny_width: int = Field(64, ge=8, description="tiny: width of both towers.")
+    tiny_layers: int = Field(4, ge=1, description="tiny: image transformer blocks.")
+    tiny_text_layers: int = Field(2, ge=1, description="tiny: text transformer blocks.")
+    tiny_patch_size: int = Field(4, ge=1, description="tiny: image patch side in pixels.")
+    tiny_embed_dim: int = Field(64, ge=4, description="tiny: joint embedding dimension.")
+    tiny_context_length: int = Field(24, ge=8, description="tiny: tokens per caption.")
+
+
+def clip_loss(
+    image_features: Tensor,
+    text_features: Tensor,
+    logit_scale: Tensor,
+    negative_mask: Tensor | None = None,
+) -> Tensor:
+    """Symmetric image-text InfoNCE over the global batch.
+
+    Each rank scores its own rows against every rank's columns (gathered with gradients), as
+    open_clip's ``ClipLoss(local_loss=True, gather_with_grad=True)``.
+
+    Args:
+        image_features: (B_local, D) L2-normalised image embeddings.
+        text_features: (B_local, D) L2-normalised embeddings of the matching captions.
+        logit_scale: scalar 1/τ (already exponentiated).
+        negative_mask: optional bool (B_local, B_global), True where a pair may serve as a
+            negative (MCL: same pseudo label); the positive must be True.
+
+    Returns:
+        Scalar loss, the mean of the image->text and text->image cross-entropies.
+
+    Example:
+        >>> x = F.normalize(torch.eye(3), dim=1)
+        >>> float(clip_loss(x, x, torch.tensor(100.0))) < 1e-3
+        True
+    """
+    if image_features.shape != text_features.shape or image_features.dim() != 2:
+        raise ValueError(f"image and text features must both be (B, D), got "
+                         f"{tuple(image_features.shape)} and {tuple(text_features.shape)}")
+    local = image_features.shape[0]
+    all_images = gather_with_grad(image_features)
+    all_texts = gather_with_grad(text_features)
+    targets = torch.arange(local, device=image_features.device) + rank() * local
+    image_to_text = logit_scale * image_features.float() @ all_texts.float().T
+    text_to_image = logit_scale * text_features.float() @ all_images.float().T
+    if negative_mask is not None:
+        if negative_mask.shape != image_to_text.shape:
+            raise ValueError(f"negative_mask must be {tuple(image_to_text.shape)}, got "
+                             f"{tuple(negative_mask.shape)}")
+        image_to_text = image_to_text.masked_fill(~negative_mask, float("-inf"))
+        text_to_image = text_to_image.masked_fill(~negative_mask, float("-inf"))
+    return (F.cross_entropy(image_to_text, targets) + F.cross_entropy(text_to_image, targets)) / 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Building open_clip models without a network
+
+
+def _tiny_model(section: CLIPConfig, resolution: int) -> nn.Module:
+    import open_clip
+
+    width = section.tiny_width
+    heads = max(1, width // 32)
+    return open_clip.CLIP(
+        embed_dim=section.tiny_embed_dim,
+        vision_cfg=open_clip.CLIPVisionCfg(layers=section.tiny_layers, width=width,
+                                           head_width=width // heads, mlp_ratio=2.0,
+                                           patch_size=section.tiny_patch_size,
+                                           image_size=resolution),
+        text_cfg=open_clip.CLIPTextCfg(context_length=section.tiny_context_length,
+                                       vocab_size=49408, width=width, heads=heads,
+                                       layers=section.tiny_text_layers, mlp_ratio=2.0),
+    )
+
+
+def model_problem(name: str) -> str | None:
+    """Why the open_clip config ``name`` cannot be used offline by raycl, or None."""
+    if name == "tiny":
+        return None
+    import open_clip
+
+    config = open_clip.get_model_config(name)
+    if config is None:
+        known = ", ".join(model for model in open_clip.list_models() if model.startswith("ViT"))
+        return f"unknown open_clip model {name!r} (ViT configs: {known[:300]}...)"
+    vision, text = config.get("vision_cfg", {}), config.get("text_cfg", {})
+    if vision.get("timm_model_name") or not isinstance(vision.get("layers"), int) \
+            or not vision.get("patch_size"):
+        return f"{name} has no open_clip ViT image tower (raycl trains the last ViT blocks)"
+    if text.get("hf_tokenizer_name") or text.get("hf_model_name"):
+        return (f"{name} needs a Hugging Face tokenizer/text model, which would be downloaded; "
+                f"choose a model with open_clip's bundled tokenizer (ViT-B-32, ViT-L-14, ...)")
+    return None
+
+
+def build_open_clip(section: CLIPConfig, resolution: int) -> nn.Module:
+    """The open_clip model ``section.model`` at ``resolution``, randomly initialised."""
+    problem = model_problem(section.model)
+    if problem:
+        raise ValueError(f"clip.model: {problem}")
+    if section.model == "tiny":
+        return _tiny_model(section, resolution)
+    import open_clip
+
+    return open_clip.create_model(section.model, pretrained=None, force_image_size=resolution)
+
+
+def read_clip_state(path: str | Path) -> dict[str, Tensor]:
+    """The CLIP state dict in a local file: a plain or ``{"state_dict": ...}`` dict (open_clip
+    training checkpoints, ``module.`` prefixes dropped), a raycl ``state.pt`` of a clip run
+    (its ``clip.*`` weights), or an OpenAI TorchScript archive."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"not a file: {path}")
+    try:
+        # weights_only: a file a user points at must not run code; mmap: no full read.
+        state: Any = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as load_error:
+        try:  # OpenAI's original checkpoints are TorchScript archives
+            state = torch.jit.load(str(path), map_location="cpu").state_dict()
+        except Exception:
+            raise ValueError(f"cannot read {path}: {type(load_error).__name__}: "
+                             f"{str(load_error).splitlines()[0][:200]}") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} holds a {type(state).__name__}, not a state dict")
+    if isinstance(state.get("model"), dict):  # raycl checkpoint
+        state = {key.removeprefix("clip."): value for key, value in state["model"].items()
+                 if key.startswith("clip.")}
+    elif isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    return {key.removeprefix("module."): value for key, value in state.items()
+            if isinstance(value, Tensor)}
+
+
+def _mismatch(model: nn.Module, state: dict[str, Tensor]) -> str | None:
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        return (f"keys do not match the model: missing {missing[:3]}"
+                f"{'...' if len(missing) > 3 else ''}, unexpected {unexpected[:3]}"
+                f"{'...' if len(unexpected) > 3 else ''}")
+    for key, value in expected.items():
+        # The positional embedding is interpolated when the resolution differs.
+        if key != "visual.positional_embedding" and tuple(state[key].shape) != tuple(value.shape):
+            return (f"{key} has shape {tuple(state[key].shape)}, the model needs "
+                    f"{tuple(value.shape)} (another model config?)")
+    return None
+
+
+def load_clip_weights(model: nn.Module, path: str | Path) -> None:
+    """Loads the checkpoint at ``path`` into ``model`` (strict; the image positional embedding
+    is interpolated to the model's resolution)."""
+    import open_clip
+
+    state = dict(read_clip_state(path))
+    problem = _mismatch(model, state)
+    if problem:
+        raise ValueError(f"{path}: {problem}")
+    open_clip.model.resize_pos_embed(state, model)  # in place; no-op at the same grid
+    model.load_state_dict(state, strict=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The method
+
+
+@register("clip", section=CLIPConfig)
+class CLIP(Method):
+    """An open_clip model tuned with image-text InfoNCE, the text tower frozen.
+
+    Args:
+        model: an open_clip ``CLIP`` with a ViT image tower.
+        tokenizer: open_clip tokenizer (callable: list of str -> (N, L) int64).
+        trainable_blocks: last image blocks to train (with ``ln_post``, ``proj``).
+        train_text: also train the text tower and the whole image tower.
+        learn_logit_scale: train the logit scale.
+    """
+
+    accepts_negative_mask = True
+    multimodal = True
+    stages_share_initial_weights = True
+    weight_file_keys: ClassVar[tuple[str, ...]] = ("clip.pretrained",)
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        trainable_blocks: int,
+        train_text: bool = False,
+        learn_logit_scale: bool = True,
+    ) -> None:
+        super().__init__()
+        if trainable_blocks < 0:
+            raise ValueError(f"trainable_blocks must be >= 0, got {trainable_blocks}")
+        self.clip = model
+        self.tokenizer = tokenizer
+        self.register_buffer("pixel_mean", torch.tensor(CLIP_MEAN).view(1, 3, 1, 1),
+                             persistent=False)
+        self.register_buffer("pixel_std", torch.tensor(CLIP_STD).view(1, 3, 1, 1),
+                             persistent=False)
+        visual = model.visual
+        blocks = visual.transformer.resblocks
+        self.trainable_blocks = min(trainable_blocks, len(blocks))
+        self.train_text = train_text
+        for param in model.parameters():
+            param.requires_grad_(False)
+        trainable: list[nn.Module] = [*blocks[len(blocks) - self.trainable_blocks:],
+                                      visual.ln_post]
+        if train_text or self.trainable_blocks == len(blocks):
+            trainable.append(visual)
+        if train_text:
+            trainable.extend(module for name, module in model.named_children()
+                             if name != "visual")
+        for module in trainable:
+            module.requires_grad_(True)
+        for _, param in model.named_parameters(recurse=False):  # text_projection, ...
+            param.requires_grad_(train_text)
+        if isinstance(visual.proj, nn.Parameter):
+            visual.proj.requires_grad_(True)
+        model.logit_scale.requires_grad_(learn_logit_scale)
+
+    @property
+    def backbone(self) -> nn.Module:  # type: ignore[override]
+        return self.clip.visual
+
+    @classmethod
+    def from_config(cls, cfg: CoreConfig, in_channels: int) -> CLIP:
+        section = cfg.section(CLIPConfig)
+        if in_channels != 3:
+            raise ValueError(f"clip needs RGB images, the data has {in_channels} channel(s)")
+        model = build_open_clip(section, cfg.data.resolution)
+        if section.pretrained:
+            load_clip_weights(model, section.pretrained)
+        if section.init_logit_scale is not None:
+            with torch.no_grad():
+                model.logit_scale.fill_(math.log(section.init_logit_scale))
+        return cls(model, _tokenizer(section, model), section.trainable_blocks,
+                   section.train_text, section.learn_logit_scale)
+
+    def _pixels(self, images: Tensor) -> Tensor:
+        # The loop's images are (x - 0.5) / 0.5; CLIP expects its own statistics.
+        return (images * 0.5 + 0.5 - self.pixel_mean) / self.pixel_std
+
+    def embed(self, images: Tensor) -> Tensor:
+        """L2-normalised image embeddings (what k-means, probes and image-text metrics use)."""
+        return F.normalize(self.clip.encode_image(self._pixels(images)), dim=-1)
+
+    def tokenize(self, texts: Sequence[str]) -> Tensor:
+        return self.tokenizer(list(texts)).long()
+
+    def embed_texts(self, tokens: Tensor) -> Tensor:
+        return F.normalize(self.clip.encode_text(tokens), dim=-1)
+
+    def forward(self, batch: Batch) -> dict[str, Tensor]:
+        if batch.texts is None:
+            raise ValueError("clip needs Batch.texts (tokenised captions)")
+        images = batch.views[0] if batch.views else batch.images
+        image_features = self.embed(images)
+        with torch.set_grad_enabled(self.train_text and torch.is_grad_enabled()):
+            text_features = self.embed_texts(batch.texts)
+        scale = self.clip.logit_scale.exp()
+        loss = clip_loss(image_features, text_features, scale, batch.negative_mask())
+        return {"loss": loss, "logit_scale": scale.detach()}
+
+    def on_train_step_end(self, step: int, total_steps: int) -> None:
+        with torch.no_grad():
+            self.clip.logit_scale.clamp_(0.0, math.log(MAX_LOGIT_SCALE))
+
+    @classmethod
+    def config_problems(cls, cfg: CoreConfig) -> list[tuple[str, str]]:
+        section = cfg.section(CLIPConfig)
+        problem = model_problem(section.model)
+        if problem:
+            return [("clip.model", problem)]
+        problems: list[tuple[str, str]] = []
+        data = cfg.data
+        if data.dataset not in ("trifeature", "pairs"):
+            problems.append(("data.dataset", f"clip needs image-text pairs: trifeature with "
+                             f"data.captions, or pairs (a CSV of image, caption); got "
+                             f"{data.dataset}"))
+        elif data.dataset == "trifeature" and not getattr(data, "captions", None):
+            problems.append(("data.captions", "clip needs captions: set data.captions, e.g. "
+                             "{color: 1.0, shape: 0.5, texture: 0.2}"))
+        with torch.device("meta"):  # shapes only: no memory, no time
+            model = build_open_clip(section, data.resolution)
+        patch = model.visual.patch_size[0]
+        if data.resolution % patch:
+            problems.append(("data.resolution", f"{data.resolution} is not a multiple of the "
+                             f"{section.model} patch size {patch}"))
+        if section.pretrained:
+            try:
+                problem = _mismatch(model, read_clip_state(section.pretrained))
+            except ValueError as exc:
+                problem = str(exc)
+            if problem and not Path(section.pretrained).exists():
+                problem = _missing_weights(section)
+            if problem:
+                problems.append(("clip.pretrained", problem))
+        return problems
+
+
+def _tokenizer(section: CLIPConfig, model: nn.Module) -> Any:
+    from open_clip.tokenizer import SimpleTokenizer
+
+    # open_clip's bundled BPE vocabulary: no download (model_problem rejects HF tokenizers).
+    return SimpleTokenizer(context_length=model.context_length)
+
+
+def _missing_weights(section: CLIPConfig) -> str:
+    import open_clip
+
+    tags = open_clip.list_pretrained_tags_by_model(section.model) if section.model != "tiny" \
+        else []
+    if section.pretrained in tags:
+        return (f"{section.pretrained!r} is a hub tag and raycl never downloads: fetch the "
+                f"weights elsewhere (open_clip.create_model({section.model!r}, "
+                f"pretrained={section.pretrained!r}) then torch.save(model.state_dict(), FILE)) "
+                f"and give the file's path")
+    return f"file not found: {section.pretrained}"
