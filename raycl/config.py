@@ -171,7 +171,11 @@ class TrainConfig(Section):
     weight_decay: float = Field(1e-6, ge=0.0, description="Weight decay.")
     optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Optimizer.")
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
-    warmup_epochs: float = Field(1.0, ge=0.0, description="Linear warmup, then cosine decay.")
+    warmup_epochs: float = Field(1.0, ge=0.0, description="Linear warmup, then lr_schedule.")
+    lr_schedule: Literal["cosine", "constant"] = Field(
+        "cosine", description="After the warmup: cosine decay to 0, or constant (the MCL "
+        "authors' CLIP tuning)."
+    )
     amp: Literal["auto", "off", "bf16", "fp16"] = Field(
         "auto", description="Mixed precision: auto = fp16 autocast on CUDA, off on CPU."
     )

@@ -85,10 +85,12 @@ logger = logging.getLogger(__name__)
 # Small helpers
 
 
-def lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
-    """Linear warmup to 1, then cosine decay to 0."""
+def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str = "cosine") -> float:
+    """Linear warmup to 1, then cosine decay to 0 (or 1 throughout: ``schedule="constant"``)."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
@@ -648,8 +650,8 @@ def _train_stage(
             seen = 0
             for step_in_epoch, (batch_images, index) in enumerate(loader):
                 step = epoch * steps_per_epoch + step_in_epoch
-                factor = 1.0 if phase.lr is not None else lr_factor(step, total_steps,
-                                                                     warmup_steps)
+                factor = 1.0 if phase.lr is not None else lr_factor(
+                    step, total_steps, warmup_steps, config.train.lr_schedule)
                 for group in optimizer.param_groups:
                     group["lr"] = group["initial_lr"] * factor
                 batch_images = batch_images.to(device, non_blocking=True)

@@ -157,12 +157,12 @@ def model_problem(name: str) -> str | None:
         known = ", ".join(model for model in open_clip.list_models() if model.startswith("ViT"))
         return f"unknown open_clip model {name!r} (ViT configs: {known[:300]}...)"
     vision, text = config.get("vision_cfg", {}), config.get("text_cfg", {})
-    if vision.get("timm_model_name") or not isinstance(vision.get("layers"), int) \
-            or not vision.get("patch_size"):
-        return f"{name} has no open_clip ViT image tower (raycl trains the last ViT blocks)"
     if text.get("hf_tokenizer_name") or text.get("hf_model_name"):
         return (f"{name} needs a Hugging Face tokenizer/text model, which would be downloaded; "
                 f"choose a model with open_clip's bundled tokenizer (ViT-B-32, ViT-L-14, ...)")
+    if vision.get("timm_model_name") or not isinstance(vision.get("layers"), int) \
+            or not vision.get("patch_size"):
+        return f"{name} has no open_clip ViT image tower (raycl trains the last ViT blocks)"
     return None
 
 
@@ -173,9 +173,16 @@ def build_open_clip(section: CLIPConfig, resolution: int) -> nn.Module:
         raise ValueError(f"clip.model: {problem}")
     if section.model == "tiny":
         return _tiny_model(section, resolution)
+    import copy
+
     import open_clip
 
-    return open_clip.create_model(section.model, pretrained=None, force_image_size=resolution)
+    # Built from the config directly (not create_model, which moves the model to a device), so
+    # the same code builds it on the "meta" device for the checks before launch.
+    config = copy.deepcopy(open_clip.get_model_config(section.model))
+    config["vision_cfg"]["image_size"] = resolution
+    cls = open_clip.CustomTextCLIP if config.pop("custom_text", False) else open_clip.CLIP
+    return cls(**config)
 
 
 def read_clip_state(path: str | Path) -> dict[str, Tensor]:
@@ -383,11 +390,13 @@ def _tokenizer(section: CLIPConfig, model: nn.Module) -> Any:
 def _missing_weights(section: CLIPConfig) -> str:
     import open_clip
 
+    value = str(section.pretrained)
     tags = open_clip.list_pretrained_tags_by_model(section.model) if section.model != "tiny" \
         else []
-    if section.pretrained in tags:
-        return (f"{section.pretrained!r} is a hub tag and raycl never downloads: fetch the "
-                f"weights elsewhere (open_clip.create_model({section.model!r}, "
-                f"pretrained={section.pretrained!r}) then torch.save(model.state_dict(), FILE)) "
-                f"and give the file's path")
+    if value in tags or value in open_clip.list_pretrained_tags_by_model("ViT-B-32") \
+            or ("/" not in value and "." not in value):
+        return (f"{value!r} is not a local file but looks like a hub tag, and raycl never "
+                f"downloads: fetch the weights elsewhere (open_clip.create_model(MODEL, "
+                f"pretrained=TAG), then torch.save(model.state_dict(), FILE)) and give the "
+                f"file's path")
     return f"file not found: {section.pretrained}"
