@@ -49,11 +49,14 @@ def leaderboard_rows(
     attributes = sorted({key.split("/", 2)[2] for run in children for key in run.data.metrics
                          if key.startswith("val/linear/")})
     # Reported beside the objective, never ranked on: transfer means, the effective rank,
-    # (NNCLR, All4One) the support set's NN-retrieval accuracy and image retrieval (rank-1, mAP).
+    # (NNCLR, All4One) the support set's NN-retrieval accuracy, image retrieval (rank-1, mAP)
+    # and (CLIP) the MMVP-style pairs, zero-shot accuracy and caption retrieval.
     reported = sorted({key for run in children for key in run.data.metrics
                        if re.fullmatch(r"transfer/[^/]+/linear/mean", key)})
     reported += [key for key in ("diag/effective_rank", "val/nn_retrieval/mean",
-                                 "val/retrieval/rank1", "val/retrieval/map")
+                                 "val/retrieval/rank1", "val/retrieval/map", "val/mmvp/mean",
+                                 "test/mmvp/mean", "val/zeroshot/mean", "val/i2t/r1",
+                                 "val/t2i/r1")
                  if key != metric and any(key in run.data.metrics for run in children)]
     extra = [*reported, *[key for attribute in attributes
                           for key in (f"val/linear/{attribute}", f"test/linear/{attribute}")

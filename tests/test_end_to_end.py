@@ -196,6 +196,29 @@ def test_fgvr_trial_pretrains_its_decoder_then_logs_retrieval_and_pictures(
     assert {"diagnostics/fgvr_triples.png", "diagnostics/fgvr_scores.png"} <= pictures
 
 
+def test_clip_mcl_sweep_logs_mmvp_per_stage_and_integrated(
+    ray_session, data_cache, tmp_path
+) -> None:
+    """searches/clip_mcl.yaml, shrunk, with a searched trainable-block count and the soup: each
+    stage's and the integration's MMVP-style pairs, zero-shot and caption retrieval reach
+    MLflow, selected on validation."""
+    config = tiny_config(tmp_path, "clip_mcl.yaml", "train.epochs=1", "mcl.stages=2",
+                         "mcl.integration=soup", "clip.tiny_width=32", "clip.tiny_layers=2",
+                         "eval.mmvp_pairs=4", "tune.num_samples=1", "name=e2e-clip",
+                         "tune.search_space={clip.trainable_blocks: {choice: [1, 2]}}")
+    build_tuner(config, None).fit()
+    _, _, children = runs_of(tmp_path, "e2e-clip")
+    (child,) = children
+    assert child.data.tags["raycl.ended"] == "completed"
+    metrics = child.data.metrics
+    for key in ("val/mmvp/mean", "test/mmvp/mean", "test/mmvp/texture", "stage0/test/mmvp/mean",
+                "stage1/test/mmvp/mean", "test/zeroshot/mean", "stage0/test/zeroshot/color",
+                "test/i2t/r1", "test/t2i/r10", "train/logit_scale"):
+        assert key in metrics, key
+        assert 0.0 <= metrics[key] <= 100.0, key
+    assert child.data.params["clip.trainable_blocks"] in ("1", "2")
+
+
 def test_mcl_trial_logs_every_stage_and_ami(
     ray_session, data_cache, tmp_path, capsys, monkeypatch
 ) -> None:
