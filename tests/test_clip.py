@@ -282,3 +282,34 @@ def test_a_clip_trial_opens_no_socket_beyond_loopback(data_cache, tmp_path, monk
     # The guard itself works.
     with pytest.raises(NetworkUsed):
         socket.create_connection(("192.0.2.1", 80), timeout=0.1)
+
+
+def test_a_caption_file_without_labels_trains_and_scores_retrieval(data_cache, tmp_path) -> None:
+    """data.dataset: pairs (a CSV of image, caption; no labels): no probes, but caption
+    retrieval per stage and integrated, and MCL's clustering still runs."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    rows = ["image,caption"]
+    for i in range(40):
+        colour = ("red", "blue")[i % 2]
+        pixels = np.zeros((16, 16, 3), dtype=np.uint8)
+        pixels[..., 0 if colour == "red" else 2] = 200
+        pixels += rng.integers(0, 40, size=pixels.shape, dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / f"{i}.png")
+        rows.append(f"{i}.png,a {colour} picture number {i}")
+    (tmp_path / "pairs.csv").write_text("\n".join(rows) + "\n")
+    corpus = {"dataset": "pairs", "root": str(tmp_path / "pairs.csv"), "captions": None}
+    session = run_clip(tmp_path / "run", data=corpus, train={"batch_size": 8},
+                       mcl={"clusters": 2}, eval={"mmvp": None}, tune={"metric": "val/i2t/r1"})
+    final = session.reports[-1]
+    assert not any("linear" in key for key in final)
+    for key in ("val/i2t/r1", "test/t2i/r5", "stage1/test/i2t/r10"):
+        assert 0.0 <= final[key] <= 1.0, key
+
+
+def test_constant_schedule_keeps_the_rate_after_warmup() -> None:
+    from raycl.train import lr_factor
+
+    assert [lr_factor(step, 10, 2, "constant") for step in (0, 1, 5, 9)] == [0.5, 1.0, 1.0, 1.0]
+    assert lr_factor(9, 10, 2) < 0.1
