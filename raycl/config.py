@@ -766,6 +766,15 @@ def _check_metric(config: CoreConfig, source: str) -> None:
     if match and known and match.group(1) not in (*known, "mean"):
         raise ConfigError(f"{source}: tune.metric: {config.data.dataset} has no attribute "
                           f"{match.group(1)!r} (attributes: {', '.join(known)}, or mean)")
+    metric = re.sub(r"^stage\d+/", "", config.tune.metric)
+    unlabelled = config.data.dataset in ATTRIBUTES and not ATTRIBUTES[config.data.dataset]
+    if unlabelled and re.match(r"val/(linear|knn|retrieval|nn_retrieval|zeroshot)", metric):
+        raise ConfigError(f"{source}: tune.metric: {config.data.dataset} has no labels to probe "
+                          f"or classify; select on caption retrieval (val/i2t/r1, val/t2i/r1) "
+                          f"or val/mmvp/mean with eval.mmvp: synthetic")
+    if metric.startswith("val/mmvp/") and config.eval.mmvp != "synthetic":
+        raise ConfigError(f"{source}: tune.metric: {config.tune.metric} needs validation pairs: "
+                          f"eval.mmvp: synthetic (a real MMVP-VLM directory is a test set)")
 
 
 def _check_dataset(dataset: str, root: str | None, where: str, layout: str = "auto") -> None:
@@ -920,6 +929,13 @@ def validate_references(config: CoreConfig, source: str) -> None:
                           f"use 'sampler'")
     for key, problem in _method_problems(config)[:1]:
         raise ConfigError(f"{source}: {key}: {problem}")
+    from raycl.data import ATTRIBUTES
+
+    if not ATTRIBUTES.get(config.data.dataset, ("?",)) and not method.multimodal:
+        trained = config.mcl.base if config.method == "mcl" else config.method
+        raise ConfigError(f"{source}: data.dataset: {config.data.dataset} has captions but no "
+                          f"labels, which only an image-text method uses (method: clip, or "
+                          f"mcl.base: clip); {trained} would have nothing to be evaluated on")
     _check_data(config, source)
     _check_metric(config, source)
     _check_search_space(config, source)

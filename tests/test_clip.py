@@ -313,3 +313,18 @@ def test_constant_schedule_keeps_the_rate_after_warmup() -> None:
 
     assert [lr_factor(step, 10, 2, "constant") for step in (0, 1, 5, 9)] == [0.5, 1.0, 1.0, 1.0]
     assert lr_factor(9, 10, 2) < 0.1
+
+
+def test_metrics_a_trial_would_never_report_are_rejected(tmp_path) -> None:
+    def error(**sections: Any) -> str:
+        return error_of(tmp_path, yaml.safe_dump(clip_config(**sections).to_dict()))
+
+    from PIL import Image
+
+    Image.new("RGB", (16, 16)).save(tmp_path / "0.png")
+    (tmp_path / "pairs.csv").write_text("image,caption\n" + "0.png,a picture\n" * 10)
+    assert "tune.metric: " in error(eval={"mmvp": None}, tune={"metric": "val/mmvp/mean"})
+    pairs = {"dataset": "pairs", "root": str(tmp_path / "pairs.csv"), "captions": None}
+    assert "pairs has no labels" in error(data=pairs, tune={"metric": "val/linear/mean"})
+    assert "data.dataset: pairs has captions but no labels" in error(
+        method="simclr", data=pairs, eval={"mmvp": None}, tune={"metric": "val/i2t/r1"})
