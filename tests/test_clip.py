@@ -328,3 +328,35 @@ def test_metrics_a_trial_would_never_report_are_rejected(tmp_path) -> None:
     assert "pairs has no labels" in error(data=pairs, tune={"metric": "val/linear/mean"})
     assert "data.dataset: pairs has captions but no labels" in error(
         method="simclr", data=pairs, eval={"mmvp": None}, tune={"metric": "val/i2t/r1"})
+
+
+def test_real_open_clip_configs_are_checked_without_building_them() -> None:
+    """ViT-L-14 (304M image parameters) is checked on the meta device: no memory, no time."""
+    config = clip_config(clip={"model": "ViT-L-14", "trainable_blocks": 6},
+                         data={"resolution": 28})
+    assert CLIP.config_problems(config) == []
+    config = clip_config(clip={"model": "ViT-B-32"}, data={"resolution": 48})
+    assert CLIP.config_problems(config)[0][0] == "data.resolution"
+
+
+def test_unimodal_mcl_soup_starts_every_stage_alike_and_reports_the_soup(
+    data_cache, tmp_path, monkeypatch
+) -> None:
+    from test_reliability import run
+
+    built: list[dict[str, torch.Tensor]] = []
+    original = raycl.train.build_method
+
+    def recording_build(config: Any, channels: int) -> Any:
+        method = original(config, channels)
+        built.append({k: v.clone() for k, v in method.state_dict().items()})
+        return method
+
+    monkeypatch.setattr(raycl.train, "build_method", recording_build)
+    mcl = {"stages": 2, "clusters": 2, "negatives": "mask", "integration": "soup"}
+    final = run(tmp_path, extra={"method": "mcl", "mcl": mcl}, epochs=1).reports[-1]
+    assert all(torch.equal(value, built[1][key]) for key, value in built[0].items())
+    assert {"test/linear/mean", "stage1/test/linear/mean"} <= set(final)
+    # The soup is another model than the last stage.
+    keys = ("test/linear/shape", "test/linear/texture", "test/linear/color", "test/knn/mean")
+    assert [final[key] for key in keys] != [final[f"stage1/{key}"] for key in keys]
