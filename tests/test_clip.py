@@ -54,6 +54,20 @@ def run_clip(root: Path, fault: dict[str, Any] | None = None,
     return session
 
 
+def record_builds(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, torch.Tensor]]:
+    """The initial state of every method the loop builds (one per stage), in order."""
+    built: list[dict[str, torch.Tensor]] = []
+    original = raycl.train.build_method
+
+    def recording_build(config: Any, channels: int) -> Any:
+        method = original(config, channels)
+        built.append({k: v.clone() for k, v in method.state_dict().items()})
+        return method
+
+    monkeypatch.setattr(raycl.train, "build_method", recording_build)
+    return built
+
+
 def tiny_method(seed: int = 0, **clip: Any) -> CLIP:
     torch.manual_seed(seed)
     return build_method(clip_config(clip=clip), 3)  # type: ignore[return-value]
@@ -129,15 +143,7 @@ def test_frozen_weights_do_not_change_over_a_stage_and_every_stage_starts_alike(
     """Through the real loop: each stage's fresh model equals the first (same initial weights);
     after training, the frozen weights are those initial weights, bit for bit, and the trained
     block moved."""
-    built: list[dict[str, torch.Tensor]] = []
-    original = raycl.train.build_method
-
-    def recording_build(config: Any, channels: int) -> Any:
-        method = original(config, channels)
-        built.append({k: v.clone() for k, v in method.state_dict().items()})
-        return method
-
-    monkeypatch.setattr(raycl.train, "build_method", recording_build)
+    built = record_builds(monkeypatch)
     session = run_clip(tmp_path / "run")
     assert len(built) == 2
     for key, value in built[0].items():
@@ -344,15 +350,7 @@ def test_unimodal_mcl_soup_starts_every_stage_alike_and_reports_the_soup(
 ) -> None:
     from test_reliability import run
 
-    built: list[dict[str, torch.Tensor]] = []
-    original = raycl.train.build_method
-
-    def recording_build(config: Any, channels: int) -> Any:
-        method = original(config, channels)
-        built.append({k: v.clone() for k, v in method.state_dict().items()})
-        return method
-
-    monkeypatch.setattr(raycl.train, "build_method", recording_build)
+    built = record_builds(monkeypatch)
     mcl = {"stages": 2, "clusters": 2, "negatives": "mask", "integration": "soup"}
     final = run(tmp_path, extra={"method": "mcl", "mcl": mcl}, epochs=1).reports[-1]
     assert all(torch.equal(value, built[1][key]) for key, value in built[0].items())

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from raycl.data.captions import CAPTION_ORDER, WORDS, describe
+from raycl.data.folders import load_square_rgb
 from raycl.data.trifeature import NOISE_TABLE_SIZE, RADIUS_FRACTION, render_object
 
 # Patterns of the synthetic set: the attribute in which a pair's two images differ.
@@ -131,21 +131,6 @@ def synthetic_mmvp(pairs_per_attribute: int, resolution: int, seed: int) -> MMVP
     return MMVPSet(images=images, statements=np.array(statements), patterns=patterns)
 
 
-def _load_square(path: Path, resolution: int) -> np.ndarray:
-    """Read an image as RGB, centre-crop it to a square, resize it: (3, R, R) uint8."""
-    try:
-        with Image.open(path) as opened:
-            image = opened.convert("RGB")
-    except (UnidentifiedImageError, OSError) as error:
-        raise ValueError(f"cannot read MMVP-VLM image {path}: {error}") from error
-    width, height = image.size
-    side = min(width, height)
-    left, top = (width - side) // 2, (height - side) // 2
-    image = image.crop((left, top, left + side, top + side))
-    image = image.resize((resolution, resolution), Image.Resampling.BICUBIC)
-    return np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)
-
-
 def load_mmvp_vlm(
     root: str | Path,
     resolution: int,
@@ -242,5 +227,5 @@ def load_mmvp_vlm(
             raise ValueError(f"MMVP-VLM image {path} does not exist")
     if check_only:
         return None
-    images = np.stack([_load_square(path, resolution) for path in paths])
+    images = np.stack([load_square_rgb(path, resolution) for path in paths])
     return MMVPSet(images=images, statements=np.array(statements), patterns=np.array(patterns))
