@@ -447,7 +447,9 @@ def run_trial_loop(loop_config: dict[str, Any], session: Session) -> None:
     if config.train.batch_size > len(data.train.images):
         raise ValueError(f"train.batch_size={config.train.batch_size} exceeds the training split "
                          f"({len(data.train.images)} samples)")
-    eval_sets = EvalSets(load_transfer_sets(config, data.channels), load_mmvp_sets(config))
+    # MMVP-style pairs score image-text methods only (a unimodal one has no statements to match).
+    eval_sets = EvalSets(load_transfer_sets(config, data.channels),
+                         load_mmvp_sets(config) if method_class(config).multimodal else {})
     clock = _Clock(loop_config.get("trial_started_at"))
     last_stage = config.num_stages - 1
 
