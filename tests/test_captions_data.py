@@ -317,6 +317,9 @@ def test_config_loads_a_pairs_corpus(tmp_path: Path) -> None:
     _write_corpus(tmp_path)
     table = _write_table(tmp_path / "c.tsv", ("image", "caption"),
                          [(f"images/{i}.png", _CAPTIONS[i]) for i in range(6)], "\t")
-    config = _load(tmp_path, f"{{dataset: pairs, root: {table}, val_fraction: 0.2, "
-                             f"test_fraction: 0.2}}")
+    path = tmp_path / "search.yaml"
+    path.write_text(textwrap.dedent(BASE).replace(
+        "{DATA}", f"{{dataset: pairs, root: {table}, val_fraction: 0.2, test_fraction: 0.2}}"))
+    # A caption file has no labels: only an image-text method, selected on caption retrieval.
+    config = load_search(path, ["method=clip", "tune.metric=val/i2t/r1"])
     assert config.data.dataset == "pairs" and split_sizes_for(config.data)["train"] == 4
