@@ -611,6 +611,7 @@ def _train_stage(
     features: Features = {}
     metrics: dict[str, Any] = {}
     soup = config.num_stages > 1 and config.mcl.integration == "soup"
+    stage_soup: StageWeights | None = None  # the finished stage's share of the soup
     for phase_index in range(first_phase, len(phases)):
         phase = phases[phase_index]
         # Epochs of the stage before this phase: the augmentation seeds and the MLflow step
@@ -719,6 +720,8 @@ def _train_stage(
             metrics.update(clock.pop_metrics())
             metrics["perf/peak_rss_mb"] = _peak_rss_mb()
 
+            if last and soup:
+                stage_soup = soup_weights(method)
             checkpoint_dir = None
             if rank == 0 and (last or completed == epochs
                               or completed % config.train.checkpoint_every == 0):
@@ -731,12 +734,12 @@ def _train_stage(
                             "stage_complete": last}
                 _write_checkpoint(Path(checkpoint_dir), method, optimizer, scaler, progress,
                                   inputs, features if last else None, metrics, diagnostics,
-                                  soup_weights(method) if last and soup else None)
+                                  stage_soup)
             session.report(metrics, checkpoint_dir)
             _maybe_inject_fault(loop_config, inputs.stage, offset + completed,
                                 isinstance(session, InProcessSession))
         start_epoch = 0
-    return features, metrics, soup_weights(method) if soup else None
+    return features, metrics, stage_soup
 
 
 def _data_parallel(method: Method) -> nn.Module:
