@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # On your own machine override, e.g. `make test TORCH_SPEC="torch torchvision"`.
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install data demo test lint bench clean
+.PHONY: install data browser demo test lint bench clean
 
 install: $(VENV)/.installed
 
@@ -24,10 +24,24 @@ data:
 		|| echo "note: could not install dataset-fashion-mnist; its tests will be skipped"; \
 	fi
 
+# Chromium for the MLflow UI browser test (tests/test_mlflow_ui.py): a Debian package (installed
+# when root, ~20 s; otherwise, or when it cannot be installed, that test is skipped).
+browser:
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing chromium for the MLflow UI browser test"; \
+		(DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null 2>&1 && \
+		  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1)) \
+		|| echo "note: could not install chromium; the MLflow UI browser test will be skipped"; \
+	elif [ ! -x /usr/bin/chromium ]; then \
+		echo "note: /usr/bin/chromium is missing (as root: apt-get install chromium);" \
+		     "the MLflow UI browser test will be skipped"; \
+	fi
+
 demo: install
 	$(PY) -m raycl.tune searches/quickstart.yaml
 
-test: install data
+test: install data browser
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 

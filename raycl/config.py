@@ -166,9 +166,12 @@ class ModelConfig(Section):
 
 class TrainConfig(Section):
     epochs: int = Field(10, ge=1, description="Epochs (per stage for MCL).")
-    batch_size: int = Field(256, ge=2, description="Global batch size, split across workers.")
-    lr: float = Field(1e-3, gt=0.0, description="Peak learning rate (after warmup).")
-    weight_decay: float = Field(1e-6, ge=0.0, description="Weight decay.")
+    batch_size: int = Field(256, ge=2, description="Global batch size, split across workers.",
+                            json_schema_extra={"symbol": "b"})
+    lr: float = Field(1e-3, gt=0.0, description="Peak learning rate (after warmup).",
+                      json_schema_extra={"symbol": "lr"})
+    weight_decay: float = Field(1e-6, ge=0.0, description="Weight decay.",
+                                json_schema_extra={"symbol": "wd"})
     optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Optimizer.")
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
     warmup_epochs: float = Field(1.0, ge=0.0, description="Linear warmup, then lr_schedule.")
@@ -185,8 +188,10 @@ class TrainConfig(Section):
 
 class MCLConfig(Section):
     base: str = Field("simclr", description="Inner contrastive method trained at every stage.")
-    stages: int = Field(3, ge=1, le=16, description="Number of stages N.")
-    clusters: int = Field(5, ge=2, description="K-means clusters K between stages.")
+    stages: int = Field(3, ge=1, le=16, description="Number of stages N.",
+                        json_schema_extra={"symbol": "N"})
+    clusters: int = Field(5, ge=2, description="K-means clusters K between stages.",
+                          json_schema_extra={"symbol": "K"})
     negatives: Literal["sampler", "mask", "none"] = Field(
         "sampler", description="Feature-aware negatives by the paper's batch sampler (batches "
         "drawn from one pseudo-label group) or by masking the loss's denominator; 'none' is the "
@@ -583,6 +588,26 @@ def _field_paths(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
 def config_keys() -> tuple[str, ...]:
     """Every dotted config key, method sections included."""
     return tuple(_field_paths(search_config_class()))
+
+
+def key_symbol(key: str) -> str:
+    """The short name of a dotted config key in run names: the ``symbol`` its field declares
+    (``Field(..., json_schema_extra={"symbol": "K"})``, the papers' names: ``mcl.clusters`` ->
+    ``K``, ``simclr.temperature`` -> ``τ``), else the key's last component (``queue_size``)."""
+    model: type[BaseModel] | None = search_config_class()
+    info = None
+    for part in key.split("."):
+        fields = model.model_fields if model is not None else {}
+        if part not in fields:
+            info = None
+            break
+        info = fields[part]
+        annotation = info.annotation
+        model = annotation if isinstance(annotation, type) and issubclass(
+            annotation, BaseModel) else None
+    extra = info.json_schema_extra if info is not None else None
+    symbol = extra.get("symbol") if isinstance(extra, dict) else None
+    return str(symbol) if symbol else key.rsplit(".", 1)[-1]
 
 
 # Keys that moved; a YAML or --set using the old name gets told the new one.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch as _RayOptunaSearch
 
 from raycl.config import CoreConfig, Domain
@@ -111,3 +112,21 @@ def build_searcher(config: CoreConfig) -> OptunaSearch:
         sampler = TPESampler(seed=config.seed)
     return OptunaSearch(space=space, metric=config.tune.metric, mode=config.tune.mode,
                         sampler=sampler)
+
+
+
+class FinishingASHA(ASHAScheduler):
+    """ASHA that lets a trial end by itself at its last report (``max_t``).
+
+    Tune stops a trial's process as soon as the scheduler answers STOP, and plain ASHA answers
+    STOP at every trial's final report: the trial's work after that report (its diagnostics
+    plots, MCL's AMI) would never reach MLflow. Past ``max_t`` there is nothing left to save by
+    stopping, so the trial runs its last few seconds; earlier rungs stop trials as usual.
+    """
+
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
+        action = super().on_trial_result(tune_controller, trial, result)
+        if action == self.STOP and result.get(self._time_attr, 0) >= self._max_t:
+            self._num_stopped -= 1
+            return self.CONTINUE
+        return action

@@ -5,6 +5,11 @@ metric with ``step = training_iteration``, and closes each child with a status t
 trial ended: FINISHED, KILLED (stopped early by the scheduler, or skipped) or FAILED. Because it
 lives in the driver, trials stopped by ASHA or killed by a node failure are still logged.
 
+For a person in the MLflow UI: the experiment is tagged as model training, a child run is named
+after what it tried (``t03 K=5 N=2 τ=0.31``, :func:`trial_run_name`), every child logs its
+objective also as ``objective``/``objective_test``, and after every trial the parent run gets the
+leaderboard (``leaderboard.csv``, ``leaderboard.png`` and its description; docs/tracking.md).
+
 Trials themselves only add artifacts and end-of-trial metrics (plots, AMI) through
 :func:`log_to_trial_run`, which finds the child run by its ``raycl.trial_id`` tag.
 """
@@ -13,10 +18,13 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import re
 import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +32,15 @@ import yaml
 from ray.tune import Callback
 
 import raycl
-from raycl.config import CoreConfig, apply_overrides, flatten, resolve_tracking_uri
+from raycl.config import (
+    CoreConfig,
+    Domain,
+    apply_overrides,
+    flatten,
+    key_symbol,
+    reported_test_metric,
+    resolve_tracking_uri,
+)
 from raycl.train import FAIL_REASON_KEY, FAILED_KEY
 
 if TYPE_CHECKING:
@@ -44,12 +60,43 @@ PARENT_TAG = "mlflow.parentRunId"
 INTERRUPTED: dict[str, bool] = {}
 # The trial's epoch over all its stages, logged at every step: the x axis of every curve.
 EPOCH_METRIC = "train/epoch"
+# Keys without a slash the training loop reports and MLflow logs too (the epoch within the
+# stage's phase, the stage); Ray's own bookkeeping keys (training_iteration, time_*, done...) stay
+# out.
+LOOP_METRICS = ("epoch", "stage")
+# Every child logs its objective under these names too, so trials of sweeps with different
+# objectives (methods, metrics) line up in MLflow's compare view; the tag names the metric.
+OBJECTIVE_ALIAS = "objective"
+OBJECTIVE_TEST_ALIAS = "objective_test"
+OBJECTIVE_TAG = "raycl.objective"
+# The trial's number in the sweep, as Ray numbers it (its run name's ``t03``).
+TRIAL_INDEX_TAG = "raycl.trial_index"
+# MLflow 3's UI tells GenAI experiments (traces) from model-training ones (runs) by this tag;
+# custom_model_development is the "Machine learning" kind.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
+# MLflow's primary metric of an experiment (mlflow.utils.mlflow_tags): the UI's first chart.
+PRIMARY_METRIC_TAG = "mlflow.experiment.primaryMetric.name"
+GREATER_IS_BETTER_TAG = "mlflow.experiment.primaryMetric.greaterIsBetter"
+NOTE_TAG = "mlflow.note.content"  # a run's description, shown on its page
+# MLflow stores a run name in 250 characters.
+_MAX_RUN_NAME_LENGTH = 250
 # MLflow rejects a param value longer than this (6000 in MLflow 3).
 _MAX_PARAM_LENGTH = 6000
 
 
+# `ray job submit --working-dir` uploads no `.git`: the submitter passes the commit through the
+# job's runtime environment instead (docs/clusters.md).
+COMMIT_ENV = "RAYCL_GIT_COMMIT"
+
+
 def git_commit() -> str | None:
-    """The commit of the raycl checkout, when raycl runs from one."""
+    """The commit raycl runs from: ``$RAYCL_GIT_COMMIT`` when set, else the checkout's HEAD."""
+    given = os.environ.get(COMMIT_ENV, "").strip()
+    if given:
+        if re.fullmatch(r"[0-9a-f]{7,40}", given):
+            return given
+        logger.warning("$%s=%r is not a git commit hash; ignored", COMMIT_ENV, given)
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(raycl.__file__).parent,
                              capture_output=True, text=True, timeout=5, check=True)
@@ -80,19 +127,122 @@ def get_or_create_experiment(client: MlflowClient, name: str, tracking_uri: str)
     return client.create_experiment(name, artifact_location=artifact_location)
 
 
+def mark_training_experiment(client: MlflowClient, experiment_id: str, mode: str) -> None:
+    """Tag the experiment as model training (``mlflow.experimentKind``) with ``objective`` as
+    its primary metric, new or re-used, unless someone chose otherwise.
+
+    A kind already set to a definite value is left alone: MLflow's UI writes the tag when a
+    person picks the experiment's kind, and a sweep logging into an experiment of theirs should
+    not undo that choice. Unset, empty or one of the UI's guesses (``*_inferred``,
+    ``no_inferred_type``) is replaced. Likewise a primary metric someone set is kept.
+
+    MLflow 3.17's UI decides which page an experiment opens on from its own workflow switch
+    (GenAI by default; ``?workflowType=machine_learning`` in the link, or the sidebar's switch,
+    selects the runs); the tag is what the experiment says it is, read where the UI (and other
+    MLflow 3 versions) ask for the kind.
+    """
+    tags = client.get_experiment(experiment_id).tags
+    kind = tags.get(EXPERIMENT_KIND_TAG, "")
+    if not kind or kind.endswith("_inferred") or kind == "no_inferred_type":
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+    if PRIMARY_METRIC_TAG not in tags:
+        client.set_experiment_tag(experiment_id, PRIMARY_METRIC_TAG, OBJECTIVE_ALIAS)
+        client.set_experiment_tag(experiment_id, GREATER_IS_BETTER_TAG, str(mode == "max"))
+
+
+def trial_index(trial: Trial) -> int | None:
+    """The trial's number in its sweep, as Ray gives it, None when it cannot be read.
+
+    Ray's searcher-driven trials (``SearchGenerator``: raycl's Optuna searchers) get a random
+    8-hex id and the experiment tag ``<n>_<values>`` with n = 1, 2, ...; grid/variant trials
+    (``BasicVariantGenerator``: the seed repeats of an empty search space) get the id
+    ``<5 hex>_<n:05d>`` with n = 0, 1, ... and the same n in their experiment tag. The number is
+    the one in the trial's directory name (``run_trial_<id>_<n>_...``).
+    """
+    match = re.match(r"(\d+)(?:_|$)", str(getattr(trial, "experiment_tag", "") or ""))
+    if match is None:
+        match = re.search(r"_(\d{5})$", str(trial.trial_id))
+    return int(match.group(1)) if match else None
+
+
+def format_value(value: Any, continuous: bool = False) -> str:
+    """A searched value, short: a float drawn from a continuous domain to 2 significant digits
+    (0.31, 3e-04: whichever of the plain and the exponent form is shorter), one chosen from a
+    list as written (0.1, 0.125); integers plain; anything else as its text."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return str(value)
+    if not math.isfinite(value) or value == 0.0:
+        return f"{value:g}"
+    if not continuous:
+        return f"{value:g}"
+    rounded = float(f"{value:.2g}")
+    mantissa, exponent = f"{rounded:.1e}".split("e")
+    scientific = f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"
+    plain = f"{rounded:.{max(0, 1 - math.floor(math.log10(abs(rounded))))}f}"
+    if "." in plain:
+        plain = plain.rstrip("0").rstrip(".")
+    return scientific if len(scientific) < len(plain) else plain
+
+
+def trial_run_name(
+    index: int | None, values: Mapping[str, Any], space: Mapping[str, Domain]
+) -> str:
+    """``t03 K=5 N=2 τ=0.31``: the trial's number, then each searched key's symbol and value.
+
+    Keys come in the search space's order, then any other key of the trial's config (``seed``
+    for the repeats of an empty space). A symbol is the key's declared one
+    (:func:`raycl.config.key_symbol`); two keys with the same symbol (``mocov2.temperature`` and
+    ``fgvr.temperature``, both τ) are told apart by their section (``mocov2.τ``). Cut at
+    MLflow's 250 characters on a whole ``symbol=value``, with "…".
+    """
+    keys = [key for key in space if key in values]
+    keys += [key for key in values if key not in keys]
+    symbols = {key: key_symbol(key) for key in keys}
+    repeated = {symbol for symbol in symbols.values()
+                if list(symbols.values()).count(symbol) > 1}
+    parts = [f"t{index:02d}" if index is not None else "t?"]
+    for key in keys:
+        symbol = symbols[key]
+        if symbol in repeated and "." in key:
+            symbol = f"{key.split('.', 1)[0]}.{symbol}"
+        domain = space.get(key)
+        continuous = domain is not None and domain.kind in ("uniform", "loguniform")
+        parts.append(f"{symbol}={format_value(values[key], continuous)}")
+    name = parts[0]
+    for part in parts[1:]:
+        if len(name) + 1 + len(part) > _MAX_RUN_NAME_LENGTH - 2:
+            return f"{name} …"
+        name = f"{name} {part}"
+    return name
+
+
 def _params(flat: dict[str, Any]) -> dict[str, str]:
     return {key: str(value)[:_MAX_PARAM_LENGTH] for key, value in flat.items()}
 
 
 def _numeric_metrics(result: dict[str, Any]) -> dict[str, float]:
-    """Our metrics are paths (``train/loss``); Ray's bookkeeping keys have no slash."""
+    """Our metrics are paths (``train/loss``); Ray's bookkeeping keys have no slash. The training
+    loop's ``epoch`` and ``stage`` are ours too (:data:`LOOP_METRICS`)."""
     metrics = {}
     for key, value in result.items():
-        if "/" not in key or isinstance(value, bool) or not isinstance(value, (int, float)):
+        if ("/" not in key and key not in LOOP_METRICS) or isinstance(value, bool) \
+                or not isinstance(value, (int, float)):
             continue
         if math.isfinite(value):
             metrics[key] = float(value)
     return metrics
+
+
+def objective_aliases(metrics: Mapping[str, float], metric: str) -> dict[str, float]:
+    """``objective`` (the sweep's objective) and ``objective_test`` (its test counterpart),
+    for those of the two that ``metrics`` holds."""
+    aliases = {}
+    if metric in metrics:
+        aliases[OBJECTIVE_ALIAS] = metrics[metric]
+    test = reported_test_metric(metric)
+    if test is not None and test in metrics:
+        aliases[OBJECTIVE_TEST_ALIAS] = metrics[test]
+    return aliases
 
 
 class MLflowSweepCallback(Callback):
@@ -135,6 +285,7 @@ class MLflowSweepCallback(Callback):
         self.commit = git_commit()
         self.experiment_id = get_or_create_experiment(
             self.client, experiment_name(self.config), self.tracking_uri)
+        mark_training_experiment(self.client, self.experiment_id, self.config.tune.mode)
         if self.parent_run_id is None:
             self.parent_run_id = self._find_parent() or self._create_parent()
         else:
@@ -185,11 +336,18 @@ class MLflowSweepCallback(Callback):
             self._children[trial.trial_id] = existing
             self.client.update_run(existing, status="RUNNING")
             return existing
+        # Ray's number for the trial, else the order trials appeared in (a restored sweep's
+        # trials re-attached above and keep their names).
+        index = trial_index(trial)
+        if index is None:
+            index = len(self._children) + 1
         tags = {PARENT_TAG: self.parent_run_id, TRIAL_TAG: trial.trial_id, ROLE_TAG: "trial",
-                SWEEP_TAG: self.config.name, "raycl.version": raycl.__version__}
+                SWEEP_TAG: self.config.name, "raycl.version": raycl.__version__,
+                TRIAL_INDEX_TAG: str(index), OBJECTIVE_TAG: self.config.tune.metric}
         if self.commit:
             tags[COMMIT_TAG] = self.commit
-        run = self.client.create_run(self.experiment_id, run_name=str(trial), tags=tags)
+        name = trial_run_name(index, trial.config, self.config.tune.search_space)
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         run_id = run.info.run_id
         self._children[trial.trial_id] = run_id
         resolved = apply_overrides(self.config, trial.config)
@@ -237,6 +395,7 @@ class MLflowSweepCallback(Callback):
                 self._logged_step[trial.trial_id] = step
         else:  # a report that is not an epoch (a skipped or diverged trial)
             step = last_step or int(result.get("training_iteration", 0))
+        metrics.update(objective_aliases(metrics, self.config.tune.metric))
         now = int(time.time() * 1000)
         entries = [Metric(key, value, now, step) for key, value in metrics.items()]
         for start in range(0, len(entries), 500):
@@ -265,6 +424,7 @@ class MLflowSweepCallback(Callback):
         self.client.set_tag(run_id, "raycl.ended", ended)
         self.client.set_terminated(run_id, status=status)
         self._ended.add(trial.trial_id)
+        self._log_leaderboard()
 
     def on_trial_error(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
         run_id = self._child(trial)
@@ -273,6 +433,37 @@ class MLflowSweepCallback(Callback):
         if trial.error_file and Path(trial.error_file).is_file():
             self.client.log_artifact(run_id, trial.error_file)
         self.client.set_terminated(run_id, status="FAILED")
+        self._log_leaderboard()
+
+    def _log_leaderboard(self) -> None:
+        """The parent run's leaderboard, rewritten from MLflow after every trial and at the end:
+        ``leaderboard.csv`` (every trial of this sweep, best first), ``leaderboard.png`` and
+        the run's description. A failure here is logged, never raised: it must not stop the
+        sweep."""
+        from raycl.leaderboard import (
+            markdown_summary,
+            plot_leaderboard,
+            trial_runs,
+            trial_table,
+            write_csv,
+        )
+
+        if self.parent_run_id is None or self.experiment_id is None:
+            return
+        try:
+            children = trial_runs(self.client, self.experiment_id, self.parent_run_id)
+            table = trial_table(children, self.config.tune.metric, self.config.tune.mode)
+            with tempfile.TemporaryDirectory() as directory:
+                csv_path = Path(directory, "leaderboard.csv")
+                png_path = Path(directory, "leaderboard.png")
+                write_csv(table, csv_path)
+                plot_leaderboard(table, png_path, self.config.tune.search_space)
+                self.client.log_artifact(self.parent_run_id, str(csv_path))
+                self.client.log_artifact(self.parent_run_id, str(png_path))
+            self.client.set_tag(self.parent_run_id, NOTE_TAG,
+                                markdown_summary(table, self.config.name))
+        except Exception:  # a leaderboard is never worth a sweep
+            logger.warning("could not write the leaderboard to the parent run", exc_info=True)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         if self.parent_run_id is None:
@@ -289,6 +480,7 @@ class MLflowSweepCallback(Callback):
                     self.client.set_tag(run_id, "raycl.ended", "interrupted")
                     self.client.set_terminated(run_id, status="KILLED")
             self.client.set_tag(self.parent_run_id, "raycl.interrupted", "true")
+            self._log_leaderboard()
             self.client.set_terminated(self.parent_run_id, status="KILLED")
             return
         self.client.set_tag(self.parent_run_id, "raycl.interrupted", "false")
@@ -296,9 +488,11 @@ class MLflowSweepCallback(Callback):
         if best is not None:
             trial, value = best
             # The winner is chosen on validation; its test numbers are reported beside it.
-            metrics = {f"best/{self.config.tune.metric}": value}
-            metrics.update({f"best/{key}": v for key, v in _numeric_metrics(
+            metrics = {self.config.tune.metric: value}
+            metrics.update({key: v for key, v in _numeric_metrics(
                 trial.last_result or {}).items() if key.startswith("test/")})
+            metrics.update(objective_aliases(metrics, self.config.tune.metric))
+            metrics = {f"best/{key}": v for key, v in metrics.items()}
             for key, v in metrics.items():
                 self.client.log_metric(self.parent_run_id, key, v)
             self.client.set_tag(self.parent_run_id, "raycl.best_trial", trial.trial_id)
@@ -306,6 +500,7 @@ class MLflowSweepCallback(Callback):
             if run_id:
                 self.client.set_tag(self.parent_run_id, "raycl.best_run", run_id)
         self.client.log_metric(self.parent_run_id, "sweep/trials", len(trials))
+        self._log_leaderboard()
         self.client.set_terminated(self.parent_run_id, status="FINISHED")
 
 
@@ -336,17 +531,49 @@ def log_to_trial_run(
     artifact_dir: Path | None = None,
     timeout_s: float = 30.0,
 ) -> bool:
-    """From inside a trial: add metrics and artifacts to its child run. False when not found."""
+    """From inside a trial: add metrics and artifacts to its child run. False when not found.
+
+    Under a sweep this goes through the driver's :mod:`raycl.relay` (the trial's node may not
+    reach the store); without one (a trial run by hand) straight to MLflow.
+    """
     if trial_id == "local":  # not running under Tune: there is no child run
         return False
+    from raycl.relay import find_relay, read_files
+
     tracking_uri = resolve_tracking_uri(config.mlflow.tracking_uri)
+    relay = find_relay()
+    if relay is None:
+        return log_to_trial_run_directly(tracking_uri, experiment_name(config), trial_id,
+                                         metrics, artifact_dir, timeout_s)
+    import ray
+
+    reply = relay.log.remote(tracking_uri, experiment_name(config), trial_id, metrics,
+                             read_files(artifact_dir), timeout_s)
+    try:
+        return bool(ray.get(reply, timeout=timeout_s + 60.0))
+    except (ray.exceptions.RayError, TimeoutError) as exc:  # diagnostics never fail a trial
+        logger.warning("trial %s: MLflow relay failed (%s); diagnostics not logged",
+                       trial_id, exc)
+        return False
+
+
+def log_to_trial_run_directly(
+    tracking_uri: str,
+    experiment: str,
+    trial_id: str,
+    metrics: dict[str, float],
+    artifact_dir: Path | None = None,
+    timeout_s: float = 30.0,
+) -> bool:
+    """Add metrics and the files under ``artifact_dir`` (as ``diagnostics/``) to the run of
+    ``trial_id`` in ``experiment``; False when there is no such run."""
     client = _client(tracking_uri)
-    experiment = client.get_experiment_by_name(experiment_name(config))
+    found = client.get_experiment_by_name(experiment)
     run_id = None
     deadline = time.monotonic() + timeout_s
-    while experiment is not None and run_id is None and time.monotonic() < deadline:
+    while found is not None and run_id is None and time.monotonic() < deadline:
         # The driver creates the run when the trial starts; it may lag behind the trial a little.
-        run_id = find_trial_run(client, experiment.experiment_id, trial_id)
+        run_id = find_trial_run(client, found.experiment_id, trial_id)
         if run_id is None:
             time.sleep(1.0)
     if run_id is None:

@@ -53,7 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-samples", type=int, help="trials to run (tune.num_samples)")
     parser.add_argument("--name", help="sweep name: MLflow experiment and Ray run (name)")
     parser.add_argument("--storage", help="Ray storage path or URI (tune.storage_path)")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (mlflow.tracking_uri)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (mlflow.tracking_uri; "
+                        "default $MLFLOW_TRACKING_URI, else the YAML's)")
     parser.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, or "
                         "start an embedded local Ray)")
     parser.add_argument("--fresh", action="store_true",
@@ -69,11 +70,18 @@ def resolve(args: argparse.Namespace, notices: list[str] | None = None) -> CoreC
     """Load the YAML with all command-line overrides applied (raises ConfigError); decisions
     such as a pinned search key are appended to ``notices``."""
     overrides = list(args.overrides)
+    notices = [] if notices is None else notices
+    flags = {"num_samples": args.num_samples, "name": args.name, "storage": args.storage,
+             "tracking_uri": args.tracking_uri}
+    if args.tracking_uri is None and os.environ.get("MLFLOW_TRACKING_URI"):
+        # MLflow's own variable: it names the server for every tool of a session, so it wins
+        # over the YAML (whose sqlite default is for a laptop); --tracking-uri wins over both.
+        flags["tracking_uri"] = os.environ["MLFLOW_TRACKING_URI"]
+        notices.append(f"mlflow.tracking_uri={flags['tracking_uri']} (from $MLFLOW_TRACKING_URI)")
     for flag, key in (("num_samples", "tune.num_samples"), ("name", "name"),
                       ("storage", "tune.storage_path"), ("tracking_uri", "mlflow.tracking_uri")):
-        value = getattr(args, flag)
-        if value is not None:
-            overrides.append(f"{key}={value}")
+        if flags[flag] is not None:
+            overrides.append(f"{key}={flags[flag]}")
     return load_search(args.search, overrides, notices=notices)
 
 
@@ -102,10 +110,10 @@ def build_tuner(
     ``fault`` is a test hook passed to every trial (see ``raycl.train._maybe_inject_fault``).
     """
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.schedulers import FIFOScheduler
 
     from raycl.pipeline import run_trial
-    from raycl.searchers import build_searcher
+    from raycl.searchers import FinishingASHA, build_searcher
     from raycl.tracking import MLflowSweepCallback
 
     # Trials run in directories of their own: every path they get must be absolute.
@@ -121,7 +129,7 @@ def build_tuner(
         search_alg, num_samples = build_searcher(config), config.tune.num_samples
         scheduler = FIFOScheduler()
         if config.tune.scheduler.type == "asha":
-            scheduler = ASHAScheduler(time_attr="training_iteration",
+            scheduler = FinishingASHA(time_attr="training_iteration",
                                       max_t=config.max_reports(),
                                       grace_period=config.tune.scheduler.grace_period,
                                       reduction_factor=config.tune.scheduler.reduction_factor)
@@ -211,10 +219,12 @@ def run(config: CoreConfig, search_file: str | None = None, fresh: bool = False,
         address: str | None = None) -> int:
     """Run the sweep on the current (or a new embedded) Ray; return the process exit code."""
     from raycl.leaderboard import print_leaderboard
+    from raycl.relay import start_relay
     from raycl.tracking import INTERRUPTED
     from raycl.train import FAILED_KEY
 
     init_ray(address=address, log_to_driver=True)
+    start_relay()  # trials on other nodes log to MLflow through this one
     _warn_if_trials_cannot_fit(config)
     tuner = build_tuner(config, search_file, fresh=fresh)
     results = tuner.fit()

@@ -85,6 +85,10 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
                     metrics[f"{split}/linear/{a}"] for a in ("shape", "texture", "color")) / 3)
             # The test split is scored once, at the end; validation at every evaluation.
             assert len(client.get_metric_history(child.info.run_id, "test/linear/mean")) == 1
+            # Logged by the trial after its last report (ASHA must not stop it there), through
+            # the driver's relay.
+            plots = {a.path for a in client.list_artifacts(child.info.run_id, "diagnostics")}
+            assert "diagnostics/spectrum.png" in plots
         artifacts = [a.path for a in client.list_artifacts(child.info.run_id)]
         assert "config.yaml" in artifacts
     # Chance is 0.1: even two tiny epochs learn colour.

@@ -50,15 +50,20 @@ class All4OneConfig(NNCLRConfig):
     symmetric: bool = Field(False, description="Symmetrise the neighbour and centroid terms "
                             "over the two views (the authors' code does; the paper's eqs. 1-2 "
                             "do not).")
-    sigma: float = Field(0.5, ge=0.0, description="σ, weight of the neighbour contrast.")
-    kappa: float = Field(0.5, ge=0.0, description="κ, weight of the centroid contrast.")
-    eta: float = Field(5.0, ge=0.0, description="η, weight of the feature (redundancy) contrast.")
+    sigma: float = Field(0.5, ge=0.0, description="σ, weight of the neighbour contrast.",
+                         json_schema_extra={"symbol": "σ"})
+    kappa: float = Field(0.5, ge=0.0, description="κ, weight of the centroid contrast.",
+                         json_schema_extra={"symbol": "κ"})
+    eta: float = Field(5.0, ge=0.0, description="η, weight of the feature (redundancy) contrast.",
+                       json_schema_extra={"symbol": "η"})
     redundancy_lambda: float = Field(0.5, ge=0.0, description="λ, weight of the off-diagonal "
-                                     "square root in the redundancy term (eq. 3).")
+                                     "square root in the redundancy term (eq. 3).",
+                                     json_schema_extra={"symbol": "λ"})
     neighbours: int = Field(5, ge=2, le=64, description="k, support-set neighbours per centroid "
-                            "sequence (the paper: 5; ablation 5-20).")
+                            "sequence (the paper: 5; ablation 5-20).",
+                            json_schema_extra={"symbol": "k"})
     centroid_temperature: float = Field(0.1, gt=0.0, le=10.0, description="InfoNCE τ of the "
-                                        "centroid contrast.")
+                                        "centroid contrast.", json_schema_extra={"symbol": "τ_c"})
     transformer_layers: int = Field(3, ge=1, le=12, description="Encoder layers of ψ.")
     transformer_heads: int = Field(8, ge=1, description="Attention heads of ψ; must divide "
                                    "model.projector_dim.")

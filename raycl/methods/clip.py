@@ -70,7 +70,7 @@ class CLIPConfig(Section):
     )
     init_logit_scale: float | None = Field(
         None, gt=0.0, le=MAX_LOGIT_SCALE, description="Initial logit scale 1/τ. None: the "
-        "checkpoint's value, or 1/0.07 for a random model."
+        "checkpoint's value, or 1/0.07 for a random model.", json_schema_extra={"symbol": "1/τ"}
     )
     learn_logit_scale: bool = Field(True, description="Train the logit scale (clamped at 100).")
     tiny_width: int = Field(64, ge=8, description="tiny: width of both towers.")

@@ -74,17 +74,23 @@ class FGVRConfig(Section):
         "gradcam or low_variance alone, or random (every dimension, the 'Ours – random' "
         "ablation).")
     epsilon_g: float = Field(0.1, ge=0.0, description="ε_g: noise std on dimensions with Grad-CAM "
-                             "score 0 (scaled by 1 − η̄).")
+                             "score 0 (scaled by 1 − η̄).", json_schema_extra={"symbol": "ε_g"})
     epsilon_var: float = Field(0.05, ge=0.0, description="ε_var: noise std on the lowest-variance "
-                               "dimension (scaled by 1 − s̄, only where s < κ).")
+                               "dimension (scaled by 1 − s̄, only where s < κ).",
+                               json_schema_extra={"symbol": "ε_var"})
     kappa: float = Field(0.02, ge=0.0, description="κ: a dimension whose normalised-column "
-                         "variance s is below κ counts as low variance (s <= 1/bank rows).")
-    alpha: float = Field(1.0, ge=0.0, description="α: weight of the reconstruction loss L_R.")
-    nu: float = Field(0.5, ge=0.0, description="ν: weight of the synthesised-pair loss L_Cp.")
+                         "variance s is below κ counts as low variance (s <= 1/bank rows).",
+                         json_schema_extra={"symbol": "κ"})
+    alpha: float = Field(1.0, ge=0.0, description="α: weight of the reconstruction loss L_R.",
+                         json_schema_extra={"symbol": "α"})
+    nu: float = Field(0.5, ge=0.0, description="ν: weight of the synthesised-pair loss L_Cp.",
+                      json_schema_extra={"symbol": "ν"})
     memory_size: int = Field(5632, ge=2, description="D: feature vectors in the memory bank "
-                             "the variance is estimated on (FIFO, checkpointed).")
+                             "the variance is estimated on (FIFO, checkpointed).",
+                             json_schema_extra={"symbol": "D"})
     temperature: float = Field(0.2, gt=0.0, le=10.0, description="τ of the two SimCLR losses "
-                               "(Grad-CAM's and L_Cp); not given by the paper.")
+                               "(Grad-CAM's and L_Cp); not given by the paper.",
+                               json_schema_extra={"symbol": "τ"})
     decoder_epochs: int = Field(200, ge=0, description="Decoder pre-training epochs on the "
                                 "frozen encoder before joint training (0: none).")
     decoder_lr: float = Field(1e-4, gt=0.0, description="Decoder pre-training learning rate "

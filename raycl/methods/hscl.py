@@ -30,7 +30,7 @@ class HSCLConfig(SpectralConfig):
 
     filter_exponent: float = Field(
         0.5, ge=0.0, le=2.0, description="p of the high-pass filter g(λ) = λ^-p (the paper: "
-        "0.1, 0.3, 0.5; 0 is Spectral CL)."
+        "0.1, 0.3, 0.5; 0 is Spectral CL).", json_schema_extra={"symbol": "p"}
     )
     eigenvalue_floor: float = Field(
         1e-5, gt=0.0, lt=1.0, description="Eigenvalues of Bmat are floored at this fraction of "

@@ -52,7 +52,7 @@ class MoCoV2Config(Section):
     ``model.projector_dim`` (MoCo v2 on ResNet-50: 2048 and 128). Paper defaults."""
 
     temperature: float = Field(0.2, gt=0.0, le=10.0, description="InfoNCE temperature τ "
-                               "(MoCo v2: 0.2).")
+                               "(MoCo v2: 0.2).", json_schema_extra={"symbol": "τ"})
     queue_size: int = Field(65_536, ge=1, description="Negative keys in the queue (MoCo: 65 536). "
                             "Any size works: writes wrap around, so it need not be a multiple of "
                             "the global batch.")

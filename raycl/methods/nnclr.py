@@ -35,7 +35,8 @@ class NNCLRConfig(Section):
     ``model.projector_dim`` (the papers: 2048 and 256)."""
 
     temperature: float = Field(0.1, gt=0.0, le=10.0, description="InfoNCE temperature τ of the "
-                               "neighbour contrast (NNCLR: 0.1).")
+                               "neighbour contrast (NNCLR: 0.1).",
+                               json_schema_extra={"symbol": "τ"})
     queue_size: int = Field(98_304, ge=1, description="Support-set entries (the papers: 98 304). "
                             "Any size works: writes wrap around, so it need not be a multiple of "
                             "the global batch.")

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 class SimCLRConfig(Section):
     """Knobs of ``method: simclr`` (also MCL's default base method)."""
 
-    temperature: float = Field(0.5, gt=0.0, le=10.0, description="NT-Xent temperature τ.")
+    temperature: float = Field(0.5, gt=0.0, le=10.0, description="NT-Xent temperature τ.",
+                               json_schema_extra={"symbol": "τ"})
 
 
 @register("simclr", section=SimCLRConfig)

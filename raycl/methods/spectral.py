@@ -28,7 +28,8 @@ class SpectralConfig(Section):
 
     mu: float = Field(
         1.0, gt=0.0, le=100.0, description="Squared radius of the ball projections are confined "
-        "to (rows longer than √μ are rescaled), as in the authors' code."
+        "to (rows longer than √μ are rescaled), as in the authors' code.",
+        json_schema_extra={"symbol": "μ"}
     )
 
 

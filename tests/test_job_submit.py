@@ -1,0 +1,206 @@
+"""``ray job submit`` against a real local head, as a user submits to a cluster.
+
+The head is started by this test (``ray start --head --block`` on loopback, its own temp dir,
+token authentication turned on the way Ray does it), an MLflow server runs beside it through
+``python -m raycl.server`` on loopback, and a shrunk quickstart is submitted with
+``--working-dir`` from a clean copy of the repository (no ``.git``, as Ray uploads it), the
+commit passed through the job's runtime environment. Everything started is stopped by the
+process group this test started: never ``ray stop``, which would also stop the test session's
+own Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from raycl.tracking import COMMIT_TAG, PARENT_TAG, ROLE_TAG
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+JOB_TIMEOUT_S = 420
+SHRUNK = ["data.samples_per_combination=1", "data.resolution=16", "train.batch_size=64",
+          "model.width=8", "model.projector_hidden_dim=32", "model.projector_dim=16",
+          "eval.linear_max_iter=50", "train.epochs=2", "eval.every_n_epochs=2",
+          "scaling.cpus_per_worker=1"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_http(url: str, process: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[:4]} exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except urllib.error.HTTPError:  # answered (401 from a head that wants its token)
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s")
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM to the process group this test started, SIGKILL what is left after 20 s."""
+    for sig, wait_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(process.pid, 0)  # anyone of the group left?
+            except ProcessLookupError:
+                return
+            process.poll()
+            time.sleep(0.2)
+
+
+def clean_copy(destination: Path) -> Path:
+    """The files git knows (tracked, and new ones not ignored), without ``.git``: what a user's
+    ``--working-dir .`` uploads, minus their local clutter."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], cwd=REPO, capture_output=True, check=True)
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        source = REPO / name
+        if source.is_file():
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return destination
+
+
+@dataclass
+class Head:
+    dashboard: str
+    tracking_uri: str
+    env: dict[str, str]  # a shell with the token, as the docs tell a user to set it up
+    root: Path
+
+    def ray(self, *args: str, env: dict[str, str] | None = None,
+            timeout_s: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "ray"), *args], env=env or self.env, text=True,
+                              capture_output=True, timeout=timeout_s, check=False)
+
+
+@pytest.fixture(scope="module")
+def head(data_cache: Path) -> Iterator[Head]:
+    # Short: Ray's unix sockets live under the temp dir (a path limit of ~107 bytes).
+    root = Path(tempfile.mkdtemp(prefix="rayjob-", dir="/tmp"))
+    home = root / "home"
+    home.mkdir()
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("RAY_", "MLFLOW_"))}
+    env.update(HOME=str(home), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+               RAYCL_CACHE=str(data_cache))
+    # Ray's own steps: a token in ~/.ray/auth_token, and RAY_AUTH_MODE=token.
+    generated = subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=env,
+                               capture_output=True, text=True, timeout=60, check=False)
+    assert generated.returncode == 0, generated.stderr
+    assert (home / ".ray" / "auth_token").is_file()
+    env["RAY_AUTH_MODE"] = "token"
+
+    gcs_port, dashboard_port, mlflow_port = free_port(), free_port(), free_port()
+    logs = root / "logs"
+    logs.mkdir()
+    ray_head = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+         f"--port={gcs_port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
+         "--include-dashboard=true", "--num-cpus=2", "--num-gpus=0",
+         f"--temp-dir={root / 'ray'}", "--disable-usage-stats"],
+        env=env, cwd=root, start_new_session=True,
+        stdout=(logs / "ray_start.log").open("w"), stderr=subprocess.STDOUT)
+    mlflow = subprocess.Popen(
+        [sys.executable, "-m", "raycl.server", "--port", str(mlflow_port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow' / 'mlflow.db'}",
+         "--artifacts-destination", str(root / "mlflow" / "artifacts")],
+        env=env, cwd=root, start_new_session=True,
+        stdout=(logs / "mlflow.log").open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for_http(f"http://127.0.0.1:{mlflow_port}/health", mlflow, 90)
+        wait_for_http(f"http://127.0.0.1:{dashboard_port}/api/version", ray_head, 120)
+        yield Head(f"http://127.0.0.1:{dashboard_port}", f"http://127.0.0.1:{mlflow_port}",
+                   env, root)
+    finally:
+        stop_group(mlflow)
+        stop_group(ray_head)
+        for log in sorted(logs.iterdir()):  # shown by pytest when a test failed
+            print(f"--- {log.name}\n{log.read_text()[-3000:]}")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_head_refuses_a_submission_without_the_token(head: Head) -> None:
+    stranger = {**head.env, "HOME": str(head.root / "stranger")}
+    stranger.pop("RAY_AUTH_MODE")
+    refused = head.ray("job", "submit", "--address", head.dashboard, "--no-wait", "--",
+                       "echo", "hello", env=stranger)
+    assert refused.returncode != 0
+    assert "auth" in (refused.stdout + refused.stderr).lower()
+
+
+def test_ray_job_submit_runs_a_sweep_into_mlflow(head: Head, tmp_path: Path) -> None:
+    source = clean_copy(tmp_path / "src")
+    assert not (source / ".git").exists() and (source / "raycl" / "tune.py").is_file()
+    commit = "0123456789abcdef0123456789abcdef01234567"  # what `git rev-parse HEAD` would give
+    runtime_env = {"env_vars": {"RAYCL_GIT_COMMIT": commit, "RAYCL_CACHE": head.env["RAYCL_CACHE"]}}
+    overrides = [arg for key in SHRUNK for arg in ("--set", key)]
+    submission = f"raycl-test-{os.getpid()}"
+    submitted = head.ray(
+        "job", "submit", "--address", head.dashboard, "--submission-id", submission,
+        "--working-dir", str(source), "--runtime-env-json", json.dumps(runtime_env),
+        "--no-wait", "--",
+        "python", "-m", "raycl.tune", "searches/quickstart.yaml", "--name", "job-submit",
+        "--num-samples", "2", "--storage", str(tmp_path / "ray_results"),
+        "--tracking-uri", head.tracking_uri, *overrides)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+
+    deadline, status = time.monotonic() + JOB_TIMEOUT_S, ""
+    while time.monotonic() < deadline:
+        status = head.ray("job", "status", "--address", head.dashboard, submission).stdout
+        if any(f"' {word}" in status for word in ("succeeded", "failed", "stopped")):
+            break  # "Job 'raycl-test-1' succeeded"
+        time.sleep(3)
+    logs = head.ray("job", "logs", "--address", head.dashboard, submission).stdout
+    assert f"Job '{submission}' succeeded" in status, f"{status}\n{logs[-6000:]}"
+    assert "job-submit: 2 trial(s)" in logs  # the leaderboard the driver prints at the end
+
+    client = MlflowClient(tracking_uri=head.tracking_uri)
+    experiment = client.get_experiment_by_name("job-submit")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    (parent,) = [run for run in runs if run.data.tags.get(ROLE_TAG) == "sweep"]
+    children = [run for run in runs if run.data.tags.get(ROLE_TAG) == "trial"]
+    assert len(children) == 2
+    assert {run.data.tags[PARENT_TAG] for run in children} == {parent.info.run_id}
+    # .git was not uploaded: the commit came through the runtime environment.
+    assert parent.data.tags[COMMIT_TAG] == commit
+    assert all(run.data.tags[COMMIT_TAG] == commit for run in children)
+    assert parent.data.metrics["best/val/linear/mean"] == max(
+        run.data.metrics["val/linear/mean"] for run in children)
+    assert all("test/linear/mean" in run.data.metrics for run in children)
+    # Logged by the trial processes through the driver's relay, over the server's HTTP API.
+    best = next(run for run in children if run.info.status == "FINISHED")
+    diagnostics = [item.path for item in client.list_artifacts(best.info.run_id, "diagnostics")]
+    assert "diagnostics/spectrum.png" in diagnostics, logs[-8000:]

@@ -1,0 +1,375 @@
+"""A sweep logged by raycl, as a person sees it in a real ``mlflow ui``, in headless Chromium.
+
+The store is filled by raycl's own tracking callback (stub trials, no Ray), ``mlflow ui`` serves
+it on loopback, and Playwright drives Debian's ``/usr/bin/chromium`` through the DevTools
+protocol: the experiment must open on its training runs, the parent run must expand to every
+child run, and the best child's objective must be readable on the page. A screenshot is kept
+(see :func:`_keep`). Skipped, with the reason, only where Chromium or Playwright is missing
+(``make test`` installs both as root on Debian).
+
+What MLflow 3.17's UI does, found while writing this (it is a hash-router SPA):
+
+* Which view an experiment opens on is decided by the UI's global *workflow type*: the
+  ``workflowType`` query parameter of the link, else the browser's localStorage
+  (``mlflow.workflowType``), else ``genai``, which redirects to the GenAI traces overview
+  (``#/experiments/<id>/overview/usage?workflowType=genai``). The experiment's
+  ``mlflow.experimentKind`` tag is not consulted by this version of the UI, so a link that opens
+  on the runs needs ``?workflowType=machine_learning`` (:data:`RUNS_VIEW_QUERY`).
+* Child runs are collapsed under their parent; the parent row's expander is a button rendered
+  by the run-name cell (``data-component-id`` ending in ``runnamecellrenderer.tsx_46``).
+* No metric column is shown by default, the experiment's primary metric
+  (``mlflow.experiment.primaryMetric.name``) included. Sorting by a metric (``orderByKey`` in
+  the link) flattens the nesting and still shows no metric column, so the column is turned on
+  the way a person does: the "Columns" button, "Search columns", then the metric's checkbox.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+# Without the background-networking flags Chromium keeps trying to reach Google, which fails on
+# a closed network (and slows the start-up).
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+VIEWPORT = {"width": 1920, "height": 1080}
+# The link query that opens an experiment on its training runs in MLflow 3.17 (module docstring).
+RUNS_VIEW_QUERY = "workflowType=machine_learning"
+# Bounded waits, generous for a busy 2-core machine (the first page load compiles the bundle).
+LOAD_MS = 30_000
+STEP_MS = 15_000
+SERVER_START_S = 60.0
+METRIC = "val/linear/mean"
+# raycl's alias of the sweep objective on every child run, once logged; else the metric itself.
+OBJECTIVE_ALIAS = "objective"
+
+_MISSING = [what for what, missing in [
+    (f"Debian's chromium at {CHROMIUM} (as root: apt-get install chromium; `make test` does it)",
+     not CHROMIUM.is_file()),
+    ("the Python package playwright (the dev extra: pip install -e '.[dev]')",
+     importlib.util.find_spec("playwright") is None),
+] if missing]
+pytestmark = pytest.mark.skipif(bool(_MISSING), reason="needs " + " and ".join(_MISSING))
+
+
+@dataclass
+class StubTrial:
+    """What the callback reads of a Tune trial."""
+
+    trial_id: str
+    config: dict
+    last_result: dict = field(default_factory=dict)
+    error_file: str | None = None
+    metric_analysis: dict = field(default_factory=dict)
+    status: str = "TERMINATED"
+
+    def __str__(self) -> str:
+        return f"run_trial_{self.trial_id}"
+
+
+# (trial id, searched values, final objective): the second is the best.
+TRIALS = [
+    ("abcd1234_00001", {"mcl.clusters": 2, "mcl.stages": 1, "simclr.temperature": 0.12}, 0.4125),
+    ("abcd1234_00002", {"mcl.clusters": 5, "mcl.stages": 2, "simclr.temperature": 0.31}, 0.7375),
+    ("abcd1234_00003", {"mcl.clusters": 10, "mcl.stages": 1, "simclr.temperature": 0.47}, 0.5875),
+]
+EPOCHS = 2
+
+
+@dataclass
+class Child:
+    run_id: str
+    name: str
+    objective_key: str
+    objective: float
+
+
+@dataclass
+class Sweep:
+    """What is really stored, read back with MlflowClient (names are raycl's to choose)."""
+
+    db: Path
+    experiment_id: str
+    parent_id: str
+    parent_name: str
+    children: list[Child]
+
+    @property
+    def best(self) -> Child:
+        return max(self.children, key=lambda child: child.objective)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
+    """A three-trial sweep logged through raycl's MLflowSweepCallback into a sqlite store."""
+    from mlflow import MlflowClient
+
+    from raycl.config import SearchConfig
+    from raycl.tracking import ROLE_TAG, MLflowSweepCallback
+
+    db = tmp_path_factory.mktemp("mlflow-ui") / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    config = SearchConfig.model_validate({
+        "name": "ui_sweep", "method": "mcl", "train": {"epochs": EPOCHS},
+        "mcl": {"stages": 1, "clusters": 2},
+        "tune": {"metric": METRIC, "mode": "max", "num_samples": len(TRIALS),
+                 "search_space": {"mcl.clusters": {"choice": [2, 5, 10]},
+                                  "mcl.stages": {"choice": [1, 2]},
+                                  "simclr.temperature": {"loguniform": [0.1, 0.5]}}},
+        "mlflow": {"tracking_uri": uri}})
+    callback = MLflowSweepCallback(config)
+    callback.setup()
+    trials = []
+    for trial_id, searched, objective in TRIALS:
+        trial = StubTrial(trial_id, searched)
+        callback.on_trial_start(0, trials, trial)
+        stages = searched["mcl.stages"]
+        for stage in range(stages):
+            for epoch in range(1, EPOCHS + 1):
+                step = stage * EPOCHS + epoch
+                # Rising to the objective at the last epoch of the last stage.
+                result = {"epoch": epoch, "stage": stage, "global_epoch": step,
+                          "training_iteration": step, "train/loss": 2.0 / step,
+                          METRIC: objective - 0.0625 * (stages * EPOCHS - step)}
+                if step == stages * EPOCHS:
+                    result["test/linear/mean"] = objective - 0.03125
+                callback.on_trial_result(0, trials, trial, result)
+                trial.last_result = result
+        trial.metric_analysis = {METRIC: {"last": objective}}
+        callback.on_trial_complete(0, trials, trial)
+        trials.append(trial)
+    callback.on_experiment_end(trials=trials)
+
+    client = MlflowClient(tracking_uri=uri)
+    parent = client.get_run(callback.parent_run_id)
+    runs = client.search_runs([callback.experiment_id], f"tags.`{ROLE_TAG}` = 'trial'")
+    children = []
+    for run in runs:
+        key = OBJECTIVE_ALIAS if OBJECTIVE_ALIAS in run.data.metrics else METRIC
+        children.append(Child(run.info.run_id, run.info.run_name, key, run.data.metrics[key]))
+    assert len(children) == len(TRIALS)
+    assert {child.objective for child in children} == {objective for *_, objective in TRIALS}
+    return Sweep(db, callback.experiment_id, parent.info.run_id, parent.info.run_name, children)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Stop the server and its uvicorn worker: its own process group (started in a session)."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+    # The worker may outlive the server process; whatever is left of the group goes.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def mlflow_ui(sweep: Sweep) -> Iterator[str]:
+    """``mlflow ui`` on a free loopback port, serving the sweep's store; its base URL."""
+    workdir = sweep.db.parent  # its cwd: nothing (./mlruns, ./mlartifacts) lands in the repo
+    log = workdir / "mlflow-ui.log"
+    port = _free_port()
+    # raycl's experiments carry their own artifact location (file://, beside the database),
+    # which the server reads directly; the default root only matters for other experiments.
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{sweep.db}",
+               "--default-artifact-root", (workdir / "mlartifacts").as_uri(),
+               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    # No job runner (it starts seven huey consumer processes the UI pages here never use).
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+           "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, cwd=workdir, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"mlflow ui exited with {process.returncode}:\n"
+                            f"{log.read_text(errors='replace')[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"mlflow ui did not answer on {base}/health within "
+                            f"{SERVER_START_S:.0f} s:\n{log.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.25)
+        yield base
+    finally:
+        _stop(process)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                              args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh profile per test: no workflow type or column choice remembered in localStorage."""
+    context = browser.new_context(viewport=VIEWPORT)
+    yield context.new_page()
+    context.close()
+
+
+def _screenshot_dir() -> Path:
+    return Path(os.environ.get("RAYCL_UI_SCREENSHOT_DIR") or REPO / ".pytest-artifacts")
+
+
+def _keep(page: Any, tmp_path: Path, name: str) -> Path:
+    """A screenshot under the test's tmp_path, copied to a stable place to look at:
+    $RAYCL_UI_SCREENSHOT_DIR, else .pytest-artifacts/ in the repository (git-ignored)."""
+    path = tmp_path / name
+    page.screenshot(path=str(path))
+    kept = _screenshot_dir()
+    kept.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, kept / name)
+    return path
+
+
+def _forget(name: str) -> None:
+    """A failure screenshot kept from an earlier run would outlive its failure."""
+    (_screenshot_dir() / name).unlink(missing_ok=True)
+
+
+def _close_assistant(page: Any) -> None:
+    """MLflow 3.17 opens an "MLflow Assistant" side panel; closed for a wider runs table."""
+    close = page.locator('[data-component-id="mlflow.assistant.chat_panel.close"]')
+    if close.count():
+        close.first.click()
+
+
+def _assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk
+    assert (width, height) == (VIEWPORT["width"], VIEWPORT["height"])
+    assert len(data) > 20_000, f"{path}: {len(data)} bytes, too small for a rendered table"
+
+
+def test_experiment_opens_on_runs_and_the_parent_expands_to_its_trials(
+    sweep: Sweep, mlflow_ui: str, page: Any, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    _forget("mlflow_ui_failed.png")
+    try:
+        page.goto(f"{mlflow_ui}/#/experiments/{sweep.experiment_id}?{RUNS_VIEW_QUERY}")
+
+        # The training runs table, not the GenAI traces overview.
+        expect(page).to_have_url(re.compile(rf"#/experiments/{sweep.experiment_id}/runs\b"),
+                                 timeout=LOAD_MS)
+        parent_row = page.locator(f'[role="row"][row-id="{sweep.parent_id}"]')
+        parent_link = parent_row.locator(f'a[href$="/runs/{sweep.parent_id}"]')
+        expect(parent_link).to_have_text(sweep.parent_name, timeout=LOAD_MS)
+        expect(page.locator('[role="columnheader"][col-id="attributes.`Run Name`"]')
+               ).to_be_visible()
+        expect(page.get_by_text("No data available for the selected time range")).to_have_count(0)
+        _close_assistant(page)
+
+        # Children are collapsed under the parent until its expander is clicked.
+        def child_link(child: Child) -> Any:
+            return page.locator(f'[role="row"][row-id="{child.run_id}"] '
+                                f'a[href$="/runs/{child.run_id}"]')
+
+        for child in sweep.children:
+            expect(child_link(child)).to_have_count(0)
+        parent_row.locator('button[data-component-id*="runnamecellrenderer"]').first.click()
+        for child in sweep.children:
+            expect(child_link(child)).to_have_text(child.name, timeout=STEP_MS)
+
+        # MLflow 3.17 shows no metric column by default (not the experiment's primary metric
+        # either), so the objective's is turned on as a person does: "Columns" -> "Search
+        # columns" -> the metric's checkbox. Skipped should a later UI show it by itself.
+        best = sweep.best
+        column = f"metrics.`{best.objective_key}`"
+        cell = page.locator(f'[role="row"][row-id="{best.run_id}"] [col-id="{column}"]')
+        if cell.count() == 0:
+            # exact: a wide table also offers a "Show more columns (N total)" button.
+            page.get_by_role("button", name="Columns", exact=True).click()
+            page.get_by_placeholder("Search columns").fill(best.objective_key)
+            tree = page.get_by_test_id("column-selector-tree")
+            # Exactly that metric: the search also lists best/<metric>, <metric>_test, ...
+            node = tree.locator(".du-bois-light-tree-treenode").filter(
+                has_text=re.compile(rf"^{re.escape(best.objective_key)}$"))
+            node.locator(".du-bois-light-tree-checkbox").click(timeout=STEP_MS)
+            page.keyboard.press("Escape")
+            expect(tree).to_be_hidden(timeout=STEP_MS)
+        expect(page.locator(f'[role="columnheader"][col-id="{column}"]')).to_be_visible(
+            timeout=STEP_MS)
+        expect(cell).to_have_text(re.compile(r"^\s*-?\d"), timeout=STEP_MS)
+        shown = float(cell.inner_text())
+        # Compared as numbers: the table may round for display (it shows 0.7375 as is).
+        assert shown == pytest.approx(best.objective, abs=5e-3), (cell.inner_text(), best)
+        for child in sweep.children:
+            other = page.locator(f'[role="row"][row-id="{child.run_id}"] [col-id="{column}"]')
+            assert float(other.inner_text()) == pytest.approx(child.objective, abs=5e-3)
+        cell.scroll_into_view_if_needed()
+        _assert_png(_keep(page, tmp_path, "mlflow_ui.png"))
+    except BaseException:
+        with contextlib.suppress(Exception):
+            _keep(page, tmp_path, "mlflow_ui_failed.png")
+        raise
+
+
+def test_parent_run_lists_the_leaderboard_artifact(
+    sweep: Sweep, mlflow_ui: str, page: Any, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    _forget("mlflow_ui_artifacts_failed.png")
+    try:
+        page.goto(f"{mlflow_ui}/#/experiments/{sweep.experiment_id}/runs/{sweep.parent_id}"
+                  f"?{RUNS_VIEW_QUERY}")
+        page.get_by_role("tab", name="Artifacts").click(timeout=LOAD_MS)
+
+        def artifact(name: str) -> Any:
+            return page.locator(f'[data-testid="artifact-tree-node"][artifact-name="{name}"]')
+
+        # Artifacts resolve at all: the search file raycl has always logged on the parent.
+        expect(artifact("search.yaml")).to_be_visible(timeout=STEP_MS)
+        # LEADERBOARD ARTIFACT: the parent run's leaderboard.csv (raycl/tracking.py logs it at
+        # the end of the sweep), listed where a person looks for it.
+        expect(artifact("leaderboard.csv")).to_be_visible(timeout=STEP_MS)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            _keep(page, tmp_path, "mlflow_ui_artifacts_failed.png")
+        raise
