@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # On your own machine override, e.g. `make test TORCH_SPEC="torch torchvision"`.
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install data browser demo test lint bench clean
+.PHONY: install data browser demo test lint bench clean server
 
 install: $(VENV)/.installed
 
@@ -44,6 +44,10 @@ demo: install
 test: install data browser
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
+
+# An MLflow server on 127.0.0.1:5000 over ./mlflow.db (sweeps: --tracking-uri http://127.0.0.1:5000).
+server: install
+	$(PY) -m raycl.server
 
 lint: install
 	$(PY) -m ruff check .

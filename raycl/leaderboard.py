@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -25,10 +26,12 @@ from typing import TYPE_CHECKING, Any
 from raycl.config import Domain, key_symbol, reported_test_metric, resolve_tracking_uri
 from raycl.tracking import (
     GREATER_IS_BETTER_TAG,
+    LEADERBOARD_VIEW,
     PARENT_TAG,
     ROLE_TAG,
     TRIAL_INDEX_TAG,
     TRIAL_TAG,
+    VIEW_TAG_PREFIX,
     _client,
 )
 
@@ -328,7 +331,8 @@ def print_leaderboard(tracking_uri: str, experiment: str, top: int = 10,
     page = ""
     if found is not None:
         mode = "min" if found.tags.get(GREATER_IS_BETTER_TAG) == "False" else "max"
-        page = runs_page(found.experiment_id, mode)
+        page = runs_page(found.experiment_id, mode,
+                         with_view=VIEW_TAG_PREFIX + LEADERBOARD_VIEW in found.tags)
     if uri.startswith(("http://", "https://")):
         print(f"\n{uri.rstrip('/')}/{page}")
     else:
@@ -337,13 +341,19 @@ def print_leaderboard(tracking_uri: str, experiment: str, top: int = 10,
             print(f"then open http://127.0.0.1:5000/{page}")
 
 
-def runs_page(experiment_id: str, mode: str = "max") -> str:
+def runs_page(experiment_id: str, mode: str = "max", with_view: bool = False) -> str:
     """The MLflow UI's page of an experiment's runs, best objective first, relative to the
-    server's address. MLflow 3.17's UI opens an experiment on its GenAI pages unless the link
-    (or the sidebar's switch, remembered per browser) selects the machine-learning workflow."""
+    server's address; ``with_view`` opens raycl's saved leaderboard view (objective, its test
+    counterpart and the searched params as columns; :func:`raycl.tracking.write_leaderboard_view`).
+    MLflow 3.17's UI opens an experiment on its GenAI pages unless the link (or the sidebar's
+    switch, remembered per browser) selects the machine-learning workflow."""
+    page = f"#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    if with_view:
+        # The view holds the order too; the UI ignores a view whose link carries any search
+        # parameter (orderByKey, searchFilter, ...).
+        return f"{page}&viewStateShareKey={LEADERBOARD_VIEW}"
     ascending = "true" if mode == "min" else "false"
-    return (f"#/experiments/{experiment_id}/runs?workflowType=machine_learning"
-            f"&orderByKey=metrics.%60objective%60&orderByAsc={ascending}")
+    return f"{page}&orderByKey=metrics.%60objective%60&orderByAsc={ascending}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=10, help="rows to show")
     parser.add_argument("--all", dest="all_sweeps", action="store_true",
                         help="rank trials of every sweep in the experiment")
-    parser.add_argument("--tracking-uri", default="sqlite:///mlflow.db", help="MLflow URI")
+    parser.add_argument("--tracking-uri",
+                        default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"),
+                        help="MLflow URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     args = parser.parse_args(argv)
     experiment = args.experiment
     if experiment is None:

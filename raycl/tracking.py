@@ -16,6 +16,7 @@ Trials themselves only add artifacts and end-of-trial metrics (plots, AMI) throu
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -41,6 +42,7 @@ from raycl.config import (
     reported_test_metric,
     resolve_tracking_uri,
 )
+from raycl.constraints import JOINT_PREFIX
 from raycl.train import FAIL_REASON_KEY, FAILED_KEY
 
 if TYPE_CHECKING:
@@ -79,6 +81,9 @@ TRAINING_KIND = "custom_model_development"
 PRIMARY_METRIC_TAG = "mlflow.experiment.primaryMetric.name"
 GREATER_IS_BETTER_TAG = "mlflow.experiment.primaryMetric.greaterIsBetter"
 NOTE_TAG = "mlflow.note.content"  # a run's description, shown on its page
+# A saved view of the UI's runs table ("Share" writes these): the leaderboard's link opens it.
+VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+LEADERBOARD_VIEW = "raycl-leaderboard"
 # MLflow stores a run name in 250 characters.
 _MAX_RUN_NAME_LENGTH = 250
 # MLflow rejects a param value longer than this (6000 in MLflow 3).
@@ -148,6 +153,26 @@ def mark_training_experiment(client: MlflowClient, experiment_id: str, mode: str
     if PRIMARY_METRIC_TAG not in tags:
         client.set_experiment_tag(experiment_id, PRIMARY_METRIC_TAG, OBJECTIVE_ALIAS)
         client.set_experiment_tag(experiment_id, GREATER_IS_BETTER_TAG, str(mode == "max"))
+
+
+def write_leaderboard_view(client: MlflowClient, experiment_id: str, config: CoreConfig) -> None:
+    """Save the experiment's leaderboard view of the UI's runs table: the objective, its test
+    counterpart and the sweep's searched params as columns, best first.
+
+    MLflow 3.17's runs table shows no metric column until one is picked through "Columns". Its
+    "Share" button saves the table's state as a JSON object in the experiment tag
+    ``mlflow.sharedViewState.<key>`` and opens it from a link with ``viewStateShareKey=<key>``;
+    raycl writes that tag in the same form (``python -m raycl.leaderboard`` prints the link).
+    The latest sweep in an experiment sets its columns.
+    """
+    searched = [key for key in config.tune.search_space if not key.startswith(JOINT_PREFIX)]
+    state = {"orderByKey": f"metrics.`{OBJECTIVE_ALIAS}`",
+             "orderByAsc": config.tune.mode == "min",
+             "selectedColumns": [f"metrics.`{OBJECTIVE_ALIAS}`",
+                                 f"metrics.`{OBJECTIVE_TEST_ALIAS}`",
+                                 *(f"params.`{key}`" for key in searched)]}
+    client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + LEADERBOARD_VIEW,
+                              json.dumps(state))
 
 
 def trial_index(trial: Trial) -> int | None:
@@ -286,6 +311,7 @@ class MLflowSweepCallback(Callback):
         self.experiment_id = get_or_create_experiment(
             self.client, experiment_name(self.config), self.tracking_uri)
         mark_training_experiment(self.client, self.experiment_id, self.config.tune.mode)
+        write_leaderboard_view(self.client, self.experiment_id, self.config)
         if self.parent_run_id is None:
             self.parent_run_id = self._find_parent() or self._create_parent()
         else:

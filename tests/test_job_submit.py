@@ -104,6 +104,17 @@ class Head:
         return subprocess.run([str(BIN / "ray"), *args], env=env or self.env, text=True,
                               capture_output=True, timeout=timeout_s, check=False)
 
+    def submit(self, *args: str, wait_s: float = 120) -> subprocess.CompletedProcess:
+        """``ray job submit``, again while the head's job agent is still starting (its
+        dashboard answers first; a loaded machine takes a while for the agent)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            done = self.ray("job", "submit", "--address", self.dashboard, *args)
+            if ("No available agent" not in done.stdout + done.stderr
+                    or time.monotonic() > deadline):
+                return done
+            time.sleep(3)
+
 
 @pytest.fixture(scope="module")
 def head(data_cache: Path) -> Iterator[Head]:
@@ -167,8 +178,8 @@ def test_ray_job_submit_runs_a_sweep_into_mlflow(head: Head, tmp_path: Path) -> 
     runtime_env = {"env_vars": {"RAYCL_GIT_COMMIT": commit, "RAYCL_CACHE": head.env["RAYCL_CACHE"]}}
     overrides = [arg for key in SHRUNK for arg in ("--set", key)]
     submission = f"raycl-test-{os.getpid()}"
-    submitted = head.ray(
-        "job", "submit", "--address", head.dashboard, "--submission-id", submission,
+    submitted = head.submit(
+        "--submission-id", submission,
         "--working-dir", str(source), "--runtime-env-json", json.dumps(runtime_env),
         "--no-wait", "--",
         "python", "-m", "raycl.tune", "searches/quickstart.yaml", "--name", "job-submit",

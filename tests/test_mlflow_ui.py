@@ -316,23 +316,21 @@ def test_experiment_opens_on_runs_and_the_parent_expands_to_its_trials(
         for child in sweep.children:
             expect(child_link(child)).to_have_text(child.name, timeout=STEP_MS)
 
+        _assert_png(_keep(page, tmp_path, "mlflow_ui_expanded.png"))
+
         # MLflow 3.17 shows no metric column by default (not the experiment's primary metric
-        # either), so the objective's is turned on as a person does: "Columns" -> "Search
-        # columns" -> the metric's checkbox. Skipped should a later UI show it by itself.
+        # either). The link raycl prints opens the sweep's saved leaderboard view: the
+        # objective, its test counterpart and the searched params as columns, best first.
+        from raycl.leaderboard import runs_page
+
+        page.goto(f"{mlflow_ui}/{runs_page(sweep.experiment_id, 'max', with_view=True)}")
         best = sweep.best
         column = f"metrics.`{best.objective_key}`"
         cell = page.locator(f'[role="row"][row-id="{best.run_id}"] [col-id="{column}"]')
-        if cell.count() == 0:
-            # exact: a wide table also offers a "Show more columns (N total)" button.
-            page.get_by_role("button", name="Columns", exact=True).click()
-            page.get_by_placeholder("Search columns").fill(best.objective_key)
-            tree = page.get_by_test_id("column-selector-tree")
-            # Exactly that metric: the search also lists best/<metric>, <metric>_test, ...
-            node = tree.locator(".du-bois-light-tree-treenode").filter(
-                has_text=re.compile(rf"^{re.escape(best.objective_key)}$"))
-            node.locator(".du-bois-light-tree-checkbox").click(timeout=STEP_MS)
-            page.keyboard.press("Escape")
-            expect(tree).to_be_hidden(timeout=STEP_MS)
+        for shown_column in (column, "metrics.`objective_test`", "params.`mcl.clusters`"):
+            expect(page.locator(f'[role="columnheader"][col-id="{shown_column}"]')
+                   ).to_be_visible(timeout=LOAD_MS)
+        _close_assistant(page)
         expect(page.locator(f'[role="columnheader"][col-id="{column}"]')).to_be_visible(
             timeout=STEP_MS)
         expect(cell).to_have_text(re.compile(r"^\s*-?\d"), timeout=STEP_MS)

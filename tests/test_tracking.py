@@ -4,6 +4,7 @@ a person reads in the UI (the experiment's kind, run names, the parent's leaderb
 from __future__ import annotations
 
 import csv
+import json
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,8 +12,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from raycl.config import Domain, SearchConfig
-from raycl.leaderboard import leaderboard_figure, trial_runs, trial_table
+from raycl.config import Domain, SearchConfig, search_config_class
+from raycl.leaderboard import leaderboard_figure, runs_page, trial_runs, trial_table
 from raycl.tracking import EXPERIMENT_KIND_TAG, TRIAL_TAG, MLflowSweepCallback, trial_run_name
 
 
@@ -74,7 +75,9 @@ def _sweep(tmp_path: Path, space: dict | None = None, mode: str = "max", **secti
     raw = {"name": "ui", "method": "simclr", "train": {"epochs": 2},
            "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
            "tune": {"mode": mode, "search_space": space or {}}, **sections}
-    return SearchConfig.model_validate(raw)
+    # The class of this moment: a test elsewhere rebuilds the registry's SearchConfig, and a
+    # pickled callback (Tune's experiment state) names its config's class by import path.
+    return search_config_class().model_validate(raw)
 
 
 def _run(callback: MLflowSweepCallback, trial_id: str):
@@ -107,6 +110,22 @@ def test_experiment_is_marked_as_model_training(
     assert tags[EXPERIMENT_KIND_TAG] == after
     assert tags["mlflow.experiment.primaryMetric.name"] == "objective"
     assert tags["mlflow.experiment.primaryMetric.greaterIsBetter"] == "False"
+
+
+def test_experiment_gets_the_leaderboard_view_the_printed_link_opens(tmp_path: Path) -> None:
+    config = _sweep(tmp_path, MCL_SPACE, method="mcl", mode="min")
+    callback = MLflowSweepCallback(config)
+    callback.setup()
+    client = MlflowClient(tracking_uri=config.mlflow.tracking_uri)
+    tags = client.get_experiment(callback.experiment_id).tags
+    view = json.loads(tags["mlflow.sharedViewState.raycl-leaderboard"])
+    assert view == {"orderByKey": "metrics.`objective`", "orderByAsc": True,
+                    "selectedColumns": ["metrics.`objective`", "metrics.`objective_test`",
+                                        *(f"params.`{key}`" for key in MCL_SPACE)]}
+    # The UI drops a shared view whose link also carries search parameters.
+    assert runs_page(callback.experiment_id, "min", with_view=True) == (
+        f"#/experiments/{callback.experiment_id}/runs?workflowType=machine_learning"
+        "&viewStateShareKey=raycl-leaderboard")
 
 
 def test_child_run_name_says_what_was_tried(tmp_path: Path) -> None:
