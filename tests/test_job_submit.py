@@ -134,12 +134,19 @@ def head(data_cache: Path) -> Iterator[Head]:
     env["RAY_AUTH_MODE"] = "token"
 
     gcs_port, dashboard_port, mlflow_port = free_port(), free_port(), free_port()
+    # Ray's other fixed default ports (the dashboard agent's 52365 above all) are taken by the
+    # test session's own Ray: without a port of its own the head's job agent never starts and
+    # every submission answers "No available agent".
+    own_ports = [f"--{option}={free_port()}" for option in (
+        "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
+        "runtime-env-agent-port", "ray-client-server-port", "node-manager-port",
+        "object-manager-port")]
     logs = root / "logs"
     logs.mkdir()
     ray_head = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
          f"--port={gcs_port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
-         "--include-dashboard=true", "--num-cpus=2", "--num-gpus=0",
+         "--include-dashboard=true", "--num-cpus=2", "--num-gpus=0", *own_ports,
          f"--temp-dir={root / 'ray'}", "--disable-usage-stats"],
         env=env, cwd=root, start_new_session=True,
         stdout=(logs / "ray_start.log").open("w"), stderr=subprocess.STDOUT)
