@@ -23,6 +23,8 @@ import os
 import sys
 from pathlib import Path
 
+from raycl.config import resolve_tracking_uri
+
 DEFAULT_PORT = 5000
 LOOPBACK_NAMES = {"localhost"}
 
@@ -37,14 +39,15 @@ def _is_loopback(host: str) -> bool:
 
 
 def _absolute_sqlite(uri: str, create: bool) -> str:
-    """``sqlite:///mlflow.db`` made absolute (its directory created when ``create``)."""
+    """``sqlite:///mlflow.db`` (or ``~/…``) made absolute, as sweeps resolve it; its directory
+    created when ``create``."""
     prefix = "sqlite:///"
     if not uri.startswith(prefix):
         return uri
-    path = Path(os.path.expanduser(uri[len(prefix):])).resolve()
+    resolved = resolve_tracking_uri(prefix + os.path.expanduser(uri[len(prefix):]))
     if create:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    return prefix + str(path)
+        Path(resolved[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
+    return resolved
 
 
 def _artifacts_destination(value: str, create: bool) -> str:

@@ -14,19 +14,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from local_servers import free_port, stop_group, wait_for_http
 from mlflow import MlflowClient
 
 from raycl.tracking import COMMIT_TAG, PARENT_TAG, ROLE_TAG
@@ -38,44 +35,6 @@ SHRUNK = ["data.samples_per_combination=1", "data.resolution=16", "train.batch_s
           "model.width=8", "model.projector_hidden_dim=32", "model.projector_dim=16",
           "eval.linear_max_iter=50", "train.epochs=2", "eval.every_n_epochs=2",
           "scaling.cpus_per_worker=1"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_http(url: str, process: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args[:4]} exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except urllib.error.HTTPError:  # answered (401 from a head that wants its token)
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s")
-
-
-def stop_group(process: subprocess.Popen) -> None:
-    """SIGTERM to the process group this test started, SIGKILL what is left after 20 s."""
-    for sig, wait_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(process.pid, 0)  # anyone of the group left?
-            except ProcessLookupError:
-                return
-            process.poll()
-            time.sleep(0.2)
 
 
 def clean_copy(destination: Path) -> Path:

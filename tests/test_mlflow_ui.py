@@ -30,20 +30,16 @@ import importlib.util
 import os
 import re
 import shutil
-import signal
-import socket
 import struct
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from local_servers import free_port, stop_group, wait_for_http
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -172,32 +168,12 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     return Sweep(db, callback.experiment_id, parent.info.run_id, parent.info.run_name, children)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """Stop the server and its uvicorn worker: its own process group (started in a session)."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=10)
-    # The worker may outlive the server process; whatever is left of the group goes.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=5)
-
-
 @pytest.fixture(scope="module")
 def mlflow_ui(sweep: Sweep) -> Iterator[str]:
     """``mlflow ui`` on a free loopback port, serving the sweep's store; its base URL."""
     workdir = sweep.db.parent  # its cwd: nothing (./mlruns, ./mlartifacts) lands in the repo
     log = workdir / "mlflow-ui.log"
-    port = _free_port()
+    port = free_port()
     # raycl's experiments carry their own artifact location (file://, beside the database),
     # which the server reads directly; the default root only matters for other experiments.
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{sweep.db}",
@@ -211,24 +187,13 @@ def mlflow_ui(sweep: Sweep) -> Iterator[str]:
                                    stderr=subprocess.STDOUT, start_new_session=True)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"mlflow ui exited with {process.returncode}:\n"
-                            f"{log.read_text(errors='replace')[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"mlflow ui did not answer on {base}/health within "
-                            f"{SERVER_START_S:.0f} s:\n{log.read_text(errors='replace')[-3000:]}")
-            time.sleep(0.25)
+        try:
+            wait_for_http(f"{base}/health", process, SERVER_START_S, any_status=False)
+        except (RuntimeError, TimeoutError) as exc:
+            pytest.fail(f"mlflow ui: {exc}:\n{log.read_text(errors='replace')[-3000:]}")
         yield base
     finally:
-        _stop(process)
+        stop_group(process)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,57 @@
+"""Servers the tests start on loopback (a Ray head, MLflow): a free port, waiting until one
+answers, and stopping everything it spawned by the process group the test started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_http(url: str, process: subprocess.Popen, timeout_s: float,
+                  any_status: bool = True) -> None:
+    """Return once ``url`` answers: with any HTTP status (a head that wants its token answers
+    401), or only 200 when not ``any_status``. Raises RuntimeError when ``process`` exits first,
+    TimeoutError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[:4]} exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except urllib.error.HTTPError:
+            if any_status:
+                return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s")
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM to the process group a test started (``start_new_session=True``: the server and
+    its workers), SIGKILL what is left after 20 s."""
+    for sig, wait_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(process.pid, 0)  # anyone of the group left?
+            except ProcessLookupError:
+                return
+            process.poll()
+            time.sleep(0.2)
