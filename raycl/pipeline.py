@@ -35,7 +35,8 @@ from raycl.eval.diagnostics import plot_diagnostics
 from raycl.methods import method_class
 from raycl.session import InProcessSession
 from raycl.stages import DIAGNOSTICS_FILE, StageInputs, next_stage_inputs
-from raycl.train import FAILED_KEY, read_checkpoint, run_trial_loop, train_loop_per_worker
+from raycl.train import read_checkpoint, run_trial_loop, train_loop_per_worker
+from raycl.worker.outcome import FAILED_KEY
 
 logger = logging.getLogger(__name__)
 

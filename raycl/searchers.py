@@ -15,7 +15,7 @@ from ray.tune.search.optuna import OptunaSearch as _RayOptunaSearch
 
 from raycl.config import CoreConfig, Domain
 from raycl.constraints import JOINT_PREFIX, JointDomain, joint_domain
-from raycl.train import FAILED_KEY
+from raycl.worker.outcome import FAILED_KEY
 
 if TYPE_CHECKING:
     import optuna

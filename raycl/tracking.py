@@ -43,7 +43,7 @@ from raycl.config import (
     resolve_tracking_uri,
 )
 from raycl.constraints import JOINT_PREFIX
-from raycl.train import FAIL_REASON_KEY, FAILED_KEY
+from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

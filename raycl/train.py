@@ -78,6 +78,7 @@ from raycl.stages import (
     next_stage_inputs,
     soup_weights,
 )
+from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY, NonFiniteLossError
 
 logger = logging.getLogger(__name__)
 
@@ -279,18 +280,11 @@ def evaluate_transfer(
 # ---------------------------------------------------------------------------------------------
 # Checkpoints: written complete or not at all, read back with a fallback
 
-FAILED_KEY = "raycl/failed"
-FAIL_REASON_KEY = "raycl/fail_reason"
 # Losses are checked for NaN/inf every this many steps (and at each epoch's end): one device
 # sync per check, so a GPU is not stalled every step, and a diverged trial still stops at once.
 FINITE_CHECK_EVERY = 20
 # Test images a method's end-of-trial pictures are drawn from (FGVR's reconstruction triples).
 DIAGNOSTIC_IMAGES = 8
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite: the trial's hyperparameters diverge (a result, not an
-    infrastructure failure, so it is reported and not retried)."""
 
 
 class CheckpointError(RuntimeError):

@@ -221,7 +221,7 @@ def run(config: CoreConfig, search_file: str | None = None, fresh: bool = False,
     from raycl.leaderboard import print_leaderboard
     from raycl.relay import start_relay
     from raycl.tracking import INTERRUPTED
-    from raycl.train import FAILED_KEY
+    from raycl.worker.outcome import FAILED_KEY
 
     init_ray(address=address, log_to_driver=True)
     start_relay()  # trials on other nodes log to MLflow through this one

@@ -15,7 +15,8 @@ import torch
 
 from raycl.config import SearchConfig
 from raycl.session import InProcessSession
-from raycl.train import FAIL_REASON_KEY, FAILED_KEY, CheckpointError, run_trial_loop
+from raycl.train import CheckpointError, run_trial_loop
+from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY
 
 TINY = {
     "name": "reliability",
