@@ -41,9 +41,14 @@ browser:
 demo: install
 	$(PY) -m raycl.tune searches/quickstart.yaml
 
+# Two test workers: one runs the tests on the shared Ray session, the other everything else
+# (tests/conftest.py). `make test PYTEST_WORKERS=0` runs them in one process.
+PYTEST_WORKERS ?= 2
+
 test: install data browser
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) tools/structure.py
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 # An MLflow server on 127.0.0.1:5000 over ./mlflow.db (sweeps: --tracking-uri http://127.0.0.1:5000).
 server: install

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def bench_config(root: Path, name: str, *overrides: str, search: str = "quickstart.yaml"):
-    from raycl.config import load_search
+    from raycl.config.load import load_search
 
     return load_search(REPO / "searches" / search, [
         "tune.search_space={}", "tune.num_samples=1", f"name={name}",
@@ -105,7 +105,7 @@ def plain_loop_in_ray_worker(config: Any, threads: int) -> list[float]:
     out = Path(tempfile.mkdtemp(prefix="raycl-plain-worker-")) / "rates.json"
 
     def loop(loop_config: dict[str, Any]) -> None:
-        from raycl.config import SearchConfig
+        from raycl.config.search_config import SearchConfig
 
         torch.set_num_threads(threads)
         out.write_text(json.dumps(plain_loop(SearchConfig.model_validate(loop_config))))
@@ -151,8 +151,8 @@ def between_stages(args: argparse.Namespace, root: Path, repeats: int) -> dict[s
     from raycl.cluster import kmeans
     from raycl.data import load_dataset
     from raycl.methods import build_method
-    from raycl.session import InProcessSession
-    from raycl.train import embed_images
+    from raycl.worker.embed import embed_images
+    from raycl.worker.session import InProcessSession
 
     config = bench_config(root, "between", search="mcl_k_n.yaml")
     data = load_dataset(config.data, config.seed)
@@ -250,7 +250,7 @@ def memory(root: Path) -> dict[str, Any]:
 
 def sweep_efficiency(root: Path) -> dict[str, Any]:
     """The quickstart space with its ASHA scheduler against every trial run to the end."""
-    from raycl.config import load_search
+    from raycl.config.load import load_search
     from raycl.tune import build_tuner
 
     out = {}

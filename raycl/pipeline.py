@@ -2,11 +2,12 @@
 process) that trains every stage of the trial, then the end-of-trial plots (spectrum, principal
 angles) and MCL's diagnostics.
 
-The worker loop (:func:`raycl.train.run_trial_loop`) does all the training, MCL's stages and the
-clustering between them included, so a trial pays for one worker group however many stages it
-has. Resumption: every checkpoint carries the frozen features and clusterings of the finished
-stages (``stage_inputs.npz``). A restarted trial resumes from Tune's checkpoint (in-process mode)
-or re-creates its trainer under the same run name, which Ray Train resumes from storage.
+The worker loop (:func:`raycl.worker.loop.run_trial_loop`) does all the training, MCL's stages
+and the clustering between them included, so a trial pays for one worker group however many
+stages it has. Resumption: every checkpoint carries the frozen features and clusterings of the
+finished stages (``stage_inputs.npz``). A restarted trial resumes from Tune's checkpoint
+(in-process mode) or re-creates its trainer under the same run name, which Ray Train resumes
+from storage.
 """
 
 from __future__ import annotations
@@ -28,15 +29,17 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from raycl.cluster import ami_matrix, group_size_histogram, pseudo_label_codes
-from raycl.config import CoreConfig, apply_overrides, search_config_class
-from raycl.constraints import trial_problem
+from raycl.config.feasibility import trial_problem
+from raycl.config.schema import CoreConfig
+from raycl.config.search_config import apply_overrides, search_config_class
 from raycl.data import ATTRIBUTES, split_sizes_for
 from raycl.eval.diagnostics import plot_diagnostics
 from raycl.methods import method_class
-from raycl.session import InProcessSession
-from raycl.stages import DIAGNOSTICS_FILE, StageInputs, next_stage_inputs
-from raycl.train import read_checkpoint, run_trial_loop, train_loop_per_worker
+from raycl.worker.checkpoints import read_checkpoint
+from raycl.worker.loop import run_trial_loop, train_loop_per_worker
 from raycl.worker.outcome import FAILED_KEY
+from raycl.worker.session import InProcessSession
+from raycl.worker.stages import DIAGNOSTICS_FILE, StageInputs, next_stage_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +86,7 @@ def fit_trial(
 
     ``scaling.num_workers >= 1``: one ``TorchTrainer`` whose run name is stable per trial, so a
     restarted trial's trainer resumes from Ray Train's storage. ``0``: the same loop in this
-    process (see :class:`raycl.session.InProcessSession`), resuming from Tune's checkpoint.
+    process (see :class:`raycl.worker.session.InProcessSession`), resuming from Tune's checkpoint.
     """
     loop_config = {"config": config.to_dict(), "fault": fault,
                    "trial_started_at": trial_started_at or time.time()}
@@ -132,13 +135,13 @@ def run_trial(
 ) -> None:
     """The Tune trainable: apply the sampled ``params`` (dotted keys) and train the trial.
 
-    ``fault`` is a test hook (see ``raycl.train._maybe_inject_fault``).
+    ``fault`` is a test hook (see :mod:`raycl.worker.faults`).
     """
     started = time.time()
     config = apply_overrides(search_config_class().model_validate(base_config), params)
-    # A safety net: the searcher only proposes feasible trials (raycl.constraints), but a trial
-    # that still cannot train is pruned before any training. Optuna records a trial without the
-    # metric as PRUNED.
+    # A safety net: the searcher only proposes feasible trials (raycl.config.feasibility), but a
+    # trial that still cannot train is pruned before any training. Optuna records a trial without
+    # the metric as PRUNED.
     problem = trial_problem(config, split_sizes_for(config.data)["train"])
     if problem:
         reason = f"{problem[0]}: {problem[1]}"
@@ -172,7 +175,7 @@ def log_representation_plots(config: CoreConfig, path: Path) -> None:
     numbers, ``diag/*``, came with the last report)."""
     if not path.exists():  # eval.diagnostics off, or a trial restored from an older checkpoint
         return
-    from raycl import tracking
+    from raycl.tracking.relay import log_to_trial_run
 
     with np.load(path) as stored:
         arrays = {key: stored[key] for key in stored.files}
@@ -180,12 +183,12 @@ def log_representation_plots(config: CoreConfig, path: Path) -> None:
         title = f"{config.name} {_trial_id()}"
         plot_diagnostics(arrays, Path(directory), title)
         method_class(config).plot_diagnostics(arrays, Path(directory), title)
-        tracking.log_to_trial_run(config, _trial_id(), {}, Path(directory))
+        log_to_trial_run(config, _trial_id(), {}, Path(directory))
 
 
 def log_mcl_diagnostics(config: CoreConfig, final: StageInputs) -> None:
     """AMI between stage clusterings, pseudo-label group sizes, per-stage accuracy plot."""
-    from raycl import tracking
+    from raycl.tracking.relay import log_to_trial_run
 
     ami = ami_matrix(final.assignments)
     codes = pseudo_label_codes(final.assignments[:-1], config.mcl.clusters)
@@ -204,7 +207,7 @@ def log_mcl_diagnostics(config: CoreConfig, final: StageInputs) -> None:
         np.savetxt(out / "group_sizes.txt", sizes, fmt="%d")
         attributes = list(ATTRIBUTES[config.data.dataset])
         _plot_diagnostics(out, ami, sizes, final.stage_metrics, attributes, config.num_stages)
-        tracking.log_to_trial_run(config, _trial_id(), metrics, out)
+        log_to_trial_run(config, _trial_id(), metrics, out)
 
 
 def _plot_diagnostics(

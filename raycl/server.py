@@ -5,7 +5,7 @@ The same command runs on a laptop and on a cluster's head node (the launcher con
 its own, so it is reached through a tunnel (``ssh -L 5000:127.0.0.1:5000``, ``ray attach -p
 5000``, ``kubectl port-forward``), never through an open port. Sweeps pass
 ``--tracking-uri http://127.0.0.1:5000``; their trials, wherever Ray places them, log through
-the driver's node (:mod:`raycl.relay`), so no worker needs to reach this server.
+the driver's node (:mod:`raycl.tracking.relay`), so no worker needs to reach this server.
 
 Runs and metrics go to a database (``--backend-store-uri``: sqlite on this disk by default, or
 a PostgreSQL/MySQL URI); artifacts to ``--artifacts-destination`` (a directory, or shared
@@ -23,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-from raycl.config import resolve_tracking_uri
+from raycl.config.schema import resolve_tracking_uri
 
 DEFAULT_PORT = 5000
 LOOPBACK_NAMES = {"localhost"}

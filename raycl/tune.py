@@ -20,14 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raycl.config import (
-    ConfigError,
-    CoreConfig,
-    load_search,
-    schema_markdown,
-    with_absolute_paths,
-)
-from raycl.preflight import preflight
+from raycl.config.checks import ENVIRONMENT_CHECKS, run_checks
+from raycl.config.load import load_search, with_absolute_paths
+from raycl.config.schema import ConfigError, CoreConfig
+from raycl.config.search_config import max_reports, schema_markdown
 
 EPILOG = """\
 examples:
@@ -107,14 +103,14 @@ def build_tuner(
 ) -> Any:
     """A ``Tuner`` for the sweep, or the restored one when a sweep of that name exists.
 
-    ``fault`` is a test hook passed to every trial (see ``raycl.train._maybe_inject_fault``).
+    ``fault`` is a test hook passed to every trial (see :mod:`raycl.worker.faults`).
     """
     from ray import tune
     from ray.tune.schedulers import FIFOScheduler
 
     from raycl.pipeline import run_trial
     from raycl.searchers import FinishingASHA, build_searcher
-    from raycl.tracking import MLflowSweepCallback
+    from raycl.tracking.callback import MLflowSweepCallback
 
     # Trials run in directories of their own: every path they get must be absolute.
     config = with_absolute_paths(config)
@@ -130,7 +126,7 @@ def build_tuner(
         scheduler = FIFOScheduler()
         if config.tune.scheduler.type == "asha":
             scheduler = FinishingASHA(time_attr="training_iteration",
-                                      max_t=config.max_reports(),
+                                      max_t=max_reports(config),
                                       grace_period=config.tune.scheduler.grace_period,
                                       reduction_factor=config.tune.scheduler.reduction_factor)
     else:
@@ -218,9 +214,9 @@ def init_ray(**init_kwargs: Any) -> None:
 def run(config: CoreConfig, search_file: str | None = None, fresh: bool = False,
         address: str | None = None) -> int:
     """Run the sweep on the current (or a new embedded) Ray; return the process exit code."""
-    from raycl.leaderboard import print_leaderboard
-    from raycl.relay import start_relay
-    from raycl.tracking import INTERRUPTED
+    from raycl.tracking.callback import INTERRUPTED
+    from raycl.tracking.leaderboard import print_leaderboard
+    from raycl.tracking.relay import start_relay
     from raycl.worker.outcome import FAILED_KEY
 
     init_ray(address=address, log_to_driver=True)
@@ -252,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     notices: list[str] = []
     try:
         config = resolve(args, notices)
-        preflight(config, args.search)
+        run_checks(config, args.search, ENVIRONMENT_CHECKS)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,4 +1,10 @@
-"""Shared fixtures: one Ray session for the whole test run (start-up costs ~8 s)."""
+"""Shared fixtures: one Ray session for the whole test run (start-up costs ~8 s).
+
+``make test`` runs pytest with two xdist workers (``-n 2 --dist loadgroup``): every test that
+uses the Ray session is put in one group, first in the queue, so one worker starts Ray once and
+runs them in order while the other works through the rest. Most of a Ray test's time is spent
+waiting (worker start-up, polls), which the other worker's CPU-bound tests fill.
+"""
 
 from __future__ import annotations
 
@@ -37,7 +43,33 @@ def one_torch_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Datasets generated once per test run, shared by every test and Ray worker."""
-    path = tmp_path_factory.mktemp("raycl-cache")
+    """Datasets generated once per test run, shared by every test, xdist worker and Ray worker
+    (the cache writes each file atomically, so two workers building one set is safe)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's base directory, which every xdist worker shares
+    path = root / "raycl-cache"
+    path.mkdir(exist_ok=True)
     os.environ["RAYCL_CACHE"] = str(path)
     return path
+
+
+RAY_GROUP = "ray-session"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests on the shared Ray session: one xdist group, run first (see the module docstring)."""
+    on_ray = [item for item in items if "ray_session" in getattr(item, "fixturenames", ())]
+    for item in on_ray:
+        item.add_marker(pytest.mark.xdist_group(RAY_GROUP))
+    chosen = set(on_ray)
+    items[:] = on_ray + [item for item in items if item not in chosen]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Two workers on two cores: one intra-op thread each (Ray's trial processes set their
+        # own, from scaling.cpus_per_worker).
+        import torch
+
+        torch.set_num_threads(1)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from raycl.config import ConfigError, load_search
+from raycl.config.load import load_search
+from raycl.config.schema import ConfigError
 from raycl.data import (
     CHANNELS,
     DATASETS,

@@ -17,12 +17,13 @@ import yaml
 from test_config import error_of
 from test_reliability import StoredSession
 
-import raycl.train
-from raycl.config import SearchConfig
+import raycl.worker.stage
+from raycl.config.search_config import SearchConfig
 from raycl.methods import Batch, build_method
 from raycl.methods.clip import CLIP, CLIPConfig, build_open_clip, clip_loss, read_clip_state
-from raycl.stages import average_weights, soup_weights
-from raycl.train import _soup, run_trial_loop
+from raycl.worker.embed import soup_method
+from raycl.worker.loop import run_trial_loop
+from raycl.worker.stages import average_weights, soup_weights
 
 TINY_CLIP: dict[str, Any] = {
     "name": "clip-test",
@@ -57,14 +58,14 @@ def run_clip(root: Path, fault: dict[str, Any] | None = None,
 def record_builds(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, torch.Tensor]]:
     """The initial state of every method the loop builds (one per stage), in order."""
     built: list[dict[str, torch.Tensor]] = []
-    original = raycl.train.build_method
+    original = raycl.worker.stage.build_method
 
     def recording_build(config: Any, channels: int) -> Any:
         method = original(config, channels)
         built.append({k: v.clone() for k, v in method.state_dict().items()})
         return method
 
-    monkeypatch.setattr(raycl.train, "build_method", recording_build)
+    monkeypatch.setattr(raycl.worker.stage, "build_method", recording_build)
     return built
 
 
@@ -182,7 +183,7 @@ def test_soup_model_holds_the_parameter_average_of_the_stages() -> None:
                 param.add_(torch.randn_like(param))
     stages = [soup_weights(first), soup_weights(second)]
     assert "clip.token_embedding.weight" not in stages[0]  # frozen: the same in every stage
-    soup = _soup(second, stages)
+    soup = soup_method(second, stages)
     for name, param in soup.named_parameters():
         if param.requires_grad:
             before, after = first.get_parameter(name), second.get_parameter(name)
@@ -315,7 +316,7 @@ def test_a_caption_file_without_labels_trains_and_scores_retrieval(data_cache, t
 
 
 def test_constant_schedule_keeps_the_rate_after_warmup() -> None:
-    from raycl.train import lr_factor
+    from raycl.worker.optim import lr_factor
 
     assert [lr_factor(step, 10, 2, "constant") for step in (0, 1, 5, 9)] == [0.5, 1.0, 1.0, 1.0]
     assert lr_factor(9, 10, 2) < 0.1

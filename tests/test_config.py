@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from raycl.config import (
+from raycl.config.feasibility import stage_budget_problem
+from raycl.config.load import load_search
+from raycl.config.schema import ConfigError, reported_test_metric
+from raycl.config.search_config import (
     CONFIG_KEYS,
-    ConfigError,
     SearchConfig,
     apply_overrides,
     flatten,
-    load_search,
-    reported_test_metric,
+    max_reports,
     schema_markdown,
 )
-from raycl.constraints import stage_budget_problem
 from raycl.tune import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -168,7 +168,7 @@ def test_max_reports_uses_largest_stage_count(tmp_path: Path) -> None:
     config = SearchConfig.model_validate({
         "name": "x", "method": "mcl", "train": {"epochs": 3},
         "tune": {"search_space": {"mcl.stages": {"choice": [1, 2, 4]}}}})
-    assert config.max_reports() == 12
+    assert max_reports(config) == 12
 
 
 def test_cli_exit_code_2_and_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -198,7 +198,7 @@ def test_schema_choices_match_what_exists() -> None:
     """The Literal choices in the schema are the datasets, backbones and methods that exist."""
     from typing import get_args
 
-    from raycl.config import DataConfig, ModelConfig
+    from raycl.config.schema import DataConfig, ModelConfig
     from raycl.data import DATASETS
     from raycl.models import BACKBONES
 
@@ -313,7 +313,7 @@ def test_knowable_problems_are_caught_at_load(
 
 
 def test_searched_batch_size_keeps_only_feasible_choices(tmp_path: Path) -> None:
-    from raycl.constraints import joint_domain
+    from raycl.config.feasibility import joint_domain
 
     config = load_search(write(tmp_path, BASE),
                          ["tune.search_space={train.batch_size: {choice: [64, 100000]}}"])
@@ -381,9 +381,10 @@ def test_registering_a_method_adds_its_section(tmp_path: Path) -> None:
     """The whole contract of a new method file: a Section and @register(name, section=...)."""
     from pydantic import Field
 
-    from raycl import config as config_module
-    from raycl.methods import METHODS, SECTIONS, Method, register
-    from raycl.schema import Section
+    from raycl.config import search_config as config_module
+    from raycl.config.schema import Section
+    from raycl.config.section import METHOD_SECTIONS
+    from raycl.methods import METHODS, Method, register
 
     class ToyConfig(Section):
         knob: int = Field(3, ge=1, description="A toy knob.")
@@ -403,7 +404,7 @@ def test_registering_a_method_adds_its_section(tmp_path: Path) -> None:
         assert "toy.knob" in error_of(tmp_path, HSCL, ["toy.knob=0"])
     finally:
         METHODS.pop("toy")
-        SECTIONS.pop("toy")
+        METHOD_SECTIONS.pop("toy")
         config_module.search_config_class.cache_clear()
         config_module.config_keys.cache_clear()
     with pytest.raises(ValueError, match="cannot name a method"):

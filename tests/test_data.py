@@ -545,7 +545,7 @@ def test_transfer_style_config_without_layout_key_uses_the_test_folder(tmp_path:
 def test_config_validation_knows_the_train_test_layout(tmp_path: Path) -> None:
     from test_config import error_of, write  # one-line ConfigError of a YAML in tmp_path
 
-    from raycl.config import load_search
+    from raycl.config.load import load_search
 
     root = tmp_path / "cub"
     _make_train_test_folder(root, {"albatross": 8, "bunting": 8}, {"albatross": 2, "bunting": 2})
@@ -579,3 +579,16 @@ def test_config_validation_knows_the_train_test_layout(tmp_path: Path) -> None:
         f"search.yaml: data.root: layout train_test needs {root}/train/ and {root}/test/, but "
         f"{root}/test/ does not exist")
     assert "data.layout: flat" in error_of(tmp_path, text.replace("BATCH", "12"))
+
+
+def test_every_registered_dataset_has_a_reader() -> None:
+    """A dataset is a registry entry naming a reader: each resolves and has the three methods."""
+    from raycl.data.registry import SOURCES, reader
+
+    assert set(SOURCES) == set(DATASETS)
+    for name in SOURCES:
+        source = reader(name)
+        assert all(callable(getattr(source, method, None))
+                   for method in ("content_key", "read", "class_counts")), name
+    with pytest.raises(ValueError, match=r"(?s)unknown dataset 'cifar'.*trifeature"):
+        reader("cifar")

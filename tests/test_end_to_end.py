@@ -15,9 +15,11 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from raycl.config import SearchConfig, apply_overrides, load_search, resolve_tracking_uri
-from raycl.leaderboard import leaderboard_rows
+from raycl.config.load import load_search
+from raycl.config.schema import resolve_tracking_uri
+from raycl.config.search_config import SearchConfig, apply_overrides, max_reports
 from raycl.tracking import PARENT_TAG, ROLE_TAG
+from raycl.tracking.leaderboard import leaderboard_rows
 from raycl.tune import build_tuner, main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -184,7 +186,7 @@ def test_fgvr_trial_pretrains_its_decoder_then_logs_retrieval_and_pictures(
     config = tiny_config(tmp_path, "fgvr_eps.yaml", "train.epochs=1", "fgvr.decoder_epochs=1",
                          "fgvr.memory_size=64", "mocov2.queue_size=128", "tune.num_samples=1",
                          "tune.search_space={}", "name=e2e-fgvr")
-    assert config.max_reports() == 2
+    assert max_reports(config) == 2
     build_tuner(config, None).fit()
     client, _, children = runs_of(tmp_path, "e2e-fgvr")
     (child,) = children

@@ -14,7 +14,8 @@ from test_config import error_of, write
 from test_reliability import run
 from torch import Tensor, nn
 
-from raycl.config import SearchConfig, load_search
+from raycl.config.load import load_search
+from raycl.config.search_config import SearchConfig, max_reports
 from raycl.methods import Batch, build_method, stage_epochs, stage_phases
 from raycl.methods.fgvr import (
     FGVR,
@@ -27,7 +28,7 @@ from raycl.methods.fgvr import (
 from raycl.methods.mocov2 import MoCoV2
 from raycl.models.decoder import FeatureDecoder, upsampling_plan
 from raycl.queues import FeatureQueue
-from raycl.train import build_optimizer
+from raycl.worker.optim import build_optimizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -248,7 +249,7 @@ def test_phases_count_in_the_reports(tmp_path: Path) -> None:
     assert [p.name for p in stage_phases(make_cfg(decoder_epochs=0))] == ["train"]
     text = ("name: t\nmethod: fgvr\ntrain: {epochs: 4}\nfgvr: {decoder_epochs: 2}\n"
             "tune: {num_samples: 2, search_space: {fgvr.decoder_epochs: {choice: [1, 3]}}}\n")
-    assert load_search(write(tmp_path, text)).max_reports() == 3 + 4
+    assert max_reports(load_search(write(tmp_path, text))) == 3 + 4
     message = error_of(tmp_path, "name: t\nmethod: fgvr\nfgvr: {base: simclr}\n")
     assert message.startswith(f"{tmp_path / 'search.yaml'}: fgvr.base: ")
 

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from test_config import BASE, error_of  # one-line ConfigError of a YAML in tmp_path
 
-from raycl.config import CoreConfig, SearchConfig
+from raycl.config.schema import CoreConfig
+from raycl.config.search_config import SearchConfig
 from raycl.data import DatasetSplits, ImageSet, stratified_subset
 from raycl.eval import evaluate_linear_splits
 from raycl.eval.label_fractions import label_fraction_subset
-from raycl.train import evaluate_features
+from raycl.worker.evaluate import evaluate_features
 
 
 def per_class(labels: np.ndarray, subset: np.ndarray) -> list[int]:

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from raycl.config import SearchConfig
+from raycl.config.search_config import SearchConfig
 from raycl.data.samplers import PseudoLabelBatchSampler
 from raycl.losses import nt_xent, same_label_mask
 from raycl.pipeline import next_stage_inputs
-from raycl.stages import StageInputs, integrate
+from raycl.worker.stages import StageInputs, integrate
 
 
 def blobs(centres: np.ndarray, per_centre: int, seed: int) -> np.ndarray:

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from raycl.config import CoreConfig, SearchConfig
+from raycl.config.schema import CoreConfig
+from raycl.config.search_config import SearchConfig
 from raycl.losses import nt_xent
 from raycl.methods import METHODS, Batch, Method, build_method, register
 from raycl.methods.hscl import HSCL
@@ -188,8 +189,8 @@ def test_state_dict_round_trip() -> None:
 def test_checkpoint_state_round_trips_under_weights_only(tmp_path) -> None:
     """raycl checkpoints hold tensors, numbers and plain containers only, so they load with
     ``torch.load(weights_only=True)``: a checkpoint on shared storage cannot run code."""
-    from raycl.stages import StageInputs
-    from raycl.train import _write_checkpoint
+    from raycl.worker.checkpoints import write_checkpoint
+    from raycl.worker.stages import StageInputs
 
     source = build_simclr(seed=0)
     optimizer = torch.optim.AdamW([{"params": list(source.parameters()), "name": "default",
@@ -198,9 +199,9 @@ def test_checkpoint_state_round_trips_under_weights_only(tmp_path) -> None:
     loss = source(make_batch())["loss"]
     loss.backward()
     optimizer.step()
-    _write_checkpoint(tmp_path, source, optimizer, scaler, {"stage": 0, "epoch": 1,
-                                                            "stage_complete": False},
-                      StageInputs(), None, {"train/loss": loss.item()})
+    write_checkpoint(tmp_path, source, optimizer, scaler, {"stage": 0, "epoch": 1,
+                                                           "stage_complete": False},
+                     StageInputs(), None, {"train/loss": loss.item()})
     state = torch.load(tmp_path / "state.pt", map_location="cpu", weights_only=True)
 
     target = build_simclr(seed=1)

@@ -120,7 +120,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     """A three-trial sweep logged through raycl's MLflowSweepCallback into a sqlite store."""
     from mlflow import MlflowClient
 
-    from raycl.config import SearchConfig
+    from raycl.config.search_config import SearchConfig
     from raycl.tracking import ROLE_TAG, MLflowSweepCallback
 
     db = tmp_path_factory.mktemp("mlflow-ui") / "mlflow.db"
@@ -286,7 +286,7 @@ def test_experiment_opens_on_runs_and_the_parent_expands_to_its_trials(
         # MLflow 3.17 shows no metric column by default (not the experiment's primary metric
         # either). The link raycl prints opens the sweep's saved leaderboard view: the
         # objective, its test counterpart and the searched params as columns, best first.
-        from raycl.leaderboard import runs_page
+        from raycl.tracking.leaderboard import runs_page
 
         page.goto(f"{mlflow_ui}/{runs_page(sweep.experiment_id, 'max', with_view=True)}")
         best = sweep.best
@@ -329,8 +329,8 @@ def test_parent_run_lists_the_leaderboard_artifact(
 
         # Artifacts resolve at all: the search file raycl has always logged on the parent.
         expect(artifact("search.yaml")).to_be_visible(timeout=STEP_MS)
-        # LEADERBOARD ARTIFACT: the parent run's leaderboard.csv (raycl/tracking.py logs it at
-        # the end of the sweep), listed where a person looks for it.
+        # LEADERBOARD ARTIFACT: the parent run's leaderboard.csv (raycl/tracking/callback.py logs
+        # it at the end of the sweep), listed where a person looks for it.
         expect(artifact("leaderboard.csv")).to_be_visible(timeout=STEP_MS)
     except BaseException:
         with contextlib.suppress(Exception):

@@ -19,13 +19,9 @@ import yaml
 from test_config import error_of, write  # one-line ConfigError of a YAML in tmp_path
 from torch import Tensor
 
-from raycl.config import (
-    CONFIG_KEYS,
-    CoreConfig,
-    load_search,
-    schema_markdown,
-    search_config_class,
-)
+from raycl.config.load import load_search
+from raycl.config.schema import CoreConfig
+from raycl.config.search_config import CONFIG_KEYS, schema_markdown, search_config_class
 from raycl.data import DatasetSplits, ImageSet
 from raycl.eval.retrieval import neighbour_retrieval_accuracy
 from raycl.losses import info_nce, redundancy_reduction_loss, sinusoidal_positional_encoding
@@ -35,8 +31,8 @@ from raycl.methods.nnclr import NNCLR
 from raycl.methods.simclr import SimCLR
 from raycl.models.momentum import momentum_coefficient
 from raycl.queues import FeatureQueue
-from raycl.train import build_optimizer
 from raycl.tune import main
+from raycl.worker.optim import build_optimizer
 
 MODEL = {"backbone": "small_cnn", "width": 8, "projector_hidden_dim": 32, "projector_dim": 16}
 SECTIONS: dict[str, dict[str, Any]] = {

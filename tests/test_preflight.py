@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from raycl.preflight import check_storage_path, check_tracking_uri
+from raycl.config.checks import storage_path_problem, tracking_uri_problem
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_tracking_uri_that_does_not_answer() -> None:
     started = time.monotonic()
-    problem = check_tracking_uri("http://127.0.0.1:1", timeout_s=2.0)
+    problem = tracking_uri_problem("http://127.0.0.1:1", timeout_s=2.0)
     assert problem is not None and "no MLflow server answers at http://127.0.0.1:1" in problem
     assert time.monotonic() - started < 5.0
 
@@ -36,26 +36,26 @@ def test_tracking_uri_that_answers_with_any_status() -> None:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        assert check_tracking_uri(f"http://127.0.0.1:{server.server_port}") is None
+        assert tracking_uri_problem(f"http://127.0.0.1:{server.server_port}") is None
     finally:
         server.shutdown()
 
 
 def test_sqlite_and_file_stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert check_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}") is None
-    problem = check_tracking_uri(f"sqlite:///{tmp_path / 'missing' / 'mlflow.db'}")
+    assert tracking_uri_problem(f"sqlite:///{tmp_path / 'mlflow.db'}") is None
+    problem = tracking_uri_problem(f"sqlite:///{tmp_path / 'missing' / 'mlflow.db'}")
     assert problem is not None and "does not exist" in problem
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
-    problem = check_tracking_uri(str(tmp_path / "mlruns"))
+    problem = tracking_uri_problem(str(tmp_path / "mlruns"))
     assert problem is not None and "refuses plain file stores" in problem
 
 
 def test_storage_path(tmp_path: Path) -> None:
-    assert check_storage_path(str(tmp_path / "new" / "deeper")) is None
-    assert check_storage_path("s3://bucket/raycl") is None
+    assert storage_path_problem(str(tmp_path / "new" / "deeper")) is None
+    assert storage_path_problem("s3://bucket/raycl") is None
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    problem = check_storage_path(str(blocker / "ray"))
+    problem = storage_path_problem(str(blocker / "ray"))
     assert problem is not None and "is not a directory" in problem
 
 

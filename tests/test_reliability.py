@@ -13,10 +13,11 @@ import pytest
 import ray.train
 import torch
 
-from raycl.config import SearchConfig
-from raycl.session import InProcessSession
-from raycl.train import CheckpointError, run_trial_loop
+from raycl.config.search_config import SearchConfig
+from raycl.worker.checkpoints import CheckpointError
+from raycl.worker.loop import run_trial_loop
 from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY
+from raycl.worker.session import InProcessSession
 
 TINY = {
     "name": "reliability",
@@ -163,7 +164,7 @@ def test_failing_diagnostics_do_not_cost_the_trial_its_results(
     def broken(*args: Any, **kwargs: Any) -> None:
         raise np.linalg.LinAlgError("SVD did not converge")
 
-    monkeypatch.setattr("raycl.train.representation_diagnostics", broken)
+    monkeypatch.setattr("raycl.worker.evaluate.representation_diagnostics", broken)
     session = run(tmp_path / "run", epochs=1)
     final = session.reports[-1]
     assert "test/linear/mean" in final and not any(key.startswith("diag/") for key in final)

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from raycl.config import ConfigError, apply_overrides, load_search
-from raycl.constraints import JOINT_PREFIX, joint_domain, trial_problem
+from raycl.config.feasibility import JOINT_PREFIX, joint_domain, trial_problem
+from raycl.config.load import load_search
+from raycl.config.schema import ConfigError
+from raycl.config.search_config import apply_overrides
 from raycl.searchers import build_searcher
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from mlflow import MlflowClient
 from test_tracking import StubTrial
 
 from raycl import server
-from raycl.config import SearchConfig
+from raycl.config.search_config import SearchConfig
 from raycl.tracking import COMMIT_ENV, MLflowSweepCallback, git_commit
 from raycl.tune import parse_args, resolve
 
@@ -86,7 +86,7 @@ def test_trials_log_through_the_drivers_relay(ray_session, tmp_path: Path) -> No
     """A trial whose node cannot reach the store still gets its metrics and files logged."""
     import ray
 
-    from raycl.relay import start_relay
+    from raycl.tracking.relay import start_relay
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     config = SearchConfig.model_validate({"name": "relayed", "mlflow": {"tracking_uri": uri}})
@@ -100,18 +100,18 @@ def test_trials_log_through_the_drivers_relay(ray_session, tmp_path: Path) -> No
     def trial_side(config_dict: dict) -> bool:
         import tempfile
 
-        from raycl import tracking
+        from raycl.tracking import relay, runs
 
         def unreachable(uri: str) -> None:
             raise ConnectionError(f"this node cannot reach {uri}")
 
-        tracking._client = unreachable  # what a GPU worker sees of the head's loopback
+        runs.mlflow_client = unreachable  # what a GPU worker sees of the head's loopback
         directory = Path(tempfile.mkdtemp())
         (directory / "plot.png").write_bytes(b"\x89PNG fake")
         (directory / "sub").mkdir()
         (directory / "sub" / "table.txt").write_text("1 2 3")
-        return tracking.log_to_trial_run(SearchConfig.model_validate(config_dict), "feed0001",
-                                         {"diag/relayed": 0.5}, directory)
+        return relay.log_to_trial_run(SearchConfig.model_validate(config_dict), "feed0001",
+                                      {"diag/relayed": 0.5}, directory)
 
     assert ray.get(trial_side.remote(config.to_dict()), timeout=120)
     client = MlflowClient(tracking_uri=uri)

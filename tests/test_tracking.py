@@ -12,9 +12,13 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from raycl.config import Domain, SearchConfig, search_config_class
-from raycl.leaderboard import leaderboard_figure, runs_page, trial_runs, trial_table
-from raycl.tracking import EXPERIMENT_KIND_TAG, TRIAL_TAG, MLflowSweepCallback, trial_run_name
+from raycl.config.schema import Domain
+from raycl.config.search_config import SearchConfig, search_config_class
+from raycl.tracking.callback import MLflowSweepCallback
+from raycl.tracking.leaderboard import runs_page, trial_runs, trial_table
+from raycl.tracking.leaderboard_plot import leaderboard_figure
+from raycl.tracking.naming import trial_run_name
+from raycl.tracking.runs import EXPERIMENT_KIND_TAG, TRIAL_TAG
 
 
 @dataclass

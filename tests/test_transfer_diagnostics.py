@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from test_reliability import StoredSession  # keeps every checkpoint, resumes from the newest
 
-from raycl.config import SearchConfig
+from raycl.config.search_config import SearchConfig
 from raycl.eval.diagnostics import plot_diagnostics, representation_diagnostics
 from raycl.eval.transfer import load_transfer_sets, match_channels
-from raycl.stages import DIAGNOSTICS_FILE
-from raycl.train import run_trial_loop
+from raycl.worker.loop import run_trial_loop
+from raycl.worker.stages import DIAGNOSTICS_FILE
 
 
 def test_match_channels() -> None:

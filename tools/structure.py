@@ -2,7 +2,8 @@
 
 Every import between raycl's modules counts, lazy imports inside functions and imports under
 ``TYPE_CHECKING`` included: ``import raycl.a.b`` and ``from raycl.a import b`` point at the module
-``raycl.a.b`` when it is one, else at the package ``raycl.a`` (its ``__init__.py``).
+``raycl.a.b`` when it is one, else at the package ``raycl.a`` (its ``__init__.py``), as import
+linters such as grimp count them.
 
     python tools/structure.py            # prints every problem; exit 1 when there is one
 
@@ -52,7 +53,8 @@ def _imported_names(tree: ast.AST, module: str, is_package: bool) -> Iterator[st
                 stem = ".".join([*base, node.module] if node.module else base)
             else:
                 stem = node.module or ""
-            yield stem
+            # ``from a import b`` points at the module a.b when b is one, else at a
+            # (:func:`_resolve` falls back to the nearest module or package).
             yield from (f"{stem}.{alias.name}" for alias in node.names)
 
 

@@ -18,11 +18,12 @@ images but no training images is an error: a probe fit on train could never pred
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from raycl.data import ImageSet
+from raycl.data.types import ImageSet
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".webp"})
 LAYOUTS: tuple[str, ...] = ("auto", "flat", "train_test")
@@ -238,3 +239,37 @@ def load_image_folder(root: str, resolution: int, layout: str = "auto") -> Image
         test_mask = np.concatenate([np.full(len(part_files), part == "test")
                                     for part, part_files in parts.items()])
     return ImageSet(images=images, labels={"class": labels}, test_mask=test_mask)
+
+
+def _folder_root(cfg: Any) -> str:
+    if not cfg.root:
+        raise ValueError("dataset 'folder' needs data.root (the ImageFolder directory)")
+    return str(cfg.root)
+
+
+def _folder_layout(cfg: Any) -> str:
+    """``cfg.layout``; "auto" for config-like objects without it (transfer entries)."""
+    return str(getattr(cfg, "layout", None) or "auto")
+
+
+class FolderReader:
+    """``data.dataset: folder``: ``data.root`` in ``data.layout`` (see the module docstring)."""
+
+    def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
+        root = _folder_root(cfg)
+        layout = resolve_layout(root, _folder_layout(cfg))
+        key: dict[str, Any] = {"root": str(Path(root).resolve()),
+                               "files": folder_fingerprint(root, layout)}
+        if layout != "flat":
+            # Added only here: flat keys stay as they were, so existing caches remain valid.
+            key.update(layout=layout)
+        return key
+
+    def read(self, cfg: Any, seed: int) -> ImageSet:
+        return load_image_folder(_folder_root(cfg), cfg.resolution, _folder_layout(cfg))
+
+    def class_counts(self, cfg: Any) -> dict[str, list[int]]:
+        return folder_class_counts(_folder_root(cfg), _folder_layout(cfg))
+
+
+READER = FolderReader()

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from raycl.data import ImageSet
 from raycl.data.folders import load_square_rgb
+from raycl.data.types import ImageSet
 
 IMAGE_COLUMNS: tuple[str, ...] = ("image", "filepath", "path")
 CAPTION_COLUMNS: tuple[str, ...] = ("caption", "title", "text")
@@ -200,3 +200,28 @@ def load_image_text_pairs(path: str | Path, resolution: int) -> ImageSet:
     images = np.stack([decoded[pair.image] for pair in pairs])
     captions = np.array([pair.caption for pair in pairs], dtype=np.str_)
     return ImageSet(images=images, labels={}, captions=captions)
+
+
+def _pairs_file(cfg: Any) -> str:
+    if not cfg.root:
+        raise ValueError("dataset 'pairs' needs data.root (the CSV or TSV file of image, "
+                         "caption rows)")
+    return str(cfg.root)
+
+
+class PairsReader:
+    """``data.dataset: pairs``: the image-caption rows of the CSV/TSV file ``data.root``;
+    unlabelled, so its one "class" holds every image."""
+
+    def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
+        path = _pairs_file(cfg)
+        return {"root": str(Path(path).resolve()), "files": pairs_fingerprint(path)}
+
+    def read(self, cfg: Any, seed: int) -> ImageSet:
+        return load_image_text_pairs(_pairs_file(cfg), cfg.resolution)
+
+    def class_counts(self, cfg: Any) -> dict[str, list[int]]:
+        return {"all": [count_pairs(_pairs_file(cfg))]}
+
+
+READER = PairsReader()

@@ -12,12 +12,13 @@ from __future__ import annotations
 import functools
 import gzip
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from raycl.data import ImageSet
+from raycl.data.types import ImageSet
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_PACKAGE = "dataset-fashion-mnist"
@@ -171,3 +172,39 @@ def load_digits_set(resolution: int, seed: int) -> ImageSet:
         images=resize_images(images[order], resolution),
         labels={"digit": digits.target[order].astype(np.int64)},
     )
+
+
+class MnistFashionReader:
+    """``data.dataset: mnist_fashion``: :func:`make_mnist_fashion` of ``data.num_samples``."""
+
+    def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
+        num_samples = cfg.num_samples
+        return {"num_samples": None if num_samples is None else int(num_samples),
+                "seed": int(seed)}
+
+    def read(self, cfg: Any, seed: int) -> ImageSet:
+        return make_mnist_fashion(cfg.num_samples, cfg.resolution, seed)
+
+    def class_counts(self, cfg: Any) -> dict[str, list[int]]:
+        total = MNIST_SIZE if cfg.num_samples is None else int(cfg.num_samples)
+        # balanced_subset: class counts differ by at most one.
+        return {"all": [total // 10 + (1 if digit < total % 10 else 0) for digit in range(10)]}
+
+
+class DigitsReader:
+    """``data.dataset: digits``: scikit-learn's digits (:func:`load_digits_set`)."""
+
+    def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
+        return {"seed": int(seed)}
+
+    def read(self, cfg: Any, seed: int) -> ImageSet:
+        return load_digits_set(cfg.resolution, seed)
+
+    def class_counts(self, cfg: Any) -> dict[str, list[int]]:
+        from sklearn.datasets import load_digits
+
+        return {"all": np.bincount(load_digits().target).tolist()}
+
+
+MNIST_FASHION_READER = MnistFashionReader()
+DIGITS_READER = DigitsReader()

@@ -27,11 +27,12 @@ t=time.perf_counter(); g(5, 32, 0); print(time.perf_counter()-t)"`.
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from raycl.data import ImageSet
+from raycl.data.types import ImageSet
 
 # Diameter of the object's circumscribed circle is 2 * RADIUS_FRACTION of the image side.
 RADIUS_FRACTION = 0.35
@@ -284,3 +285,21 @@ def generate_trifeature(samples_per_combination: int, resolution: int, seed: int
     labels = {"shape": order[:, 0].copy(), "texture": order[:, 1].copy(),
               "color": order[:, 2].copy()}
     return ImageSet(images=images, labels=labels)
+
+
+class TrifeatureReader:
+    """``data.dataset: trifeature``: generated, ``data.samples_per_combination`` images of every
+    (shape, texture, colour), seeded by the data seed."""
+
+    def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
+        return {"samples_per_combination": int(cfg.samples_per_combination), "seed": int(seed)}
+
+    def read(self, cfg: Any, seed: int) -> ImageSet:
+        return generate_trifeature(cfg.samples_per_combination, cfg.resolution, seed)
+
+    def class_counts(self, cfg: Any) -> dict[str, list[int]]:
+        # Every (shape, texture, colour) combination appears samples_per_combination times.
+        return {"all": [100 * int(cfg.samples_per_combination)] * 10}
+
+
+READER = TrifeatureReader()

@@ -177,7 +177,21 @@ def load_mmvp_vlm(
     """
     if resolution < 1:
         raise ValueError(f"resolution must be >= 1, got {resolution}")
-    root = Path(root)
+    csv_path, image_dir = _mmvp_vlm_layout(Path(root))
+    rows = _read_mmvp_vlm_rows(csv_path)
+    paths, statements, patterns = _mmvp_vlm_pairs(rows, csv_path, image_dir, prompt_prefix)
+    # Every path is checked before any image is decoded: a broken download fails fast.
+    for path in paths:
+        if not path.is_file():
+            raise ValueError(f"MMVP-VLM image {path} does not exist")
+    if check_only:
+        return None
+    images = np.stack([load_square_rgb(path, resolution) for path in paths])
+    return MMVPSet(images=images, statements=np.array(statements), patterns=np.array(patterns))
+
+
+def _mmvp_vlm_layout(root: Path) -> tuple[Path, Path]:
+    """The question file and the image folder of the download at ``root``, both checked."""
     if not root.is_dir():
         raise ValueError(f"MMVP-VLM root {root} is not a directory")
     csv_path = root / MMVP_VLM_CSV
@@ -186,7 +200,12 @@ def load_mmvp_vlm(
     image_dir = root / MMVP_VLM_IMAGE_DIR
     if not image_dir.is_dir():
         raise ValueError(f"MMVP-VLM image folder {image_dir} does not exist")
+    return csv_path, image_dir
 
+
+def _read_mmvp_vlm_rows(csv_path: Path) -> list[tuple[int, str, str]]:
+    """(Question ID, Type, Statement) of every row after the header, columns by position; an
+    even, non-zero number of them."""
     rows: list[tuple[int, str, str]] = []
     # utf-8-sig: a byte-order mark would otherwise end up in the first header cell.
     with csv_path.open(newline="", encoding="utf-8-sig") as handle:
@@ -207,7 +226,14 @@ def load_mmvp_vlm(
     if not rows or len(rows) % 2:
         raise ValueError(f"{csv_path} must hold an even, non-zero number of statements (two "
                          f"per pair), got {len(rows)}")
+    return rows
 
+
+def _mmvp_vlm_pairs(
+    rows: list[tuple[int, str, str]], csv_path: Path, image_dir: Path, prompt_prefix: str
+) -> tuple[list[Path], list[str], list[str]]:
+    """Consecutive rows as pairs (an odd Question ID then the next, of one Type): each image's
+    path and prefixed statement, and each pair's Type."""
     paths: list[Path] = []
     statements: list[str] = []
     patterns: list[str] = []
@@ -221,11 +247,4 @@ def load_mmvp_vlm(
         paths.extend(image_dir / type1 / f"{qid}.jpg" for qid in (qid1, qid2))
         statements.extend([prompt_prefix + statement1, prompt_prefix + statement2])
         patterns.append(type1)
-    # Every path is checked before any image is decoded: a broken download fails fast.
-    for path in paths:
-        if not path.is_file():
-            raise ValueError(f"MMVP-VLM image {path} does not exist")
-    if check_only:
-        return None
-    images = np.stack([load_square_rgb(path, resolution) for path in paths])
-    return MMVPSet(images=images, statements=np.array(statements), patterns=np.array(patterns))
+    return paths, statements, patterns

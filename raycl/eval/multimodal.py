@@ -35,7 +35,7 @@ from raycl.eval.image_text import (
 from raycl.eval.mmvp import MMVPSet, load_mmvp_vlm, synthetic_mmvp
 
 if TYPE_CHECKING:
-    from raycl.config import CoreConfig
+    from raycl.config.schema import CoreConfig
     from raycl.data import DatasetSplits
     from raycl.eval.transfer import TransferSet
     from raycl.methods.base import Method

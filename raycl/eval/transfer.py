@@ -19,7 +19,7 @@ import numpy as np
 from raycl.data import ImageSet, load_dataset
 
 if TYPE_CHECKING:
-    from raycl.config import CoreConfig
+    from raycl.config.schema import CoreConfig
 
 # Features of a transfer set live beside the split features under these keys.
 FEATURE_PREFIX = "transfer:"

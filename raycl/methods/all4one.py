@@ -32,15 +32,15 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from raycl.losses import info_nce, redundancy_reduction_loss, sinusoidal_positional_encoding
-from raycl.methods import register
 from raycl.methods.base import Batch
 from raycl.methods.nnclr import NNCLR, NNCLRConfig
+from raycl.methods.registry import register
 from raycl.methods.two_view import encode_views
 from raycl.models import projection_mlp
 from raycl.models.momentum import ema_update, momentum_coefficient, momentum_copy
 
 if TYPE_CHECKING:
-    from raycl.config import CoreConfig
+    from raycl.config.schema import CoreConfig
 
 
 class All4OneConfig(NNCLRConfig):

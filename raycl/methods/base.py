@@ -58,7 +58,7 @@ from raycl.distributed import gather_no_grad
 from raycl.losses import same_label_mask
 
 if TYPE_CHECKING:
-    from raycl.config import CoreConfig
+    from raycl.config.schema import CoreConfig
 
 
 @dataclass

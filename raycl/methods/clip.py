@@ -28,13 +28,13 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
+from raycl.config.schema import Section
 from raycl.distributed import gather_with_grad, rank
-from raycl.methods import register
 from raycl.methods.base import Batch, Method
-from raycl.schema import Section
+from raycl.methods.registry import register
 
 if TYPE_CHECKING:
-    from raycl.config import CoreConfig
+    from raycl.config.schema import CoreConfig
 
 # open_clip's preprocessing statistics (OPENAI_DATASET_MEAN / STD), applied inside the method.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)

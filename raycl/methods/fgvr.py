@@ -50,15 +50,15 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
+from raycl.config.schema import Section
 from raycl.losses import nt_xent
-from raycl.methods import METHODS, register
 from raycl.methods.base import TRAIN_PHASE, Batch, Method, Phase
+from raycl.methods.registry import METHODS, register
 from raycl.models.decoder import FeatureDecoder
 from raycl.queues import FeatureQueue
-from raycl.schema import Section
 
 if TYPE_CHECKING:
-    from raycl.config import CoreConfig
+    from raycl.config.schema import CoreConfig
 
 Perturbation = Literal["both", "gradcam", "low_variance", "random"]
 

@@ -17,12 +17,12 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from raycl.losses import check_filter_args, hscl_loss
-from raycl.methods import register
+from raycl.methods.registry import register
 from raycl.methods.spectral import SpectralCL, SpectralConfig
 from raycl.methods.two_view import encoder_kwargs
 
 if TYPE_CHECKING:
-    from raycl.config import CoreConfig
+    from raycl.config.schema import CoreConfig
 
 
 class HSCLConfig(SpectralConfig):

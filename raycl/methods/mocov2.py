@@ -34,17 +34,17 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
+from raycl.config.schema import Section
 from raycl.losses import moco_infonce
-from raycl.methods import register
 from raycl.methods.base import Batch, Method
+from raycl.methods.registry import register
 from raycl.methods.two_view import encode_views, encoder_kwargs
 from raycl.models import projection_mlp
 from raycl.models.momentum import ema_update, momentum_coefficient, momentum_copy
 from raycl.queues import FeatureQueue
-from raycl.schema import Section
 
 if TYPE_CHECKING:
-    from raycl.config import CoreConfig
+    from raycl.config.schema import CoreConfig
 
 
 class MoCoV2Config(Section):

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 from torch import Tensor, nn
 
+from raycl.config.schema import Section
 from raycl.losses import nt_xent
-from raycl.methods import register
+from raycl.methods.registry import register
 from raycl.methods.two_view import TwoViewMethod, encoder_kwargs
-from raycl.schema import Section
 
 if TYPE_CHECKING:
-    from raycl.config import CoreConfig
+    from raycl.config.schema import CoreConfig
 
 
 class SimCLRConfig(Section):

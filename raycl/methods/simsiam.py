@@ -25,15 +25,15 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
+from raycl.config.schema import Section
 from raycl.losses import simsiam_loss
-from raycl.methods import register
 from raycl.methods.base import Batch, Method
+from raycl.methods.registry import register
 from raycl.methods.two_view import encode_views, encoder_kwargs
 from raycl.models import projection_mlp
-from raycl.schema import Section
 
 if TYPE_CHECKING:
-    from raycl.config import CoreConfig
+    from raycl.config.schema import CoreConfig
 
 
 class SimSiamConfig(Section):

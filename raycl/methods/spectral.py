@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 from torch import Tensor, nn
 
+from raycl.config.schema import Section
 from raycl.losses import spectral_contrastive_loss
-from raycl.methods import register
+from raycl.methods.registry import register
 from raycl.methods.two_view import TwoViewMethod, encoder_kwargs
-from raycl.schema import Section
 
 if TYPE_CHECKING:
-    from raycl.config import CoreConfig
+    from raycl.config.schema import CoreConfig
 
 
 class SpectralConfig(Section):

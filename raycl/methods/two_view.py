@@ -15,7 +15,7 @@ from raycl.methods.base import Batch, Method
 from raycl.models import build_backbone, projection_mlp, resolve_stem
 
 if TYPE_CHECKING:
-    from raycl.config import CoreConfig
+    from raycl.config.schema import CoreConfig
 
 
 class TwoViewMethod(Method):

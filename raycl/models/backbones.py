@@ -1,7 +1,7 @@
 """Backbones (encoders ``f``): image batches (B, C, H, W) -> features (B, feature_dim).
 
 No backbone ever downloads weights: they are randomly initialised, or read from a local file
-the user names (``model.pretrained``, see :mod:`raycl.models.pretrained`).
+the user names (``model.pretrained``, see :mod:`raycl.models.weights`).
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 from torch import nn
 from torchvision.models import resnet18, resnet50
+
+from raycl.models.weights import load_pretrained
 
 BACKBONES: tuple[str, ...] = ("small_cnn", "resnet18", "resnet50")
 STEMS: tuple[str, ...] = ("auto", "cifar", "imagenet")
@@ -115,7 +117,7 @@ def build_backbone(
         stem: the ResNets' stem, "cifar" or "imagenet" ("auto" is resolved by the caller with
             :func:`resolve_stem`); "small_cnn" ignores it.
         pretrained: path of a torchvision ResNet state dict or a raycl checkpoint's state.pt
-            whose weights the backbone starts from (see :mod:`raycl.models.pretrained`).
+            whose weights the backbone starts from (see :mod:`raycl.models.weights`).
 
     Returns:
         (module mapping (B, C, H, W) -> (B, feature_dim), feature_dim).
@@ -138,7 +140,5 @@ def build_backbone(
     else:
         raise ValueError(f"unknown backbone {name!r}; valid backbones: {', '.join(BACKBONES)}")
     if pretrained is not None:
-        from raycl.models.pretrained import load_pretrained  # late: it imports this module
-
-        load_pretrained(model, pretrained, name, stem, width)
+        load_pretrained(model, pretrained, name, stem, width, BACKBONES)
     return model, feature_dim

@@ -1,4 +1,4 @@
-"""Trials log to MLflow through the sweep driver's node.
+"""Trials log to MLflow through the sweep driver's node (:func:`log_to_trial_run`).
 
 On a cluster the MLflow server listens on the head's loopback only (there is no open port to
 secure), and a local ``sqlite:///`` store is a file on one disk: either way a trial running on
@@ -7,7 +7,8 @@ a small actor pinned to its own node, and trials hand it what they log (metrics,
 files as bytes) over Ray's own authenticated connections. Metrics reported to Tune never pass
 through here: the driver's callback logs those.
 
-Importable without Ray's cluster running; everything Ray is imported where it is used.
+Importable without Ray's cluster running; everything Ray is imported where it is used. Sits on
+:mod:`raycl.tracking.runs` (which logs straight to MLflow) and below nothing else.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from __future__ import annotations
 import logging
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from raycl.config.sweep import resolve_tracking_uri
+from raycl.tracking.runs import experiment_name, log_to_trial_run_directly
+
+if TYPE_CHECKING:
+    from raycl.config.schema import CoreConfig
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +43,6 @@ class MLflowRelay:
         files: dict[str, bytes],
         timeout_s: float,
     ) -> bool:
-        from raycl.tracking import log_to_trial_run_directly
-
         with tempfile.TemporaryDirectory() as directory:
             root = Path(directory)
             for relative, content in files.items():
@@ -81,3 +86,34 @@ def read_files(directory: Path | None) -> dict[str, bytes]:
         return {}
     return {str(path.relative_to(directory)): path.read_bytes()
             for path in sorted(directory.rglob("*")) if path.is_file()}
+
+
+def log_to_trial_run(
+    config: CoreConfig,
+    trial_id: str,
+    metrics: dict[str, float],
+    artifact_dir: Path | None = None,
+    timeout_s: float = 30.0,
+) -> bool:
+    """From inside a trial: add metrics and artifacts to its child run. False when not found.
+
+    Under a sweep this goes through the driver's relay (the trial's node may not reach the
+    store); without one (a trial run by hand) straight to MLflow.
+    """
+    if trial_id == "local":  # not running under Tune: there is no child run
+        return False
+    tracking_uri = resolve_tracking_uri(config.mlflow.tracking_uri)
+    relay = find_relay()
+    if relay is None:
+        return log_to_trial_run_directly(tracking_uri, experiment_name(config), trial_id,
+                                         metrics, artifact_dir, timeout_s)
+    import ray
+
+    reply = relay.log.remote(tracking_uri, experiment_name(config), trial_id, metrics,
+                             read_files(artifact_dir), timeout_s)
+    try:
+        return bool(ray.get(reply, timeout=timeout_s + 60.0))
+    except (ray.exceptions.RayError, TimeoutError) as exc:  # diagnostics never fail a trial
+        logger.warning("trial %s: MLflow relay failed (%s); diagnostics not logged",
+                       trial_id, exc)
+        return False

@@ -6,10 +6,11 @@ Two constraints decide whether a trial can run at all, and both are known before
 - MCL needs ``K^N <= M/b`` (paper Eq. 4): ``N`` stages of ``K`` clusters make up to ``K^N``
   pseudo-label groups, each of which must on average fill a batch of ``b`` from ``M`` samples.
 
-A config with fixed values is rejected at load (:func:`trial_problem`). When the keys involved
-are searched, :func:`joint_domain` enumerates their combinations and keeps the feasible ones;
-the searcher (:mod:`raycl.searchers`) then offers Optuna only those, as one categorical
-parameter, so no trial slot is spent on a configuration that cannot train.
+A config with fixed values is rejected at load (:func:`trial_problem`, run by
+:func:`raycl.config.checks.check_feasible`). When the keys involved are searched,
+:func:`joint_domain` enumerates their combinations and keeps the feasible ones; the searcher
+(:mod:`raycl.searchers`) then offers Optuna only those, as one categorical parameter, so no trial
+slot is spent on a configuration that cannot train.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from raycl.config import CoreConfig, Domain, apply_overrides
+from raycl.config.schema import CoreConfig, Domain, Problem
+from raycl.config.search_config import apply_overrides
 
 # Keys whose values decide feasibility: batch size, MCL's K and N, and the dataset size.
 CONSTRAINED_KEYS: tuple[str, ...] = (
@@ -56,8 +58,9 @@ def stage_budget_problem(
     return f"MCL needs K^N <= M/b with K={clusters}, N={stages}: {problem}" if problem else None
 
 
-def trial_problem(config: CoreConfig, train_size: int | None = None) -> tuple[str, str] | None:
-    """Why a trial with this config cannot train, as ``(key, reason)``; None when it can.
+def trial_problem(config: CoreConfig, train_size: int | None = None) -> Problem | None:
+    """Why a trial with this config cannot train, as a ``(key, why)`` :class:`Problem`; None when
+    it can.
 
     Args:
         config: the trial's resolved config.
@@ -68,16 +71,16 @@ def trial_problem(config: CoreConfig, train_size: int | None = None) -> tuple[st
         train_size = train_split_size(config.data)
     batch, workers = config.train.batch_size, config.scaling.num_workers
     if batch > train_size:
-        return "train.batch_size", (f"{batch} exceeds the training split ({train_size} "
-                                    f"samples); lower it or use more data")
+        return Problem("train.batch_size", f"{batch} exceeds the training split ({train_size} "
+                                           f"samples); lower it or use more data")
     if workers > 0 and batch % workers:
-        return "train.batch_size", (f"{batch} is not divisible by scaling.num_workers="
-                                    f"{workers}")
+        return Problem("train.batch_size", f"{batch} is not divisible by scaling.num_workers="
+                                           f"{workers}")
     if config.method == "mcl":
         problem = stage_budget_problem(config.mcl.clusters, config.mcl.stages, train_size,
                                        batch)
         if problem:
-            return "mcl.clusters/mcl.stages", problem
+            return Problem("mcl.clusters/mcl.stages", problem)
     return None
 
 
@@ -171,3 +174,19 @@ def joint_domain(config: CoreConfig) -> JointDomain | None:
     if len(feasible) == count:
         return None
     return JointDomain(keys=keys, combinations=tuple(feasible))
+
+
+def grid_size(config: CoreConfig) -> int:
+    """Combinations ``tune.searcher: grid`` runs: the product of the choice domains' sizes, with
+    constrained keys counted by their feasible combinations only."""
+    joint = joint_domain(config)
+    tied = set(joint.keys) if joint else set()
+    size = len(joint.labels()) if joint else 1
+    for key, domain in config.tune.search_space.items():
+        if key not in tied:
+            size *= len(domain.candidates())
+    return size
+
+
+__all__ = ["CONSTRAINED_KEYS", "JOINT_PREFIX", "MAX_COMBINATIONS", "JointDomain", "grid_size",
+           "joint_domain", "stage_budget_problem", "train_split_size", "trial_problem"]

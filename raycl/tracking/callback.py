@@ -1,4 +1,5 @@
-"""MLflow: one parent run per sweep, one nested child run per trial.
+"""The Tune callback on top of :mod:`raycl.tracking`: one parent run per sweep, one nested child
+run per trial.
 
 :class:`MLflowSweepCallback` runs in the Tune driver. It creates the runs, logs every reported
 metric with ``step = training_iteration``, and closes each child with a status that tells how the
@@ -6,22 +7,16 @@ trial ended: FINISHED, KILLED (stopped early by the scheduler, or skipped) or FA
 lives in the driver, trials stopped by ASHA or killed by a node failure are still logged.
 
 For a person in the MLflow UI: the experiment is tagged as model training, a child run is named
-after what it tried (``t03 K=5 N=2 τ=0.31``, :func:`trial_run_name`), every child logs its
-objective also as ``objective``/``objective_test``, and after every trial the parent run gets the
-leaderboard (``leaderboard.csv``, ``leaderboard.png`` and its description; docs/tracking.md).
-
-Trials themselves only add artifacts and end-of-trial metrics (plots, AMI) through
-:func:`log_to_trial_run`, which finds the child run by its ``raycl.trial_id`` tag.
+after what it tried (``t03 K=5 N=2 τ=0.31``, :func:`raycl.tracking.naming.trial_run_name`),
+every child logs its objective also as ``objective``/``objective_test``, and after every trial
+the parent run gets the leaderboard (``leaderboard.csv``, ``leaderboard.png`` and its
+description; docs/tracking.md).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
-import re
-import subprocess
 import tempfile
 import time
 import uuid
@@ -33,16 +28,32 @@ import yaml
 from ray.tune import Callback
 
 import raycl
-from raycl.config import (
-    CoreConfig,
-    Domain,
-    apply_overrides,
-    flatten,
-    key_symbol,
-    reported_test_metric,
-    resolve_tracking_uri,
+from raycl.config.schema import CoreConfig
+from raycl.config.search_config import apply_overrides, flatten
+from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
+from raycl.tracking.leaderboard import markdown_summary, trial_runs, trial_table, write_csv
+from raycl.tracking.leaderboard_plot import plot_leaderboard
+from raycl.tracking.naming import trial_index, trial_run_name
+from raycl.tracking.runs import (
+    COMMIT_TAG,
+    NOTE_TAG,
+    OBJECTIVE_ALIAS,
+    OBJECTIVE_TAG,
+    OBJECTIVE_TEST_ALIAS,
+    PARENT_TAG,
+    ROLE_TAG,
+    SWEEP_TAG,
+    SWEEP_UID_TAG,
+    TRIAL_INDEX_TAG,
+    TRIAL_TAG,
+    experiment_name,
+    find_trial_run,
+    get_or_create_experiment,
+    git_commit,
+    mark_training_experiment,
+    mlflow_client,
+    write_leaderboard_view,
 )
-from raycl.constraints import JOINT_PREFIX
 from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY
 
 if TYPE_CHECKING:
@@ -51,12 +62,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-TRIAL_TAG = "raycl.trial_id"
-ROLE_TAG = "raycl.role"
-SWEEP_TAG = "raycl.sweep"
-SWEEP_UID_TAG = "raycl.sweep_uid"
-COMMIT_TAG = "mlflow.source.git.commit"
-PARENT_TAG = "mlflow.parentRunId"
 # Sweep name -> whether its last run in this process was interrupted (set by the callback in the
 # driver, read by raycl.tune to choose the exit code).
 INTERRUPTED: dict[str, bool] = {}
@@ -66,182 +71,12 @@ EPOCH_METRIC = "train/epoch"
 # stage's phase, the stage); Ray's own bookkeeping keys (training_iteration, time_*, done...) stay
 # out.
 LOOP_METRICS = ("epoch", "stage")
-# Every child logs its objective under these names too, so trials of sweeps with different
-# objectives (methods, metrics) line up in MLflow's compare view; the tag names the metric.
-OBJECTIVE_ALIAS = "objective"
-OBJECTIVE_TEST_ALIAS = "objective_test"
-OBJECTIVE_TAG = "raycl.objective"
-# The trial's number in the sweep, as Ray numbers it (its run name's ``t03``).
-TRIAL_INDEX_TAG = "raycl.trial_index"
-# MLflow 3's UI tells GenAI experiments (traces) from model-training ones (runs) by this tag;
-# custom_model_development is the "Machine learning" kind.
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-TRAINING_KIND = "custom_model_development"
-# MLflow's primary metric of an experiment (mlflow.utils.mlflow_tags): the UI's first chart.
-PRIMARY_METRIC_TAG = "mlflow.experiment.primaryMetric.name"
-GREATER_IS_BETTER_TAG = "mlflow.experiment.primaryMetric.greaterIsBetter"
-NOTE_TAG = "mlflow.note.content"  # a run's description, shown on its page
-# A saved view of the UI's runs table ("Share" writes these): the leaderboard's link opens it.
-VIEW_TAG_PREFIX = "mlflow.sharedViewState."
-LEADERBOARD_VIEW = "raycl-leaderboard"
-# MLflow stores a run name in 250 characters.
-_MAX_RUN_NAME_LENGTH = 250
 # MLflow rejects a param value longer than this (6000 in MLflow 3).
 _MAX_PARAM_LENGTH = 6000
 
 
-# `ray job submit --working-dir` uploads no `.git`: the submitter passes the commit through the
-# job's runtime environment instead (docs/clusters.md).
-COMMIT_ENV = "RAYCL_GIT_COMMIT"
-
-
-def git_commit() -> str | None:
-    """The commit raycl runs from: ``$RAYCL_GIT_COMMIT`` when set, else the checkout's HEAD."""
-    given = os.environ.get(COMMIT_ENV, "").strip()
-    if given:
-        if re.fullmatch(r"[0-9a-f]{7,40}", given):
-            return given
-        logger.warning("$%s=%r is not a git commit hash; ignored", COMMIT_ENV, given)
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(raycl.__file__).parent,
-                             capture_output=True, text=True, timeout=5, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def experiment_name(config: CoreConfig) -> str:
-    return config.mlflow.experiment or config.name
-
-
-def _client(tracking_uri: str) -> MlflowClient:
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=tracking_uri)
-
-
-def get_or_create_experiment(client: MlflowClient, name: str, tracking_uri: str) -> str:
-    experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    artifact_location = None
-    if tracking_uri.startswith("sqlite:///"):
-        # Artifacts beside the database, as an absolute path: trial processes have another cwd.
-        database = Path(tracking_uri[len("sqlite:///"):])
-        artifact_location = (database.parent / "mlartifacts" / name).resolve().as_uri()
-    return client.create_experiment(name, artifact_location=artifact_location)
-
-
-def mark_training_experiment(client: MlflowClient, experiment_id: str, mode: str) -> None:
-    """Tag the experiment as model training (``mlflow.experimentKind``) with ``objective`` as
-    its primary metric, new or re-used, unless someone chose otherwise.
-
-    A kind already set to a definite value is left alone: MLflow's UI writes the tag when a
-    person picks the experiment's kind, and a sweep logging into an experiment of theirs should
-    not undo that choice. Unset, empty or one of the UI's guesses (``*_inferred``,
-    ``no_inferred_type``) is replaced. Likewise a primary metric someone set is kept.
-
-    MLflow 3.17's UI decides which page an experiment opens on from its own workflow switch
-    (GenAI by default; ``?workflowType=machine_learning`` in the link, or the sidebar's switch,
-    selects the runs); the tag is what the experiment says it is, read where the UI (and other
-    MLflow 3 versions) ask for the kind.
-    """
-    tags = client.get_experiment(experiment_id).tags
-    kind = tags.get(EXPERIMENT_KIND_TAG, "")
-    if not kind or kind.endswith("_inferred") or kind == "no_inferred_type":
-        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
-    if PRIMARY_METRIC_TAG not in tags:
-        client.set_experiment_tag(experiment_id, PRIMARY_METRIC_TAG, OBJECTIVE_ALIAS)
-        client.set_experiment_tag(experiment_id, GREATER_IS_BETTER_TAG, str(mode == "max"))
-
-
-def write_leaderboard_view(client: MlflowClient, experiment_id: str, config: CoreConfig) -> None:
-    """Save the experiment's leaderboard view of the UI's runs table: the objective, its test
-    counterpart and the sweep's searched params as columns, best first.
-
-    MLflow 3.17's runs table shows no metric column until one is picked through "Columns". Its
-    "Share" button saves the table's state as a JSON object in the experiment tag
-    ``mlflow.sharedViewState.<key>`` and opens it from a link with ``viewStateShareKey=<key>``;
-    raycl writes that tag in the same form (``python -m raycl.leaderboard`` prints the link).
-    The latest sweep in an experiment sets its columns.
-    """
-    searched = [key for key in config.tune.search_space if not key.startswith(JOINT_PREFIX)]
-    state = {"orderByKey": f"metrics.`{OBJECTIVE_ALIAS}`",
-             "orderByAsc": config.tune.mode == "min",
-             "selectedColumns": [f"metrics.`{OBJECTIVE_ALIAS}`",
-                                 f"metrics.`{OBJECTIVE_TEST_ALIAS}`",
-                                 *(f"params.`{key}`" for key in searched)]}
-    client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + LEADERBOARD_VIEW,
-                              json.dumps(state))
-
-
-def trial_index(trial: Trial) -> int | None:
-    """The trial's number in its sweep, as Ray gives it, None when it cannot be read.
-
-    Ray's searcher-driven trials (``SearchGenerator``: raycl's Optuna searchers) get a random
-    8-hex id and the experiment tag ``<n>_<values>`` with n = 1, 2, ...; grid/variant trials
-    (``BasicVariantGenerator``: the seed repeats of an empty search space) get the id
-    ``<5 hex>_<n:05d>`` with n = 0, 1, ... and the same n in their experiment tag. The number is
-    the one in the trial's directory name (``run_trial_<id>_<n>_...``).
-    """
-    match = re.match(r"(\d+)(?:_|$)", str(getattr(trial, "experiment_tag", "") or ""))
-    if match is None:
-        match = re.search(r"_(\d{5})$", str(trial.trial_id))
-    return int(match.group(1)) if match else None
-
-
-def format_value(value: Any, continuous: bool = False) -> str:
-    """A searched value, short: a float drawn from a continuous domain to 2 significant digits
-    (0.31, 3e-04: whichever of the plain and the exponent form is shorter), one chosen from a
-    list as written (0.1, 0.125); integers plain; anything else as its text."""
-    if isinstance(value, bool) or not isinstance(value, float):
-        return str(value)
-    if not math.isfinite(value) or value == 0.0:
-        return f"{value:g}"
-    if not continuous:
-        return f"{value:g}"
-    rounded = float(f"{value:.2g}")
-    mantissa, exponent = f"{rounded:.1e}".split("e")
-    scientific = f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"
-    plain = f"{rounded:.{max(0, 1 - math.floor(math.log10(abs(rounded))))}f}"
-    if "." in plain:
-        plain = plain.rstrip("0").rstrip(".")
-    return scientific if len(scientific) < len(plain) else plain
-
-
-def trial_run_name(
-    index: int | None, values: Mapping[str, Any], space: Mapping[str, Domain]
-) -> str:
-    """``t03 K=5 N=2 τ=0.31``: the trial's number, then each searched key's symbol and value.
-
-    Keys come in the search space's order, then any other key of the trial's config (``seed``
-    for the repeats of an empty space). A symbol is the key's declared one
-    (:func:`raycl.config.key_symbol`); two keys with the same symbol (``mocov2.temperature`` and
-    ``fgvr.temperature``, both τ) are told apart by their section (``mocov2.τ``). Cut at
-    MLflow's 250 characters on a whole ``symbol=value``, with "…".
-    """
-    keys = [key for key in space if key in values]
-    keys += [key for key in values if key not in keys]
-    symbols = {key: key_symbol(key) for key in keys}
-    repeated = {symbol for symbol in symbols.values()
-                if list(symbols.values()).count(symbol) > 1}
-    parts = [f"t{index:02d}" if index is not None else "t?"]
-    for key in keys:
-        symbol = symbols[key]
-        if symbol in repeated and "." in key:
-            symbol = f"{key.split('.', 1)[0]}.{symbol}"
-        domain = space.get(key)
-        continuous = domain is not None and domain.kind in ("uniform", "loguniform")
-        parts.append(f"{symbol}={format_value(values[key], continuous)}")
-    name = parts[0]
-    for part in parts[1:]:
-        if len(name) + 1 + len(part) > _MAX_RUN_NAME_LENGTH - 2:
-            return f"{name} …"
-        name = f"{name} {part}"
-    return name
-
-
 def _params(flat: dict[str, Any]) -> dict[str, str]:
+    """Flattened config values as MLflow params: text, cut at MLflow's length limit."""
     return {key: str(value)[:_MAX_PARAM_LENGTH] for key, value in flat.items()}
 
 
@@ -301,7 +136,7 @@ class MLflowSweepCallback(Callback):
     @property
     def client(self) -> MlflowClient:
         if self._client_instance is None:
-            self._client_instance = _client(self.tracking_uri)
+            self._client_instance = mlflow_client(self.tracking_uri)
         return self._client_instance
 
     def setup(self, **info: Any) -> None:
@@ -466,14 +301,6 @@ class MLflowSweepCallback(Callback):
         ``leaderboard.csv`` (every trial of this sweep, best first), ``leaderboard.png`` and
         the run's description. A failure here is logged, never raised: it must not stop the
         sweep."""
-        from raycl.leaderboard import (
-            markdown_summary,
-            plot_leaderboard,
-            trial_runs,
-            trial_table,
-            write_csv,
-        )
-
         if self.parent_run_id is None or self.experiment_id is None:
             return
         try:
@@ -542,71 +369,3 @@ def best_trial(trials: list[Trial], metric: str, mode: str) -> tuple[Trial, floa
         return None
     _, trial, value = max(scored, key=lambda item: item[0])
     return trial, value
-
-
-def find_trial_run(client: MlflowClient, experiment_id: str, trial_id: str) -> str | None:
-    runs = client.search_runs([experiment_id], filter_string=f"tags.`{TRIAL_TAG}` = '{trial_id}'",
-                              max_results=1)
-    return runs[0].info.run_id if runs else None
-
-
-def log_to_trial_run(
-    config: CoreConfig,
-    trial_id: str,
-    metrics: dict[str, float],
-    artifact_dir: Path | None = None,
-    timeout_s: float = 30.0,
-) -> bool:
-    """From inside a trial: add metrics and artifacts to its child run. False when not found.
-
-    Under a sweep this goes through the driver's :mod:`raycl.relay` (the trial's node may not
-    reach the store); without one (a trial run by hand) straight to MLflow.
-    """
-    if trial_id == "local":  # not running under Tune: there is no child run
-        return False
-    from raycl.relay import find_relay, read_files
-
-    tracking_uri = resolve_tracking_uri(config.mlflow.tracking_uri)
-    relay = find_relay()
-    if relay is None:
-        return log_to_trial_run_directly(tracking_uri, experiment_name(config), trial_id,
-                                         metrics, artifact_dir, timeout_s)
-    import ray
-
-    reply = relay.log.remote(tracking_uri, experiment_name(config), trial_id, metrics,
-                             read_files(artifact_dir), timeout_s)
-    try:
-        return bool(ray.get(reply, timeout=timeout_s + 60.0))
-    except (ray.exceptions.RayError, TimeoutError) as exc:  # diagnostics never fail a trial
-        logger.warning("trial %s: MLflow relay failed (%s); diagnostics not logged",
-                       trial_id, exc)
-        return False
-
-
-def log_to_trial_run_directly(
-    tracking_uri: str,
-    experiment: str,
-    trial_id: str,
-    metrics: dict[str, float],
-    artifact_dir: Path | None = None,
-    timeout_s: float = 30.0,
-) -> bool:
-    """Add metrics and the files under ``artifact_dir`` (as ``diagnostics/``) to the run of
-    ``trial_id`` in ``experiment``; False when there is no such run."""
-    client = _client(tracking_uri)
-    found = client.get_experiment_by_name(experiment)
-    run_id = None
-    deadline = time.monotonic() + timeout_s
-    while found is not None and run_id is None and time.monotonic() < deadline:
-        # The driver creates the run when the trial starts; it may lag behind the trial a little.
-        run_id = find_trial_run(client, found.experiment_id, trial_id)
-        if run_id is None:
-            time.sleep(1.0)
-    if run_id is None:
-        logger.warning("no MLflow run for trial %s; diagnostics not logged", trial_id)
-        return False
-    for key, value in metrics.items():
-        client.log_metric(run_id, key, value)
-    if artifact_dir is not None:
-        client.log_artifacts(run_id, str(artifact_dir), artifact_path="diagnostics")
-    return True

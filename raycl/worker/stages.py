@@ -26,9 +26,9 @@ from torch import Tensor, nn
 from raycl.cluster import kmeans, l2_normalize, pseudo_label_codes
 
 if TYPE_CHECKING:
-    from raycl.config import CoreConfig
+    from raycl.config.schema import CoreConfig
 
-# Files of a raycl checkpoint directory (written by raycl.train).
+# Files of a raycl checkpoint directory (written by raycl.worker.checkpoints).
 STATE_FILE = "state.pt"
 PROGRESS_FILE = "progress.json"
 FEATURES_FILE = "features.npz"

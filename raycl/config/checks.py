@@ -1,0 +1,383 @@
+"""Everything knowable before launch, checked before launch: one convention, one entry point.
+
+A config can be valid field by field and the sweep still doomed: an unknown method, a dataset
+whose files are missing, a metric the dataset cannot score, a searched value that breaks another
+section, pretrained weights that do not fit, a batch larger than the training split, an MLflow
+server that does not answer, storage that cannot be written.
+
+Every check is ``check_x(config) -> Iterator[Problem]``: it yields what is wrong, the first
+problem first, as ``Problem(key, why)``, and is lazy, so later (slower) work is skipped once a
+problem is found. :func:`run_checks` runs checks in order and raises the first problem as a
+:class:`ConfigError` whose message is one line, ``FILE: key: why``. :data:`CONFIG_CHECKS` need
+only the config and the files it names (:func:`raycl.config.load.load_search` runs them);
+:data:`ENVIRONMENT_CHECKS` look at where the sweep writes, once every override is applied
+(``python -m raycl.tune`` runs them before Ray or MLflow start).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from itertools import product
+from pathlib import Path
+from typing import get_args
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ValidationError
+
+from raycl.config.feasibility import CONSTRAINED_KEYS, joint_domain, trial_problem
+from raycl.config.schema import ConfigError, CoreConfig, Problem, resolve_tracking_uri
+from raycl.config.search_config import (
+    RENAMED_KEYS,
+    apply_overrides,
+    config_keys,
+    search_config_class,
+)
+
+Check = Callable[[CoreConfig], Iterator[Problem]]
+
+# Keys a search may not vary: they name the sweep, or they change what is measured (the
+# validation and test splits), which would make trials incomparable.
+UNSEARCHABLE_KEYS = ("name", "data.val_fraction", "data.test_fraction", "data.cache_dir")
+UNSEARCHABLE_SECTIONS = ("tune.", "mlflow.")
+# Keys that decide whether model.pretrained fits the backbone a trial builds.
+PRETRAINED_KEYS = ("model.pretrained", "model.backbone", "model.stem", "model.width",
+                   "data.resolution", "data.dataset")
+
+
+def _trained(config: CoreConfig) -> str:
+    """The (base) method a trial trains: MCL's ``mcl.base``, else ``method``."""
+    return config.mcl.base if config.method == "mcl" else config.method
+
+
+def _method_problems(config: CoreConfig) -> Iterator[Problem]:
+    """The (base) method's :meth:`~raycl.methods.base.Method.config_problems` for ``config``."""
+    from raycl.methods import METHODS  # late: keeps `--help` and config errors fast
+
+    method = METHODS.get(_trained(config))
+    for key, why in method.config_problems(config) if method is not None else []:
+        yield Problem(key, why)
+
+
+def check_method(config: CoreConfig) -> Iterator[Problem]:
+    """``method`` and ``mcl.base`` name registered methods; ``mcl.negatives: mask`` needs a base
+    method that restricts its negatives."""
+    from raycl.methods import METHODS
+
+    if config.method != "mcl" and config.method not in METHODS:
+        yield Problem("method", f"unknown method {config.method!r} "
+                                f"(known: {', '.join(sorted([*METHODS, 'mcl']))})")
+        return
+    if config.method == "mcl" and config.mcl.base not in METHODS:
+        yield Problem("mcl.base", f"unknown method {config.mcl.base!r} "
+                                  f"(known: {', '.join(sorted(METHODS))})")
+        return
+    method = METHODS[_trained(config)]
+    if (config.method == "mcl" and config.mcl.negatives == "mask"
+            and not method.accepts_negative_mask):
+        takes_mask = sorted(name for name, cls in METHODS.items() if cls.accepts_negative_mask)
+        yield Problem("mcl.negatives", f"'mask' needs a base method that restricts its "
+                                       f"negatives ({', '.join(takes_mask)}); {config.mcl.base} "
+                                       f"does not: use 'sampler'")
+
+
+def check_method_settings(config: CoreConfig) -> Iterator[Problem]:
+    """What the (base) method finds wrong with the config, across sections too."""
+    yield from _method_problems(config)
+
+
+def check_labels(config: CoreConfig) -> Iterator[Problem]:
+    """A dataset without labels (captions only) is only for an image-text method."""
+    from raycl.data import ATTRIBUTES
+    from raycl.methods import METHODS
+
+    method = METHODS.get(_trained(config))
+    if method is not None and not ATTRIBUTES.get(config.data.dataset, ("?",)) \
+            and not method.multimodal:
+        yield Problem("data.dataset", f"{config.data.dataset} has captions but no labels, which "
+                                      f"only an image-text method uses (method: clip, or "
+                                      f"mcl.base: clip); {_trained(config)} would have nothing "
+                                      f"to be evaluated on")
+
+
+def _dataset_problems(dataset: str, root: str | None, section: str,
+                      layout: str = "auto") -> Iterator[Problem]:
+    """The dataset's files exist: a folder's images (both halves of a train/test layout, with
+    their classes aligned), the pairs file, Fashion-MNIST's package."""
+    if dataset == "folder":
+        path = Path(str(root)).expanduser()
+        if not path.is_dir():
+            yield Problem(f"{section}.root", f"not a directory: {root}")
+            return
+        from raycl.data.folders import list_folder
+
+        try:
+            list_folder(path, layout)
+        except (OSError, ValueError) as exc:
+            yield Problem(f"{section}.root", str(exc))
+    if dataset == "pairs":
+        from raycl.data.image_text import read_pairs
+
+        try:
+            read_pairs(Path(str(root)).expanduser())
+        except (OSError, ValueError) as exc:
+            yield Problem(f"{section}.root", str(exc))
+    if dataset == "mnist_fashion":
+        from raycl.data.pairs import FASHION_MNIST_DIR, FASHION_MNIST_PACKAGE
+
+        if not FASHION_MNIST_DIR.is_dir():
+            yield Problem(f"{section}.dataset", f"mnist_fashion needs Fashion-MNIST in "
+                                                f"{FASHION_MNIST_DIR} (Debian package "
+                                                f"{FASHION_MNIST_PACKAGE})")
+
+
+def check_data(config: CoreConfig) -> Iterator[Problem]:
+    """The files of the dataset, of a real MMVP-VLM copy and of every transfer dataset."""
+    yield from _dataset_problems(config.data.dataset, config.data.root, "data",
+                                 config.data.layout)
+    mmvp = config.eval.mmvp
+    if mmvp not in (None, "synthetic"):
+        from raycl.eval.mmvp import load_mmvp_vlm
+
+        try:
+            load_mmvp_vlm(mmvp, 8, check_only=True)
+        except (OSError, ValueError) as exc:
+            yield Problem("eval.mmvp", str(exc))
+    for i, entry in enumerate(config.eval.transfer):
+        yield from _dataset_problems(entry.dataset, entry.root, f"eval.transfer.{i}")
+
+
+def check_metric(config: CoreConfig) -> Iterator[Problem]:
+    """A probe metric must name an attribute the dataset has."""
+    from raycl.data import ATTRIBUTES
+
+    dataset, metric = config.data.dataset, config.tune.metric
+    match = re.fullmatch(r"(?:stage\d+/)?val/(?:linear(?:_[\d.]+pct)?|knn)/(\w+)", metric)
+    known = ATTRIBUTES.get(dataset)
+    if match and known and match.group(1) not in (*known, "mean"):
+        yield Problem("tune.metric", f"{dataset} has no attribute {match.group(1)!r} "
+                                     f"(attributes: {', '.join(known)}, or mean)")
+    unstaged = re.sub(r"^stage\d+/", "", metric)
+    unlabelled = dataset in ATTRIBUTES and not ATTRIBUTES[dataset]
+    if unlabelled and re.match(r"val/(linear|knn|retrieval|nn_retrieval|zeroshot)", unstaged):
+        yield Problem("tune.metric", f"{dataset} has no labels to probe or classify; select on "
+                                     f"caption retrieval (val/i2t/r1, val/t2i/r1) or "
+                                     f"val/mmvp/mean with eval.mmvp: synthetic")
+    if unstaged.startswith("val/mmvp/") and config.eval.mmvp != "synthetic":
+        yield Problem("tune.metric", f"{metric} needs validation pairs: eval.mmvp: synthetic (a "
+                                     f"real MMVP-VLM directory is a test set)")
+
+
+def _is_integer_key(key: str) -> bool:
+    model: type[BaseModel] = search_config_class()
+    *parents, leaf = key.split(".")
+    for part in parents:
+        model = model.model_fields[part].annotation  # type: ignore[assignment]
+    annotation = model.model_fields[leaf].annotation
+    return annotation is int or (int in get_args(annotation) and float not in get_args(annotation))
+
+
+def check_search_space(config: CoreConfig) -> Iterator[Problem]:
+    """Every searched key is a searchable config key, and every value it can take is valid (in
+    its own section and across sections)."""
+    for key, domain in config.tune.search_space.items():
+        where = f"tune.search_space.{key}"
+        if key in RENAMED_KEYS:
+            yield Problem(where, f"renamed to {RENAMED_KEYS[key]} (a method's knobs live in its "
+                                 f"own section)")
+        elif key not in config_keys() or key.startswith(UNSEARCHABLE_SECTIONS):
+            yield Problem(where, "not a searchable config key")
+        elif key in UNSEARCHABLE_KEYS:
+            yield Problem(where, "not searchable: it changes the sweep's name or the splits "
+                                 "trials are compared on")
+        elif domain.kind in ("uniform", "loguniform") and _is_integer_key(key):
+            yield Problem(where, f"{key} is an integer: search it with randint or choice")
+        else:
+            for value in domain.candidates():
+                try:
+                    candidate = apply_overrides(config, {key: value})
+                except ValidationError as exc:
+                    yield Problem(where, f"value {value!r} is invalid: "
+                                         f"{exc.errors()[0]['msg']}")
+                    continue
+                # Checks across sections too (All4One's heads must divide model.projector_dim).
+                for problem in _method_problems(candidate):
+                    yield Problem(where, f"value {value!r}: {problem.why}")
+                    break
+
+
+def check_pretrained(config: CoreConfig) -> Iterator[Problem]:
+    """``model.pretrained`` exists, is readable and fits the backbone every trial builds (its
+    architecture, its stem and the data's channels), for each searched value of those keys."""
+    from raycl.data import CHANNELS
+    from raycl.models import resolve_stem
+    from raycl.models.pretrained import pretrained_problem
+
+    space = config.tune.search_space
+    if config.model.pretrained is None and "model.pretrained" not in space:
+        return
+    searched = [key for key in PRETRAINED_KEYS if key in space]
+    for values in product(*(space[key].candidates() for key in searched)):
+        chosen = dict(zip(searched, values, strict=True))
+        try:
+            candidate = apply_overrides(config, chosen) if chosen else config
+        except ValidationError:
+            continue  # an invalid searched value is check_search_space's message
+        model = candidate.model
+        if model.pretrained is None:
+            continue
+        problem = pretrained_problem(
+            model.pretrained, model.backbone, CHANNELS[candidate.data.dataset], model.width,
+            resolve_stem(model.stem, candidate.data.resolution))
+        if problem:
+            shown = ", ".join(f"{key}={value}" for key, value in chosen.items()
+                              if key != "model.pretrained")
+            searched_note = f"with searched {shown}: " if shown else ""
+            yield Problem("model.pretrained", f"{searched_note}{problem}")
+
+
+def check_feasible(config: CoreConfig) -> Iterator[Problem]:
+    """Batch size and MCL budget: fixed values must fit; searched ones must leave a choice."""
+    if not any(key in config.tune.search_space for key in CONSTRAINED_KEYS):
+        problem = trial_problem(config)
+        if problem:
+            yield problem
+        return
+    try:
+        joint_domain(config)
+    except ValueError as exc:
+        yield Problem("tune.search_space", str(exc))
+
+
+def check_grid(config: CoreConfig) -> Iterator[Problem]:
+    """``tune.searcher: grid`` needs choice domains."""
+    if config.tune.searcher != "grid":
+        return
+    for key, domain in config.tune.search_space.items():
+        if domain.kind != "choice":
+            yield Problem(f"tune.search_space.{key}", f"tune.searcher 'grid' needs choice "
+                                                      f"domains, got {domain.kind}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The environment: an MLflow server that does not answer (MLflow retries for minutes, then the
+# driver dies), a sqlite database in a directory that does not exist, storage that cannot be
+# written.
+
+TRACKING_TIMEOUT_S = 5.0
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _writable_location(path: Path) -> str | None:
+    """Why files cannot be created at ``path`` (which may not exist yet), or None."""
+    existing = _nearest_existing(path)
+    if existing == path and not path.is_dir():
+        return f"{path} exists and is not a directory"
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
+def tracking_uri_problem(uri: str, timeout_s: float = TRACKING_TIMEOUT_S) -> str | None:
+    """Why MLflow could not log to ``uri``, or None. http(s): the server must answer within
+    ``timeout_s`` (any HTTP status counts as an answer); sqlite: the database's directory must
+    exist and be writable; plain file stores are refused by MLflow 3 unless allowed."""
+    parsed = urlparse(uri)
+    if parsed.scheme in ("http", "https"):
+        url = uri.rstrip("/") + "/health"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s):
+                return None
+        except urllib.error.HTTPError:
+            return None  # it answered; authentication and routing are MLflow's business
+        except (urllib.error.URLError, TimeoutError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            return f"no MLflow server answers at {uri} within {timeout_s:g} s ({reason})"
+    if parsed.scheme == "sqlite":
+        database = Path(resolve_tracking_uri(uri)[len("sqlite:///"):])
+        if not database.parent.is_dir():
+            return f"directory {database.parent} of the sqlite database does not exist"
+        # sqlite writes a journal beside the database: the directory must be writable too.
+        for target in (database.parent, database):
+            if target.exists() and not os.access(target, os.W_OK):
+                return f"{target} is not writable"
+        return None
+    if parsed.scheme in ("", "file") and os.environ.get("MLFLOW_ALLOW_FILE_STORE") != "true":
+        return (f"MLflow 3 refuses plain file stores ({uri}); use sqlite:///mlflow.db or an "
+                f"http server (or set MLFLOW_ALLOW_FILE_STORE=true)")
+    return None
+
+
+def storage_path_problem(path: str) -> str | None:
+    """Why Ray could not write sweep state under ``path``, or None (remote URIs pass)."""
+    if "://" in path:
+        return None  # s3://, gs://: credentials and buckets are checked by Ray's pyarrow
+    return _writable_location(Path(path).expanduser().resolve())
+
+
+def check_storage(config: CoreConfig) -> Iterator[Problem]:
+    """Ray can write the sweep's state under ``tune.storage_path``."""
+    problem = storage_path_problem(config.tune.storage_path)
+    if problem:
+        yield Problem("tune.storage_path", problem)
+
+
+def check_tracking(config: CoreConfig) -> Iterator[Problem]:
+    """MLflow can log to ``mlflow.tracking_uri`` (a server answers, a database can be written)."""
+    problem = tracking_uri_problem(config.mlflow.tracking_uri)
+    if problem:
+        yield Problem("mlflow.tracking_uri", problem)
+
+
+# The order is the order of the messages: names before data, data before the metric, single
+# values before combinations, the config before the environment.
+CONFIG_CHECKS: tuple[Check, ...] = (
+    check_method, check_method_settings, check_labels, check_data, check_metric,
+    check_search_space, check_pretrained, check_feasible, check_grid,
+)
+ENVIRONMENT_CHECKS: tuple[Check, ...] = (check_storage, check_tracking)
+ALL_CHECKS: tuple[Check, ...] = CONFIG_CHECKS + ENVIRONMENT_CHECKS
+
+
+def first_problem(config: CoreConfig, checks: tuple[Check, ...] = ALL_CHECKS) -> Problem | None:
+    """The first problem of the first check (in order) that finds one; None when all pass."""
+    for check in checks:
+        problem = next(iter(check(config)), None)
+        if problem is not None:
+            return problem
+    return None
+
+
+def run_checks(config: CoreConfig, source: str, checks: tuple[Check, ...] = ALL_CHECKS) -> None:
+    """Run ``checks`` in order; raise the first problem.
+
+    Args:
+        config: the validated config (every override applied).
+        source: the YAML file, for the message.
+        checks: which checks: :data:`CONFIG_CHECKS`, :data:`ENVIRONMENT_CHECKS` or all.
+
+    Raises:
+        ConfigError: ``FILE: key: why``.
+    """
+    problem = first_problem(config, checks)
+    if problem is not None:
+        raise ConfigError(problem.line(source))
+
+
+__all__ = ["ALL_CHECKS", "CONFIG_CHECKS", "ENVIRONMENT_CHECKS", "PRETRAINED_KEYS",
+           "TRACKING_TIMEOUT_S", "UNSEARCHABLE_KEYS", "UNSEARCHABLE_SECTIONS", "Check",
+           "check_data", "check_feasible", "check_grid", "check_labels", "check_method",
+           "check_method_settings", "check_metric", "check_pretrained", "check_search_space",
+           "check_storage", "check_tracking", "first_problem", "run_checks",
+           "storage_path_problem", "tracking_uri_problem"]

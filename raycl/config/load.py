@@ -1,0 +1,230 @@
+"""Reading a search YAML: the file, ``--set`` overrides, pins, renamed keys, then the checks.
+
+Bad input never launches anything: :func:`load_search` raises
+:class:`~raycl.config.section.ConfigError` whose message is one line naming the file (or
+``--set``) and the dotted key, and ``python -m raycl.tune`` turns it into exit code 2. Decisions
+the loader takes for the user (a pinned search key, a clamped grace period) come back as notices,
+one line each. :func:`with_absolute_paths` readies a loaded config for trials that run in
+directories of their own.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from raycl.config.checks import CONFIG_CHECKS, run_checks
+from raycl.config.feasibility import grid_size
+from raycl.config.schema import ConfigError, CoreConfig, resolve_tracking_uri
+from raycl.config.search_config import (
+    RENAMED_KEYS,
+    SEARCH_SPACE_PREFIX,
+    apply_overrides,
+    config_keys,
+    flatten,
+    max_reports,
+    method_sections,
+    search_config_class,
+    set_dotted,
+)
+
+
+def with_absolute_paths(config: CoreConfig) -> CoreConfig:
+    """The config with relative paths made absolute against this (the driver's) directory.
+
+    Ray Tune runs every trial in a working directory of its own, where a relative
+    ``sqlite:///mlflow.db``, ``data.root``, ``data.cache_dir`` or ``model.pretrained`` would name
+    another file (a trial would log its diagnostics into an empty database of its own).
+    """
+    from raycl.methods import METHODS
+
+    values: dict[str, Any] = {"mlflow.tracking_uri": resolve_tracking_uri(
+        config.mlflow.tracking_uri)}
+    method_files = {key for cls in METHODS.values() for key in cls.weight_file_keys}
+    for key in ("data.root", "data.cache_dir", "model.pretrained", *sorted(method_files)):
+        section, field = key.split(".")
+        path = getattr(getattr(config, section), field)
+        if path is not None and "://" not in path:
+            values[key] = str(Path(path).expanduser().resolve())
+    transfer = [entry.model_dump(mode="json") for entry in config.eval.transfer]
+    for entry in transfer:
+        if entry["root"] is not None and "://" not in entry["root"]:
+            entry["root"] = str(Path(entry["root"]).expanduser().resolve())
+    if transfer:
+        values["eval.transfer"] = transfer
+    if config.eval.mmvp not in (None, "synthetic") and "://" not in config.eval.mmvp:
+        values["eval.mmvp"] = str(Path(config.eval.mmvp).expanduser().resolve())
+    return apply_overrides(config, values)
+
+
+
+def _format_error(source: str, error: ValidationError) -> str:
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif "input" in first and first["type"] not in ("missing", "value_error"):
+        shown = repr(first["input"])
+        message = f"{message} (got {shown[:60]})"
+    more = len(error.errors()) - 1
+    suffix = f" (+{more} more problem{'s' if more > 1 else ''})" if more else ""
+    return f"{source}: {key}: {message}{suffix}"
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"train.epochs=3"`` -> ``("train.epochs", 3)``; the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text}: expected key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {key}: value is not valid YAML ({exc.problem})") from None
+    return key, value
+
+
+def _check_renamed(raw: dict[str, Any], source: str) -> None:
+    """A renamed key in the YAML (or its search space) names the new key."""
+    flat = flatten(raw)
+    space = flat.get("tune.search_space")
+    for old, new in RENAMED_KEYS.items():
+        if old in flat or (isinstance(space, dict) and old in space):
+            where = old if old in flat else f"tune.search_space.{old}"
+            raise ConfigError(f"{source}: {where}: renamed to {new} (a method's knobs live in "
+                              f"its own section)")
+
+
+def _pin_searched_keys(raw: dict[str, Any], pinned: dict[str, Any], notices: list[str]) -> None:
+    """A ``--set`` of a searched key pins it: the key leaves the raw YAML's search space."""
+    tune = raw.get("tune") if isinstance(raw.get("tune"), dict) else None
+    space = tune.get("search_space") if tune else None
+    if isinstance(space, dict):
+        for key, value in pinned.items():
+            if key in space:
+                del space[key]
+                notices.append(f"--set {key}={value} pins a searched key: removed from "
+                               f"tune.search_space")
+
+
+def _clamp_scheduler(config: CoreConfig, notices: list[str]) -> CoreConfig:
+    """ASHA's grace period longer than the longest trial is clamped (Ray would assert after
+    start-up)."""
+    scheduler = config.tune.scheduler
+    if scheduler.type != "asha" or scheduler.grace_period <= max_reports(config):
+        return config
+    max_t = max_reports(config)
+    notices.append(f"tune.scheduler.grace_period={scheduler.grace_period} exceeds the "
+                   f"{max_t} report(s) of the longest trial: clamped to {max_t}")
+    return apply_overrides(config, {"tune.scheduler.grace_period": max_t})
+
+
+def _read_yaml(path: str | Path) -> dict[str, Any]:
+    """The YAML file as a (copied) mapping of sections."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "?"
+        raise ConfigError(f"{source}: {where}: invalid YAML: "
+                          f"{getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: (top level): expected a mapping of sections")
+    return copy.deepcopy(raw)
+
+
+def _apply_set(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Write the ``--set key=value`` overrides into ``raw``; the keys outside ``tune.`` they
+    set (which pin a searched key) and their values."""
+    pinned: dict[str, Any] = {}
+    for text_override in overrides:
+        key, value = parse_override(text_override)
+        if key in RENAMED_KEYS:
+            raise ConfigError(f"--set {key}: renamed to {RENAMED_KEYS[key]} (a method's knobs "
+                              f"live in its own section)")
+        if key not in config_keys() and not key.startswith(SEARCH_SPACE_PREFIX):
+            raise ConfigError(f"--set {key}: unknown key")
+        set_dotted(raw, key, value)
+        if not key.startswith("tune."):
+            pinned[key] = value
+    return pinned
+
+
+def _grid_notice(config: CoreConfig) -> str | None:
+    """How ``tune.searcher: grid`` covers its grid with ``tune.num_samples`` trials, unless
+    exactly."""
+    if config.tune.searcher != "grid" or not config.tune.search_space:
+        return None
+    size, samples = grid_size(config), config.tune.num_samples
+    if size == samples:
+        return None
+    what = "the rest are repeats of random grid points" if samples > size else \
+        f"{size - samples} are not run"
+    return (f"tune.searcher=grid: {size} combinations, tune.num_samples={samples}: "
+            f"{what}")
+
+
+def _usage_notices(config: CoreConfig, raw: dict[str, Any]) -> list[str]:
+    """Sections the YAML sets that no trial reads; trials that are only seed repeats."""
+    notices = []
+    unused = sorted(name for name in method_sections()
+                    if name in raw and name not in config.used_sections())
+    if unused:
+        notices.append(f"section{'s' if len(unused) > 1 else ''} {', '.join(unused)} not used: "
+                       f"method is {config.method}"
+                       + (f" (base {config.mcl.base})" if config.method == "mcl" else ""))
+    if not config.tune.search_space and config.tune.num_samples > 1:
+        first, count = config.seed, config.tune.num_samples
+        notices.append(f"tune.search_space is empty: the {count} trials are repeats that differ "
+                       f"only by seed ({first}..{first + count - 1}), each run to the end")
+    return notices
+
+
+def load_search(
+    path: str | Path,
+    overrides: list[str] | None = None,
+    *,
+    check_references: bool = True,
+    notices: list[str] | None = None,
+) -> CoreConfig:
+    """Read a search YAML, apply ``--set key=value`` overrides, validate everything.
+
+    A ``--set`` of a key in ``tune.search_space`` pins it (the key leaves the space); an ASHA
+    grace period longer than the longest trial is clamped. Each such decision is appended to
+    ``notices`` as one line, for the command line to print. ``check_references`` runs
+    :data:`~raycl.config.checks.CONFIG_CHECKS` (the environment checks are the caller's).
+
+    Raises:
+        ConfigError: one line naming the file (or ``--set``) and the dotted key.
+    """
+    source = str(path)
+    notices = [] if notices is None else notices
+    raw = _read_yaml(path)
+    pinned = _apply_set(raw, overrides or [])
+    _pin_searched_keys(raw, pinned, notices)
+    _check_renamed(raw, source)
+    try:
+        config = search_config_class().model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(source, exc)) from None
+    config = _clamp_scheduler(config, notices)
+    if check_references:
+        run_checks(config, source, CONFIG_CHECKS)
+        grid = _grid_notice(config)
+        if grid:
+            notices.append(grid)
+    notices.extend(_usage_notices(config, raw))
+    return config
+
+
+__all__ = ["load_search", "parse_override", "with_absolute_paths"]

@@ -1,0 +1,95 @@
+"""The schema of a search YAML: :class:`CoreConfig` and its core sections.
+
+One YAML file in ``searches/`` describes a whole experiment. The core sections are declared in
+:mod:`raycl.config.training` (data, augment, model, train, mcl, eval) and
+:mod:`raycl.config.sweep` (scaling, tune, mlflow) and re-exported here; every method's knobs are
+declared in the method's own file and registered with it (:mod:`raycl.methods`), into
+:data:`~raycl.config.section.METHOD_SECTIONS`, and become the top-level section of the same name
+(``hscl.filter_exponent``) in :func:`raycl.config.search_config.search_config_class`. Nothing
+here imports the method registry: methods import this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import Field
+
+from raycl.config.section import METHOD_SECTIONS, ConfigError, Problem, Section
+from raycl.config.sweep import (
+    Domain,
+    MLflowSection,
+    ScalingSection,
+    SchedulerConfig,
+    TuneSection,
+    reported_test_metric,
+    resolve_tracking_uri,
+)
+from raycl.config.training import (
+    AugmentConfig,
+    DataConfig,
+    EvalConfig,
+    MCLConfig,
+    ModelConfig,
+    TrainConfig,
+    TransferConfig,
+)
+
+SectionType = TypeVar("SectionType", bound=Section)
+
+
+class CoreConfig(Section):
+    """The method-agnostic part of :data:`SearchConfig` (which adds one section per method)."""
+
+    name: str = Field(..., min_length=1, description="Sweep name (MLflow experiment, Ray run).")
+    method: str = Field("simclr", description="Method from the registry, or 'mcl' (multistage).")
+    seed: int = Field(0, description="Seed of data, initialisation, augmentations and search.")
+    data: DataConfig = Field(default_factory=DataConfig)
+    augment: AugmentConfig = Field(default_factory=AugmentConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    mcl: MCLConfig = Field(default_factory=MCLConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    scaling: ScalingSection = Field(default_factory=ScalingSection)
+    tune: TuneSection = Field(default_factory=TuneSection)
+    mlflow: MLflowSection = Field(default_factory=MLflowSection)
+
+    @property
+    def num_stages(self) -> int:
+        return self.mcl.stages if self.method == "mcl" else 1
+
+    def to_dict(self, used_sections_only: bool = False) -> dict[str, Any]:
+        """The config as plain JSON values; ``used_sections_only`` drops the sections of methods
+        its trials do not run (for MLflow params)."""
+        raw = self.model_dump(mode="json")
+        if used_sections_only:
+            used = self.used_sections()
+            for name in METHOD_SECTIONS:
+                if name not in used:
+                    raw.pop(name, None)
+        return raw
+
+    def section(self, kind: type[SectionType]) -> SectionType:
+        """The method section of type ``kind``: ``cfg.section(HSCLConfig).filter_exponent``."""
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if type(value) is kind:
+                return value
+        raise KeyError(f"no config section of type {kind.__name__} (is its method registered?)")
+
+    def used_sections(self) -> set[str]:
+        """Method sections this config's trials read: the method's (and MCL's base's), and any
+        a search space varies the method over."""
+        names = {self.method, self.mcl.base} if self.method == "mcl" else {self.method}
+        for key in ("method", "mcl.base"):
+            domain = self.tune.search_space.get(key)
+            if domain is not None:
+                names.update(str(value) for value in domain.candidates())
+        names.update(key.split(".")[0] for key in self.tune.search_space)
+        return names
+
+
+__all__ = ["METHOD_SECTIONS", "AugmentConfig", "ConfigError", "CoreConfig", "DataConfig",
+           "Domain", "EvalConfig", "MCLConfig", "MLflowSection", "ModelConfig", "Problem",
+           "ScalingSection", "SchedulerConfig", "Section", "SectionType", "TrainConfig",
+           "TransferConfig", "TuneSection", "reported_test_metric", "resolve_tracking_uri"]

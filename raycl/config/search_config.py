@@ -1,0 +1,185 @@
+"""The whole schema of a search YAML: :class:`CoreConfig` with the method sections plugged in, and
+its dotted keys.
+
+:data:`SearchConfig` is :class:`~raycl.config.schema.CoreConfig` plus one section per registered
+method (:data:`~raycl.config.section.METHOD_SECTIONS`), built on first use: making sure the
+registry has run imports :mod:`raycl.methods` (and torch; ``--help`` does not need it). Dotted
+keys (``train.lr``, ``tune.search_space.simclr.temperature``) are read, set and documented here;
+:func:`apply_overrides` makes trial configs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from functools import cache
+from typing import Any
+
+from pydantic import BaseModel, Field, create_model
+
+from raycl.config.schema import CoreConfig, Domain
+from raycl.config.section import METHOD_SECTIONS
+
+
+@cache
+def search_config_class() -> type[CoreConfig]:
+    """:class:`CoreConfig` plus one section per registered method (built once, on first use)."""
+    import raycl.methods  # noqa: F401  (its @register calls fill METHOD_SECTIONS)
+
+    fields: dict[str, Any] = {
+        name: (section, Field(default_factory=section, description=f"Knobs of method {name!r} "
+                              f"(declared in {section.__module__})."))
+        for name, section in sorted(METHOD_SECTIONS.items())
+    }
+    model = create_model("SearchConfig", __base__=CoreConfig, __module__=__name__, **fields)
+    model.__doc__ = ("A whole experiment: method, data, model, training, scaling, search, "
+                     "tracking, and the knobs of every registered method.")
+    return model
+
+
+def method_sections() -> tuple[str, ...]:
+    """Top-level keys that are method sections."""
+    return tuple(name for name in search_config_class().model_fields
+                 if name not in CoreConfig.model_fields)
+
+
+def __getattr__(name: str) -> Any:
+    # SearchConfig and CONFIG_KEYS depend on the method registry: resolved on first use.
+    if name == "SearchConfig":
+        return search_config_class()
+    if name == "CONFIG_KEYS":
+        return config_keys()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Dotted keys
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; the search space stays one (JSON) value."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value and dotted != "tune.search_space":
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def _field_paths(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel) \
+                and annotation is not Domain:
+            yield from _field_paths(annotation, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}"
+
+
+@cache
+def config_keys() -> tuple[str, ...]:
+    """Every dotted config key, method sections included."""
+    return tuple(_field_paths(search_config_class()))
+
+
+def key_symbol(key: str) -> str:
+    """The short name of a dotted config key in run names: the ``symbol`` its field declares
+    (``Field(..., json_schema_extra={"symbol": "K"})``, the papers' names: ``mcl.clusters`` ->
+    ``K``, ``simclr.temperature`` -> ``τ``), else the key's last component (``queue_size``)."""
+    model: type[BaseModel] | None = search_config_class()
+    info = None
+    for part in key.split("."):
+        fields = model.model_fields if model is not None else {}
+        if part not in fields:
+            info = None
+            break
+        info = fields[part]
+        annotation = info.annotation
+        model = annotation if isinstance(annotation, type) and issubclass(
+            annotation, BaseModel) else None
+    extra = info.json_schema_extra if info is not None else None
+    symbol = extra.get("symbol") if isinstance(extra, dict) else None
+    return str(symbol) if symbol else key.rsplit(".", 1)[-1]
+
+
+# Keys that moved; a YAML or --set using the old name gets told the new one.
+RENAMED_KEYS = {"loss.temperature": "simclr.temperature"}
+
+
+SEARCH_SPACE_PREFIX = "tune.search_space."
+
+
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``tree["a"]["b"] = value`` for ``"a.b"``, creating sections as needed.
+
+    A search-space entry is keyed by a dotted config key itself: ``tune.search_space.loss.tau``
+    sets ``tree["tune"]["search_space"]["loss.tau"]``.
+    """
+    if dotted.startswith(SEARCH_SPACE_PREFIX):
+        parents, leaf = ["tune", "search_space"], dotted[len(SEARCH_SPACE_PREFIX):]
+    else:
+        *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[leaf] = value
+
+
+def apply_overrides(config: CoreConfig, values: Mapping[str, Any]) -> CoreConfig:
+    """A copy of ``config`` with dotted keys replaced, validated again (trial configs)."""
+    raw = config.to_dict()
+    for key, value in values.items():
+        set_dotted(raw, key, value)
+    return search_config_class().model_validate(raw)
+
+
+
+def max_reports(config: CoreConfig) -> int:
+    """ASHA's max_t: ``scheduler.max_t``, or the reports of the longest trial the search space
+    allows (every phase's epochs, e.g. FGVR's decoder pre-training, times stages)."""
+    from raycl.methods import stage_epochs
+
+    if config.tune.scheduler.max_t:
+        return config.tune.scheduler.max_t
+    space = config.tune.search_space
+    # The largest value of every searched epoch count and of the stage count.
+    longest = {key: max(int(v) for v in domain.candidates()) for key, domain in space.items()
+               if key.endswith("epochs") or key == "mcl.stages"}
+    longest_config = apply_overrides(config, longest) if longest else config
+    try:
+        epochs = stage_epochs(longest_config)
+    except ValueError:  # an unknown method: reported by raycl.config.checks, not here
+        epochs = longest_config.train.epochs
+    return max(1, epochs * longest_config.num_stages)
+
+
+def schema_markdown() -> str:
+    """Every key with its type, default and description: the reference for search YAMLs."""
+    lines = ["| key | type | default | description |", "|---|---|---|---|"]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, info in model.model_fields.items():
+            annotation = info.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel) \
+                    and annotation is not Domain:
+                walk(annotation, f"{prefix}{name}.")
+                continue
+            type_name = getattr(annotation, "__name__", None) or str(annotation)
+            type_name = type_name.replace("typing.", "").replace("|", "\\|")
+            default = "required" if info.is_required() else repr(info.get_default(
+                call_default_factory=True))
+            description = (info.description or "").replace("|", "\\|")
+            lines.append(f"| `{prefix}{name}` | {type_name} | {default} | {description} |")
+
+    walk(search_config_class(), "")
+    return "\n".join(lines)
+
+
+__all__ = ["RENAMED_KEYS", "SEARCH_SPACE_PREFIX", "apply_overrides", "config_keys", "flatten",
+           "key_symbol", "max_reports", "method_sections", "schema_markdown",
+           "search_config_class", "set_dotted"]

@@ -1,0 +1,149 @@
+"""The sweep side of the schema: workers per trial, the search space, the scheduler, tracking."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from raycl.config.section import Section
+
+
+class ScalingSection(Section):
+    num_workers: int = Field(
+        1, ge=0, description="Ray Train workers per trial. 0 runs training inside the trial "
+        "process (fastest for one CPU worker; no worker group)."
+    )
+    use_gpu: bool = Field(False, description="One GPU per worker (needs GPUs in the cluster).")
+    cpus_per_worker: float = Field(1.0, gt=0.0, description="CPUs reserved per worker.")
+    gpus_per_worker: float = Field(1.0, gt=0.0, description="GPUs per worker when use_gpu.")
+    max_failures: int = Field(2, ge=0, description="Worker-group restarts before a trial fails.")
+
+
+class Domain(Section):
+    """One search-space entry: exactly one of the keys below."""
+
+    loguniform: tuple[float, float] | None = None
+    uniform: tuple[float, float] | None = None
+    randint: tuple[int, int] | None = Field(None, description="Integers in [low, high].")
+    choice: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Domain:
+        given = [name for name in ("loguniform", "uniform", "randint", "choice")
+                 if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of loguniform, uniform, randint, choice")
+        kind = given[0]
+        if kind == "choice":
+            if not self.choice:
+                raise ValueError("choice needs at least one value")
+            return self
+        low, high = getattr(self, kind)
+        if low > high or (kind == "loguniform" and low <= 0):
+            raise ValueError(f"{kind} needs 0 < low <= high" if kind == "loguniform"
+                             else f"{kind} needs low <= high")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(n for n in ("loguniform", "uniform", "randint", "choice")
+                    if getattr(self, n) is not None)
+
+    def candidates(self) -> list[Any]:
+        """Values that bound the domain (to type-check against the target field)."""
+        if self.choice is not None:
+            return list(self.choice)
+        low, high = getattr(self, self.kind)
+        return [low, high]
+
+
+class SchedulerConfig(Section):
+    type: Literal["asha", "none"] = Field("asha", description="Early stopping scheduler.")
+    grace_period: int = Field(
+        2, ge=1, description="ASHA: reports before a trial can be stopped (clamped to max_t)."
+    )
+    reduction_factor: float = Field(2.0, gt=1.0, description="ASHA: halving rate.")
+    max_t: int | None = Field(
+        None, ge=1, description="ASHA: max reports per trial (None: epochs x stages)."
+    )
+
+
+class TuneSection(Section):
+    num_samples: int = Field(
+        4, ge=1, description="Trials to run. With an empty search space the trials differ only "
+        "by seed (seed, seed+1, ...): repeats of one configuration."
+    )
+    metric: str = Field(
+        "val/linear/mean", description="Objective the searcher and scheduler select on: a "
+        "validation metric (val/linear/<attribute>, val/knn/<attribute>, val/linear/mean, "
+        "stage<j>/val/...) or a train/ metric; test/ metrics are never optimised."
+    )
+    mode: Literal["max", "min"] = Field("max", description="Maximise or minimise the metric.")
+    search_space: dict[str, Domain] = Field(
+        default_factory=dict, description="Dotted config key -> domain, e.g. "
+        "{'simclr.temperature': {'loguniform': [0.1, 0.5]}}."
+    )
+    searcher: Literal["optuna", "random", "grid"] = Field(
+        "optuna", description="Optuna's TPE, Optuna's random sampler, or Optuna's grid sampler "
+        "(every combination of the choice domains once, in a seeded order; needs choice domains "
+        "only). All are offered only feasible combinations of constrained keys (batch size, "
+        "MCL's K and N)."
+    )
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    max_concurrent_trials: int = Field(1, ge=1, description="Trials running at once.")
+    trial_cpus: float = Field(
+        0.01, ge=0.0, description="CPUs reserved for a trial's driver process (workers reserve "
+        "their own; with num_workers=0 raise this to what the trial really uses)."
+    )
+    max_failures: int = Field(1, ge=0, description="Trial restarts (from checkpoint) on error.")
+    storage_path: str = Field(
+        "./ray_results", description="Where Ray keeps trial state and checkpoints (S3/GCS/NFS "
+        "on multi-node clusters). Re-running the same name resumes the sweep."
+    )
+
+    @field_validator("metric")
+    @classmethod
+    def _selects_on_validation(cls, metric: str) -> str:
+        parts = metric.split("/")
+        if parts and re.fullmatch(r"stage\d+", parts[0]):
+            parts = parts[1:]
+        if parts and parts[0] == "eval":
+            renamed = metric.replace("eval/", "val/", 1)
+            raise ValueError(f"{metric!r} was renamed to {renamed!r} (probes are scored on the "
+                             f"validation split during a sweep, on test once per trial)")
+        if parts and parts[0] == "test":
+            raise ValueError(f"{metric!r} is a test metric: it is reported once at the end of a "
+                             f"trial and never optimised; select on its val/ counterpart")
+        if parts and parts[0] == "transfer":
+            raise ValueError(f"{metric!r} is a transfer metric: scored on the transfer set's "
+                             f"held-out share once per trial, reported and never optimised; "
+                             f"select on val/ of the pretraining set")
+        return metric
+
+
+def reported_test_metric(metric: str) -> str | None:
+    """The test-split metric reported beside a validation objective (None for train/ etc.)."""
+    renamed = re.sub(r"(^|/)val/", r"\1test/", metric, count=1)
+    return renamed if renamed != metric else None
+
+
+class MLflowSection(Section):
+    tracking_uri: str = Field(
+        "sqlite:///mlflow.db", description="MLflow tracking URI; sqlite locally, http on clusters."
+    )
+    experiment: str | None = Field(None, description="Experiment name (None: the sweep name).")
+
+
+def resolve_tracking_uri(uri: str) -> str:
+    """Make a relative ``sqlite:///x.db`` absolute (against the current directory)."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
+
+
+__all__ = ["Domain", "MLflowSection", "ScalingSection", "SchedulerConfig", "TuneSection",
+           "reported_test_metric", "resolve_tracking_uri"]

@@ -1,0 +1,308 @@
+"""The training side of the schema: data, augmentations, model, training, MCL, evaluation.
+
+Every key is a field with a description, so ``python -m raycl.tune --show-schema`` prints the
+documentation of all keys. MCL's section lives here: MCL is a training procedure around a base
+method that the spine (the stages, the feasibility checks, ASHA's budget) reads, not a
+registered method.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from raycl.config.section import Section
+
+
+class DataConfig(Section):
+    dataset: Literal["trifeature", "mnist_fashion", "digits", "folder", "pairs"] = Field(
+        "trifeature", description="Dataset: generated Trifeature, MNIST⊕Fashion-MNIST, sklearn "
+        "digits, an ImageFolder-style directory given by data.root, or image-caption pairs "
+        "listed in the CSV/TSV file data.root (no labels; split at random)."
+    )
+    resolution: int = Field(32, ge=8, le=1024, description="Square image side in pixels.")
+    samples_per_combination: int = Field(
+        5, ge=1, description="Trifeature: images per (shape, texture, colour) combination "
+        "(1000 combinations; the paper uses 100)."
+    )
+    num_samples: int | None = Field(
+        None, ge=10, le=5000, description="mnist_fashion: number of pairs to draw (None: all "
+        "5000 of the offline MNIST subset)."
+    )
+    val_fraction: float = Field(
+        0.1, gt=0.0, lt=1.0, description="Share of each class held out for validation: probes "
+        "are fit on train and scored here at every evaluation; sweeps select on it."
+    )
+    test_fraction: float = Field(
+        0.2, gt=0.0, lt=1.0, description="Share of each class held out for the test split, "
+        "scored once at the end of each trial and never optimised. Ignored by a folder in the "
+        "train_test layout, whose test split is its test/ folder."
+    )
+    root: str | None = Field(
+        None, description="folder: the dataset directory, root/<class>/* or root/train/<class>/* "
+        "+ root/test/<class>/* (see data.layout). pairs: a CSV (comma) or TSV (tab, by the .tsv "
+        "suffix) file with a header, an image column (image, filepath or path; relative to the "
+        "file's directory) and a caption column (caption, title or text), one pair per row. "
+        "Relative paths resolve against the launch directory."
+    )
+    captions: dict[str, float] | None = Field(
+        None, description="trifeature: give every image a synthetic caption; per attribute "
+        "(color, texture, shape) the probability that a caption names it, e.g. {color: 1.0, "
+        "shape: 0.5, texture: 0.1} ('a red triangle', 'a red object'); unnamed attributes are "
+        "never named. Drawn from the data seed. None: no captions."
+    )
+    layout: Literal["auto", "flat", "train_test"] = Field(
+        "auto", description="folder: flat = root/<class>/*, split by data.val_fraction and "
+        "data.test_fraction; train_test = root/train/<class>/* and root/test/<class>/* as CUB-200, "
+        "Stanford Cars and FGVC-Aircraft ship them: test is exactly test/, validation a "
+        "stratified data.val_fraction share of train/, class indices the sorted class names of "
+        "both (a class only in test/ is an error). auto: train_test when root/train/ and "
+        "root/test/ both hold class folders, else flat."
+    )
+    cache_dir: str | None = Field(
+        None, description="Where generated datasets are cached (None: $RAYCL_CACHE or "
+        "~/.cache/raycl). Must be shared storage on multi-node clusters, or each node generates."
+    )
+
+    @field_validator("captions")
+    @classmethod
+    def _known_caption_rates(cls, rates: dict[str, float] | None) -> dict[str, float] | None:
+        # The names of raycl.data.captions.CAPTION_ORDER, written out: importing that module
+        # here would load the Trifeature renderer whenever a config is read.
+        known = ("color", "texture", "shape")
+        for name, rate in (rates or {}).items():
+            if name not in known:
+                raise ValueError(f"unknown caption attribute {name!r} (attributes: "
+                                 f"{', '.join(known)})")
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"the rate of {name!r} must be in [0, 1], got {rate}")
+        return rates
+
+    @model_validator(mode="after")
+    def _folder_needs_root(self) -> DataConfig:
+        if self.dataset == "folder" and not self.root:
+            raise ValueError("data.root is required when data.dataset is 'folder'")
+        if self.dataset == "pairs" and not self.root:
+            raise ValueError("data.root is required when data.dataset is 'pairs' (the CSV or "
+                             "TSV file of image, caption rows)")
+        if self.captions is not None and self.dataset != "trifeature":
+            raise ValueError(f"data.captions is only for data.dataset trifeature (its captions "
+                             f"are made from its labels), not {self.dataset!r}")
+        if self.val_fraction + self.test_fraction >= 1.0:
+            raise ValueError("data.val_fraction + data.test_fraction must be < 1 (a training "
+                             "split must remain)")
+        return self
+
+
+class AugmentConfig(Section):
+    crop_scale: tuple[float, float] = Field(
+        (0.2, 1.0), description="Random resized crop area range (fraction of the image)."
+    )
+    flip: bool = Field(True, description="Random horizontal flip.")
+    color_jitter: float = Field(
+        0.0, ge=0.0, le=2.0, description="Colour jitter strength s (0 = off). On Trifeature it "
+        "destroys the colour feature, which is why it is off by default."
+    )
+    color_jitter_prob: float = Field(0.8, ge=0.0, le=1.0, description="Probability of jitter.")
+    grayscale_prob: float = Field(0.0, ge=0.0, le=1.0, description="Probability of grayscale.")
+
+    @field_validator("crop_scale")
+    @classmethod
+    def _ordered(cls, value: tuple[float, float]) -> tuple[float, float]:
+        low, high = value
+        if not 0.0 < low <= high <= 1.0:
+            raise ValueError("must satisfy 0 < low <= high <= 1")
+        return value
+
+
+class ModelConfig(Section):
+    backbone: Literal["small_cnn", "resnet18", "resnet50"] = Field(
+        "small_cnn", description="Encoder: a 4-block CNN for CPU runs, or torchvision "
+        "ResNet-18/50 (stem: model.stem) for GPU runs."
+    )
+    stem: Literal["auto", "cifar", "imagenet"] = Field(
+        "auto", description="ResNet stem: cifar = 3x3 stride-1 conv, no max-pool (small "
+        "images); imagenet = torchvision's 7x7 stride-2 conv + max-pool (what ImageNet weights "
+        "need). auto: imagenet when data.resolution >= 128 (layer1 then sees >= 32 px, as with "
+        "the cifar stem at 32 px), else cifar. small_cnn ignores it."
+    )
+    pretrained: str | None = Field(
+        None, description="Local weights file the backbone starts from (never downloaded): a "
+        "torchvision ResNet state dict (torch.save(resnet50().state_dict()); fc.* ignored) or "
+        "a raycl checkpoint's state.pt (its backbone.* weights). Every backbone weight must be "
+        "in it with the shape model.backbone, model.stem and the data's channels give; checked "
+        "before launch. Relative paths resolve against the launch directory."
+    )
+    width: int = Field(32, ge=4, description="small_cnn: channels of the first block.")
+    projector_hidden_dim: int = Field(256, ge=1, description="Projector MLP hidden width.")
+    projector_dim: int = Field(64, ge=1, description="Projector output (embedding) dimension.")
+
+
+class TrainConfig(Section):
+    epochs: int = Field(10, ge=1, description="Epochs (per stage for MCL).")
+    batch_size: int = Field(256, ge=2, description="Global batch size, split across workers.",
+                            json_schema_extra={"symbol": "b"})
+    lr: float = Field(1e-3, gt=0.0, description="Peak learning rate (after warmup).",
+                      json_schema_extra={"symbol": "lr"})
+    weight_decay: float = Field(1e-6, ge=0.0, description="Weight decay.",
+                                json_schema_extra={"symbol": "wd"})
+    optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Optimizer.")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
+    warmup_epochs: float = Field(1.0, ge=0.0, description="Linear warmup, then lr_schedule.")
+    lr_schedule: Literal["cosine", "constant"] = Field(
+        "cosine", description="After the warmup: cosine decay to 0, or constant (the MCL "
+        "authors' CLIP tuning)."
+    )
+    amp: Literal["auto", "off", "bf16", "fp16"] = Field(
+        "auto", description="Mixed precision: auto = fp16 autocast on CUDA, off on CPU."
+    )
+    loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per worker.")
+    checkpoint_every: int = Field(1, ge=1, description="Checkpoint every N epochs (and the last).")
+
+
+class MCLConfig(Section):
+    base: str = Field("simclr", description="Inner contrastive method trained at every stage.")
+    stages: int = Field(3, ge=1, le=16, description="Number of stages N.",
+                        json_schema_extra={"symbol": "N"})
+    clusters: int = Field(5, ge=2, description="K-means clusters K between stages.",
+                          json_schema_extra={"symbol": "K"})
+    negatives: Literal["sampler", "mask", "none"] = Field(
+        "sampler", description="Feature-aware negatives by the paper's batch sampler (batches "
+        "drawn from one pseudo-label group) or by masking the loss's denominator; 'none' is the "
+        "ablation: fresh encoders with ordinary negatives (the integration is then an ensemble)."
+    )
+    kmeans_max_points: int | None = Field(
+        None, ge=2, description="Cap on the training points k-means fits its centroids on "
+        "(a seeded random subset; every point is still assigned). None: all points."
+    )
+    kmeans_iterations: int = Field(50, ge=1, description="Lloyd iterations of k-means.")
+    integration: Literal["concat", "soup"] = Field(
+        "concat", description="How the stages make the trial's representation: concat = the "
+        "paper's concatenation of L2-normalised stage features (N times the width); soup = the "
+        "average of the stages' weights, one model's size (model soup, MCL appendix A.4). soup "
+        "starts every stage from the same initial weights (the same seed, or the pretrained "
+        "file), as averaging needs."
+    )
+
+
+class TransferConfig(Section):
+    """A labelled dataset the frozen encoder is probed on after training (transfer)."""
+
+    dataset: Literal["trifeature", "mnist_fashion", "digits", "folder"] = Field(
+        ..., description="Dataset, as in data.dataset; converted to the pretraining set's "
+        "channels and resolution."
+    )
+    name: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.-]+$", description="Name in the metric keys "
+        "transfer/<name>/linear/<attribute> (None: the dataset name)."
+    )
+    samples_per_combination: int = Field(2, ge=1, description="trifeature: images per "
+                                         "combination.")
+    num_samples: int | None = Field(None, ge=10, le=5000, description="mnist_fashion: pairs.")
+    root: str | None = Field(None, description="folder: root directory with one folder per "
+                             "class.")
+    test_fraction: float = Field(
+        0.3, gt=0.0, lt=1.0, description="Share of each class the transfer probe is scored on; "
+        "it is fit on the rest."
+    )
+
+    @property
+    def label(self) -> str:
+        return self.name or self.dataset
+
+    @model_validator(mode="after")
+    def _folder_needs_root(self) -> TransferConfig:
+        if self.dataset == "folder" and not self.root:
+            raise ValueError("root is required when dataset is 'folder'")
+        return self
+
+
+class EvalConfig(Section):
+    every_n_epochs: int = Field(
+        1, ge=0, description="Evaluate every N epochs (0: only at the end of each stage). "
+        "ASHA compares trials on these intermediate evaluations."
+    )
+    knn_k: int = Field(20, ge=1, description="Neighbours for kNN accuracy.")
+    linear_max_iter: int = Field(
+        200, ge=10, description="Logistic-regression iterations (epochs of the torch probe)."
+    )
+    linear_backend: Literal["auto", "sklearn", "torch"] = Field(
+        "auto", description="Linear probe: scikit-learn lbfgs, or a torch linear head on the "
+        "worker's device for large sets (auto: torch above 20 000 training samples or on CUDA)."
+    )
+    max_train_samples: int | None = Field(
+        None, ge=10, description="Cap on probe training samples, a seeded subset stratified on "
+        "the first attribute (None: the whole train split)."
+    )
+    label_fractions: list[float] = Field(
+        default_factory=list, description="Also fit the linear probe on these shares of the "
+        "(max_train_samples-capped) training labels, e.g. [0.5, 0.2] as FGVR's Table 1: a seeded "
+        "subset stratified on the first attribute (at least one image per class when the share "
+        "allows), the same at every evaluation of a trial, scored as "
+        "val/linear_50pct/<attribute> (and test/...). Each in (0, 1); []: only the full-label "
+        "probe (val/linear/...)."
+    )
+    transfer: list[TransferConfig] = Field(
+        default_factory=list, description="Datasets the frozen encoder is linearly probed on "
+        "after training, e.g. [{dataset: digits}]: transfer/<name>/linear/<attribute> on their "
+        "held-out share. Reported, never optimised."
+    )
+    diagnostics: bool = Field(
+        True, description="End of trial: singular value spectrum and effective rank of the "
+        "test-split features (diag/effective_rank), principal angles between each class and the "
+        "rest (diag/shared_directions, diag/subclass_directions), plots as artifacts."
+    )
+    mmvp: str | None = Field(
+        None, description="MMVP-style pair benchmark for image-text methods (clip): "
+        "'synthetic' = Trifeature pairs differing in one attribute (colour, texture, shape), "
+        "each image with its own full caption, eval.mmvp_pairs per attribute, one set for "
+        "val/mmvp/* and another for test/mmvp/*; or the directory of the real MMVP-VLM "
+        "benchmark (test/mmvp/* only: it is a test set). A pair scores only if both of its "
+        "images and statements are matched (eval.mmvp_direction). None: off."
+    )
+    mmvp_direction: Literal["text_to_image", "image_to_text"] = Field(
+        "text_to_image", description="MMVP pair rule: text_to_image = each statement picks its "
+        "own image of the pair (the official MMVP-VLM script, scripts/evaluate_vlm.py); "
+        "image_to_text = each image picks its own statement."
+    )
+    mmvp_pairs: int = Field(30, ge=1, description="Synthetic MMVP: pairs per attribute in each "
+                            "of the val and test sets.")
+
+    @field_validator("transfer")
+    @classmethod
+    def _distinct_names(cls, value: list[TransferConfig]) -> list[TransferConfig]:
+        labels = [entry.label for entry in value]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"transfer names must be distinct, got {labels} (set name: to "
+                             f"tell two entries of one dataset apart)")
+        return value
+
+    @field_validator("label_fractions")
+    @classmethod
+    def _fractions_below_one(cls, value: list[float]) -> list[float]:
+        outside = [fraction for fraction in value if not 0.0 < fraction < 1.0]
+        if outside:
+            raise ValueError(f"each fraction must be in (0, 1), got {outside} (the full-label "
+                             f"probe always runs, as val/linear/...)")
+        percents = [cls.fraction_percent(fraction) for fraction in value]
+        if len(set(percents)) != len(percents):
+            raise ValueError(f"fractions must be distinct (as percentages in metric keys), got "
+                             f"{value}")
+        return value
+
+    @staticmethod
+    def fraction_percent(fraction: float) -> str:
+        """A label fraction as its metric keys write it: 0.5 -> "50" (``linear_50pct``).
+
+        Args:
+            fraction: share of the training labels, in (0, 1).
+
+        Returns:
+            ``100 × fraction`` to 6 significant digits, without trailing zeros ("12.5", "20").
+        """
+        return f"{100 * fraction:g}"
+
+
+__all__ = ["AugmentConfig", "DataConfig", "EvalConfig", "MCLConfig", "ModelConfig",
+           "TrainConfig", "TransferConfig"]

@@ -1,0 +1,169 @@
+"""Loading a dataset by name: the full image set (from the cache when it is there), its split
+into train, validation and test, and the split sizes known from the config alone.
+
+`load_dataset(cfg, seed)` is the one entry point the training code needs. It reads only
+attributes of `cfg` (a `DataConfig` or anything with the same field names):
+
+- dataset: one of DATASETS (:mod:`raycl.data.registry`)
+- resolution: image side in pixels
+- samples_per_combination (trifeature), num_samples (mnist_fashion), root and layout (folder;
+  ``layout`` may be absent: "auto"), root (pairs: the CSV/TSV file)
+- captions (trifeature; may be absent: None): attribute -> probability that an image's caption
+  names it; when set, every image gets a synthetic caption (:mod:`raycl.data.captions`)
+- val_fraction, test_fraction: share of each class (of the first attribute) held out for
+  validation (model selection) and for the final test. A folder in the train/test layout ships
+  its test split (root/test/): test_fraction is ignored and validation is carved from train/.
+  An unlabelled set (pairs) has no classes: its shares are drawn at random
+  (:func:`raycl.data.splits.random_split`).
+- cache_dir: where the generated arrays are kept (None -> $RAYCL_CACHE or ~/.cache/raycl)
+
+The full image set is cached as one .npz named by a hash of everything that changes its
+content (:mod:`raycl.data.cache`), so Ray workers and later trials load it instead of
+generating it again. The split is recomputed from the seed on every call (it is cheap).
+:func:`split_sizes_for` gives the exact split sizes from the config alone, so a search can be
+checked before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from raycl.data.cache import cache_file, load_cached, save_atomically
+from raycl.data.registry import FIXED_NUM_CLASSES, SOURCES, is_unlabelled, reader, unknown_dataset
+from raycl.data.splits import (
+    class_split_counts,
+    split_indices,
+    split_sizes,
+    unlabelled_split_sizes,
+)
+from raycl.data.types import DatasetSplits, ImageSet
+
+# Keeps the synthetic captions' draws apart from the Trifeature generator's, which is seeded
+# with the same data seed: otherwise whether a caption names the colour would follow the
+# generator's first random numbers (e.g. the objects' positions).
+_CAPTION_STREAM = 0xCA9
+
+
+def caption_rates(cfg: Any) -> dict[str, float] | None:
+    """``cfg.captions`` checked against the dataset: None when absent or unset.
+
+    Raises:
+        ValueError: captions are set for a dataset other than trifeature.
+    """
+    rates = getattr(cfg, "captions", None)
+    if rates is None:
+        return None
+    if cfg.dataset != "trifeature":
+        raise ValueError(f"data.captions is only for dataset trifeature (its captions are "
+                         f"made from its labels), not {cfg.dataset!r}")
+    return {str(name): float(rate) for name, rate in rates.items()}
+
+
+def caption_seed(seed: int) -> int:
+    """The seed of the synthetic captions drawn for data seed ``seed`` (see _CAPTION_STREAM)."""
+    return int(np.random.SeedSequence([int(seed), _CAPTION_STREAM]).generate_state(1)[0])
+
+
+def load_image_set(cfg: Any, seed: int) -> ImageSet:
+    """The full (unsplit) image set, from the cache when it is there.
+
+    Args:
+        cfg: DataConfig-like object (see the module docstring).
+        seed: seeds generation, subsampling and synthetic captions (ignored by "folder" and
+            "pairs").
+
+    Returns:
+        ImageSet with all images of the dataset (both halves of a train/test folder, the test
+        ones marked by ``test_mask``), and captions for "pairs" or when data.captions is set.
+    """
+    if cfg.dataset not in SOURCES:
+        raise unknown_dataset(cfg.dataset)
+    if int(cfg.resolution) < 1:
+        raise ValueError(f"data.resolution must be >= 1, got {cfg.resolution}")
+    rates = caption_rates(cfg)  # before any work: a bad combination fails at once
+    source = reader(cfg.dataset)
+    # data.captions is not part of the key: Trifeature's captions are drawn after the cache is
+    # read (below), so every caption setting shares one copy of the images.
+    path = cache_file(cfg, source.content_key(cfg, seed))
+    image_set = load_cached(path) if path.exists() else None
+    if image_set is None:
+        image_set = source.read(cfg, seed)
+        save_atomically(path, image_set)
+    if rates is not None:
+        # Drawn here rather than cached: a cache keyed by the rates would store one copy of the
+        # images per caption setting a sweep tries, and the captions take well under a second.
+        from raycl.data.captions import caption_corpus
+
+        captions = caption_corpus(image_set.labels, rates, caption_seed(seed))
+        image_set = dataclasses.replace(image_set, captions=captions)
+    return image_set
+
+
+def class_counts(cfg: Any) -> list[int]:
+    """Samples per class of the stratifying (first) attribute, known without loading images.
+
+    Generated and packaged sets know their counts from the config; a folder is listed (both
+    halves together in the train/test layout: :func:`split_sizes_for` tells them apart). An
+    unlabelled set (pairs) counts as one class of all its images: ``[N]``, its rows counted
+    without opening an image.
+    """
+    parts = reader(cfg.dataset).class_counts(cfg)
+    return [sum(counts) for counts in zip(*parts.values(), strict=True)]
+
+
+def split_sizes_for(cfg: Any) -> dict[str, int]:
+    """Exact train/val/test sizes :func:`load_dataset` will produce for this config."""
+    parts = reader(cfg.dataset).class_counts(cfg)
+    val_fraction, test_fraction = float(cfg.val_fraction), float(cfg.test_fraction)
+    if "test" in parts:
+        # The shipped test split is whole; validation comes out of train/ (carve_validation).
+        val = sum(class_split_counts(count, val_fraction, 0.0)[0] for count in parts["train"])
+        return {"train": sum(parts["train"]) - val, "val": val, "test": sum(parts["test"])}
+    counts = [sum(part) for part in zip(*parts.values(), strict=True)]
+    if is_unlabelled(cfg.dataset):
+        (total,) = counts
+        return unlabelled_split_sizes(total, val_fraction, test_fraction)
+    return split_sizes(counts, val_fraction, test_fraction)
+
+
+def _subset(image_set: ImageSet, indices: np.ndarray) -> ImageSet:
+    """The rows ``indices`` of ``image_set``, labels and captions along."""
+    return ImageSet(images=image_set.images[indices],
+                    labels={name: values[indices] for name, values in image_set.labels.items()},
+                    captions=None if image_set.captions is None
+                    else image_set.captions[indices])
+
+
+def load_dataset(cfg: Any, seed: int) -> DatasetSplits:
+    """Load (or generate) a dataset and split it into train, validation and test.
+
+    Args:
+        cfg: DataConfig-like object (see the module docstring); only its attributes are read.
+        seed: seeds generation, subsampling and the split; same seed -> same splits.
+
+    Returns:
+        DatasetSplits; the split is stratified on the first attribute. A folder in the
+        train/test layout keeps its test/ images as the test split and carves validation
+        from train/. An unlabelled set (pairs) is split at random
+        (:func:`raycl.data.splits.random_split`) and has ``attributes == []`` and
+        ``num_classes == {}``. Captions, when the set has them, follow their images into every
+        split.
+    """
+    image_set = load_image_set(cfg, seed)
+    attributes = list(image_set.labels)
+    train_indices, val_indices, test_indices = split_indices(
+        image_set, float(cfg.val_fraction), float(cfg.test_fraction), seed)
+    return DatasetSplits(
+        name=cfg.dataset,
+        train=_subset(image_set, train_indices),
+        val=_subset(image_set, val_indices),
+        test=_subset(image_set, test_indices),
+        attributes=attributes,
+        num_classes=FIXED_NUM_CLASSES.get(cfg.dataset)
+        or {name: int(values.max()) + 1 for name, values in image_set.labels.items()},
+        channels=int(image_set.images.shape[1]),
+        resolution=int(image_set.images.shape[2]),
+    )

@@ -1,0 +1,96 @@
+"""The datasets raycl reads, by ``data.dataset`` name: one :class:`Source` per name.
+
+A source's entry says what a config check needs without reading anything (what it is, the
+attributes it labels, its channels, fixed class counts) and names its reader, a
+:class:`~raycl.data.types.Reader` in a module of its own. Readers are imported only when their
+source is read: each may need packages or files the others do not. A new dataset is one reader
+module and one entry here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from raycl.data.types import Reader
+
+
+@dataclass(frozen=True)
+class Source:
+    """One dataset name's entry.
+
+    Attributes:
+        description: what it is and what it needs, one line (error messages, ``--help``).
+        attributes: the attributes it labels, the first one stratifying the splits; () for an
+            unlabelled set (nothing to stratify or probe).
+        channels: image channels (what the encoder's first layer takes).
+        reader: ``"module:NAME"`` of its :class:`~raycl.data.types.Reader`.
+        num_classes: classes of every attribute when the source fixes them, so a small sample
+            missing a class does not shrink them; None: counted from the labels.
+    """
+
+    description: str
+    attributes: tuple[str, ...]
+    channels: int
+    reader: str
+    num_classes: int | None = None
+
+
+SOURCES: dict[str, Source] = {
+    "trifeature": Source(
+        "generated shapes x textures x colours (10 each), RGB; attributes shape, texture, "
+        "color; size set by samples_per_combination",
+        ("shape", "texture", "color"), 3, "raycl.data.trifeature:READER", num_classes=10),
+    "mnist_fashion": Source(
+        "MNIST digit (channel 0) + independent Fashion-MNIST garment (channel 1); attributes "
+        "digit, garment; needs Debian package dataset-fashion-mnist",
+        ("digit", "garment"), 2, "raycl.data.pairs:MNIST_FASHION_READER", num_classes=10),
+    "digits": Source(
+        "scikit-learn 8x8 digits (1 797 images), 1 channel; attribute digit",
+        ("digit",), 1, "raycl.data.pairs:DIGITS_READER", num_classes=10),
+    "folder": Source(
+        "ImageFolder layout root/<class>/*.png|jpg, or root/train/<class>/ and "
+        "root/test/<class>/ (the shipped test split), RGB; attribute class; needs root",
+        ("class",), 3, "raycl.data.folders:READER"),
+    "pairs": Source(
+        "image-caption pairs listed in a CSV/TSV file (root; columns image|filepath|path and "
+        "caption|title|text, image paths relative to the file), RGB; no labels, one caption "
+        "per image; split at random",
+        (), 3, "raycl.data.image_text:READER"),
+}
+
+# The registry by field, as the names raycl.data has always offered.
+DATASETS: dict[str, str] = {name: source.description for name, source in SOURCES.items()}
+ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    name: source.attributes for name, source in SOURCES.items()}
+CHANNELS: dict[str, int] = {name: source.channels for name, source in SOURCES.items()}
+FIXED_NUM_CLASSES: dict[str, dict[str, int]] = {
+    name: dict.fromkeys(source.attributes, source.num_classes)
+    for name, source in SOURCES.items() if source.num_classes is not None}
+
+
+def describe_datasets() -> str:
+    """One line per dataset name with what it is, for error messages and `--help` texts."""
+    return "\n".join(f"  {name}: {text}" for name, text in DATASETS.items())
+
+
+def unknown_dataset(name: str) -> ValueError:
+    """The error for a dataset name that is not in :data:`SOURCES`, listing the known ones."""
+    return ValueError(f"unknown dataset {name!r}; choose one of:\n{describe_datasets()}")
+
+
+def reader(name: str) -> Reader:
+    """The reader of dataset ``name``, its module imported now.
+
+    Raises:
+        ValueError: ``name`` is not a known dataset.
+    """
+    if name not in SOURCES:
+        raise unknown_dataset(name)
+    module, _, attribute = SOURCES[name].reader.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def is_unlabelled(dataset: str) -> bool:
+    """Whether ``dataset`` has no class labels (its splits are random, it cannot be probed)."""
+    return ATTRIBUTES.get(dataset) == ()

@@ -1,0 +1,244 @@
+"""A sweep's leaderboard: its trial runs ranked by the objective, with every column shown.
+
+Trials are ranked by the sweep's objective (a validation metric); the test counterpart of the
+objective and of every per-attribute probe stands beside it, reported, never used to rank.
+
+The same table (:func:`trial_table`) is what ``python -m raycl.leaderboard`` prints
+(:func:`print_leaderboard`) and what the sweep's callback writes to its parent run after every
+trial: ``leaderboard.csv`` (:func:`write_csv`), ``leaderboard.png``
+(:mod:`raycl.tracking.leaderboard_plot`) and the run's description (:func:`markdown_summary`).
+Sits on :mod:`raycl.tracking.runs`.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
+from raycl.tracking.runs import (
+    GREATER_IS_BETTER_TAG,
+    LEADERBOARD_VIEW,
+    PARENT_TAG,
+    ROLE_TAG,
+    TRIAL_TAG,
+    VIEW_TAG_PREFIX,
+    mlflow_client,
+)
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
+
+
+def trial_runs(client: MlflowClient, experiment_id: str, parent_run_id: str | None) -> list[Run]:
+    """The trial (child) runs of one sweep (its parent run), or of every sweep (None)."""
+    filter_string = f"tags.`{ROLE_TAG}` = 'trial'"
+    if parent_run_id is not None:
+        filter_string += f" and tags.`{PARENT_TAG}` = '{parent_run_id}'"
+    return client.search_runs([experiment_id], filter_string, max_results=5000)
+
+
+@dataclass
+class TrialTable:
+    """Trials ranked by the objective, best first, with every column the leaderboard shows.
+
+    ``header`` is ``trial`` (the run name), ``trial_id``, ``status`` (``raycl.ended``, or the
+    run's status while it runs), the objective, its test counterpart (when it has one), each
+    searched key and the reported extras; ``rows`` hold raw values (a float, or None where a
+    run lacks the metric; searched values as their ``raycl.searched`` text), in ``runs``'
+    order.
+    """
+
+    metric: str
+    mode: str
+    objective_test: str | None
+    searched: list[str]
+    header: list[str]
+    rows: list[list[Any]]
+    runs: list[Run]
+
+    def objective(self, run: Run) -> float | None:
+        """The run's (last) objective, None when it has not reported one."""
+        value = run.data.metrics.get(self.metric)
+        return value if value is not None and math.isfinite(value) else None
+
+
+def trial_table(children: list[Run], metric: str, mode: str) -> TrialTable:
+    """Rank ``children`` by ``metric`` (``mode`` max or min; trials without it last) and lay out
+    the leaderboard's columns (the CLI's table and the parent run's ``leaderboard.csv``)."""
+
+    def score(run: Run) -> float:
+        value = run.data.metrics.get(metric, math.nan)
+        if math.isnan(value):
+            return math.inf
+        return -value if mode == "max" else value
+
+    children = sorted(children, key=score)
+    searched = sorted({key for run in children
+                       for key in searched_values(run.data.tags.get("raycl.searched", ""))})
+    objective_test = reported_test_metric(metric)
+    attributes = sorted({key.split("/", 2)[2] for run in children for key in run.data.metrics
+                         if key.startswith("val/linear/")})
+    # Reported beside the objective, never ranked on: transfer means, the effective rank,
+    # (NNCLR, All4One) the support set's NN-retrieval accuracy, image retrieval (rank-1, mAP)
+    # and (CLIP) the MMVP-style pairs, zero-shot accuracy and caption retrieval.
+    reported = sorted({key for run in children for key in run.data.metrics
+                       if re.fullmatch(r"transfer/[^/]+/linear/mean", key)})
+    reported += [key for key in ("diag/effective_rank", "val/nn_retrieval/mean",
+                                 "val/retrieval/rank1", "val/retrieval/map", "val/mmvp/mean",
+                                 "test/mmvp/mean", "val/zeroshot/mean", "val/i2t/r1",
+                                 "val/t2i/r1")
+                 if key != metric and any(key in run.data.metrics for run in children)]
+    extra = [*reported, *[key for attribute in attributes
+                          for key in (f"val/linear/{attribute}", f"test/linear/{attribute}")
+                          if key not in (metric, objective_test)]]
+    tested = [objective_test] if objective_test else []
+    header = ["trial", "trial_id", "status", metric, *tested, *searched, *extra]
+    rows = []
+    for run in children:
+        values = searched_values(run.data.tags.get("raycl.searched", ""))
+        rows.append([run.info.run_name or run.info.run_id[:8],
+                     run.data.tags.get(TRIAL_TAG, ""),
+                     run.data.tags.get("raycl.ended", run.info.status.lower()),
+                     *[run.data.metrics.get(key) for key in (metric, *tested)],
+                     *[values.get(key) for key in searched],
+                     *[run.data.metrics.get(key) for key in extra]])
+    return TrialTable(metric, mode, objective_test, searched, header, rows, children)
+
+
+def write_csv(table: TrialTable, path: Path) -> None:
+    """The table as CSV, best first, with a ``rank`` column; numbers at full precision, an
+    empty cell where a trial lacks the metric."""
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["rank", *table.header])
+        for rank, row in enumerate(table.rows, start=1):
+            writer.writerow([rank, *["" if value is None else value for value in row]])
+
+
+def markdown_summary(table: TrialTable, sweep: str, top: int = 10) -> str:
+    """A short markdown description of the sweep for its parent run's page: the objective, the
+    best trial so far and the top rows."""
+    scored = [run for run in table.runs if table.objective(run) is not None]
+    tested = f"; its test counterpart `{table.objective_test}` is reported, not ranked on" \
+        if table.objective_test else ""
+    lines = [f"**{sweep}**: trials ranked by `{table.metric}` ({table.mode}){tested}. "
+             f"{len(scored)} of {len(table.runs)} trial(s) reported it."]
+    if scored:
+        best = table.rows[0]
+        test_note = f", test {_fmt(best[4])}" if table.objective_test else ""
+        lines.append(f"Best so far: **{_cell(best[0])}** ({_fmt(best[3])}{test_note}).")
+    columns = 5 if table.objective_test else 4
+    lines += ["", "| # | " + " | ".join(_cell(name) for name in table.header[:columns]
+                                        if name != "trial_id") + " |",
+              "|---" * (columns) + "|"]
+    for rank, row in enumerate(table.rows[:top], start=1):
+        cells = [row[0], row[2], *[_fmt(value) for value in row[3:columns]]]
+        lines.append(f"| {rank} | " + " | ".join(_cell(cell) for cell in cells) + " |")
+    lines += ["", "Every trial and column: artifact `leaderboard.csv`; the objective against "
+              "each searched parameter: `leaderboard.png`."]
+    return "\n".join(lines)
+
+
+def _cell(value: object) -> str:
+    """``value`` safe inside a markdown table cell."""
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def searched_values(tag: str) -> dict[str, str]:
+    """A child run's ``raycl.searched`` tag (``key=value, ...``) as key -> value text."""
+    pairs = (item.split("=", 1) for item in tag.split(", ") if "=" in item)
+    return {key: value for key, value in pairs}
+
+
+def _fmt(value: object) -> str:
+    """A cell of the terminal's table: a number to 4 significant digits, "-" where missing."""
+    if value is None:
+        return "-"
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return str(value)
+    if math.isnan(number):
+        return "-"
+    return f"{number:.4g}"
+
+
+def leaderboard_rows(
+    tracking_uri: str, experiment: str, top: int = 10, all_sweeps: bool = False
+) -> tuple[list[str], list[list[str]], str]:
+    """Header, rows and a title line for the leaderboard (raises LookupError when empty)."""
+    client = mlflow_client(resolve_tracking_uri(tracking_uri))
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise LookupError(f"no MLflow experiment named {experiment!r} at {tracking_uri}")
+    parents = client.search_runs([found.experiment_id], f"tags.`{ROLE_TAG}` = 'sweep'",
+                                 order_by=["attributes.start_time DESC"])
+    if not parents:
+        raise LookupError(f"experiment {experiment!r} has no raycl sweep")
+    metric = parents[0].data.tags.get("raycl.metric", "val/linear/mean")
+    mode = parents[0].data.tags.get("raycl.mode", "max")
+    children = trial_runs(client, found.experiment_id,
+                          None if all_sweeps else parents[0].info.run_id)
+    table = trial_table(children, metric, mode)
+    shown = [i for i, name in enumerate(table.header) if name != "trial_id"]
+    header = ["#", *[table.header[i] for i in shown]]
+    rows = [[str(rank), *[_fmt(row[i]) if i > 2 else str(row[i]) for i in shown]]
+            for rank, row in enumerate(table.rows[:top], start=1)]
+    title = (f"{experiment}: {len(children)} trial(s), best {top} by {metric} ({mode})"
+             f"{'' if all_sweeps else ', latest sweep'}; test/, transfer/ and diag/ columns are "
+             f"reported, not ranked on")
+    return header, rows, title
+
+
+def format_table(header: list[str], rows: list[list[str]]) -> str:
+    """Left-aligned columns under a dashed rule, for the terminal."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True))
+
+    return "\n".join([line(header).rstrip(), line(["-" * w for w in widths]),
+                      *(line(row).rstrip() for row in rows)])
+
+
+def print_leaderboard(tracking_uri: str, experiment: str, top: int = 10,
+                      all_sweeps: bool = False) -> None:
+    """Print the leaderboard and where to see it in MLflow's UI (the link opens its view)."""
+    header, rows, title = leaderboard_rows(tracking_uri, experiment, top, all_sweeps)
+    print(title)
+    print(format_table(header, rows))
+    uri = resolve_tracking_uri(tracking_uri)
+    found = mlflow_client(uri).get_experiment_by_name(experiment)
+    page = ""
+    if found is not None:
+        mode = "min" if found.tags.get(GREATER_IS_BETTER_TAG) == "False" else "max"
+        page = runs_page(found.experiment_id, mode,
+                         with_view=VIEW_TAG_PREFIX + LEADERBOARD_VIEW in found.tags)
+    if uri.startswith(("http://", "https://")):
+        print(f"\n{uri.rstrip('/')}/{page}")
+    else:
+        print(f"\nmlflow ui --backend-store-uri {uri}")
+        if page:
+            print(f"then open http://127.0.0.1:5000/{page}")
+
+
+def runs_page(experiment_id: str, mode: str = "max", with_view: bool = False) -> str:
+    """The MLflow UI's page of an experiment's runs, best objective first, relative to the
+    server's address; ``with_view`` opens raycl's saved leaderboard view (objective, its test
+    counterpart and the searched params as columns;
+    :func:`raycl.tracking.runs.write_leaderboard_view`). MLflow 3.17's UI opens an experiment
+    on its GenAI pages unless the link (or the sidebar's switch, remembered per browser) selects
+    the machine-learning workflow."""
+    page = f"#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    if with_view:
+        # The view holds the order too; the UI ignores a view whose link carries any search
+        # parameter (orderByKey, searchFilter, ...).
+        return f"{page}&viewStateShareKey={LEADERBOARD_VIEW}"
+    ascending = "true" if mode == "min" else "false"
+    return f"{page}&orderByKey=metrics.%60objective%60&orderByAsc={ascending}"

@@ -1,0 +1,112 @@
+"""Features for evaluation: every split embedded across the workers, and the stages integrated.
+
+:func:`embed_images` shards the images over the ranks and gathers the features on every rank;
+:func:`embed_splits` embeds what one evaluation scores; :func:`integrate_stages` gives the
+trial's representation (MCL: the stages so far, concatenated or as a model soup).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from raycl.config.schema import CoreConfig
+from raycl.data import DatasetSplits
+from raycl.data.augment import to_float
+from raycl.eval.multimodal import EvalSets
+from raycl.methods.base import Method
+from raycl.worker.session import Session
+from raycl.worker.stages import Features, StageInputs, StageWeights, average_weights, soup_weights
+
+
+@torch.no_grad()
+def embed_images(
+    method: Method,
+    images: np.ndarray,
+    session: Session,
+    batch_size: int = 512,
+    embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> np.ndarray:
+    """Backbone features of every image, computed across all workers and gathered.
+
+    Each rank embeds a contiguous shard (padded to equal length, as all_gather requires); every
+    rank returns the full (N, D) array in dataset order. ``embed`` replaces ``method.embed``
+    (e.g. ``method.project`` for the projection spectrum).
+    """
+    rank, world, device = session.rank, session.world_size, session.device
+    embed = embed or method.embed
+    total = len(images)
+    shard = math.ceil(total / world)
+    start, stop = min(total, rank * shard), min(total, (rank + 1) * shard)
+    was_training = method.training
+    method.eval()
+    try:
+        chunks = [embed(to_float(torch.from_numpy(images[i:min(stop, i + batch_size)])
+                                 .to(device))).float()
+                  for i in range(start, stop, batch_size)]
+        # A rank with an empty shard still needs the width for the padded all_gather.
+        dim = chunks[0].shape[1] if chunks else embed(
+            to_float(torch.from_numpy(images[:1]).to(device))).shape[1]
+    finally:
+        method.train(was_training)
+    local = torch.cat(chunks) if chunks else torch.zeros(0, dim, device=device)
+    if world == 1:
+        return local.cpu().numpy()
+    padded = torch.zeros(shard, dim, device=device)
+    padded[: len(local)] = local
+    gathered = [torch.zeros_like(padded) for _ in range(world)]
+    torch.distributed.all_gather(gathered, padded)
+    return torch.cat(gathered)[:total].cpu().numpy()
+
+
+def embed_splits(
+    model: Method,
+    data: DatasetSplits,
+    eval_sets: EvalSets,
+    splits: tuple[str, ...],
+    session: Session,
+    last: bool,
+) -> Features:
+    """The features one evaluation scores: each of ``splits``; after a stage's ``last`` epoch
+    the transfer sets (``transfer:<name>:train|test``); the MMVP-style pairs of the evaluated
+    splits (``mmvp:<split>``), so stages integrate them like splits."""
+    embedded = {split: embed_images(model, data.split(split).images, session)
+                for split in splits}
+    for transfer in eval_sets.transfer if last else []:
+        embedded[transfer.train_key] = embed_images(model, transfer.train.images, session)
+        embedded[transfer.test_key] = embed_images(model, transfer.test.images, session)
+    for split, pairs in eval_sets.mmvp.items():
+        if split in splits:
+            embedded[f"mmvp:{split}"] = embed_images(model, pairs.images, session)
+    return embedded
+
+
+def soup_method(method: Method, weights: list[StageWeights]) -> Method:
+    """A copy of ``method`` holding the average of the stages' soup weights (model soup)."""
+    soup = copy.deepcopy(method)
+    soup.load_state_dict(average_weights(weights), strict=False)
+    return soup
+
+
+def integrate_stages(
+    config: CoreConfig,
+    inputs: StageInputs,
+    method: Method,
+    features: Features,
+    embed: Callable[[Method], Features],
+) -> tuple[Features, Method]:
+    """The trial's representation so far and the model that gives it: this stage alone, or (MCL)
+    the stages integrated: the concatenated features, or the soup's (embedded by ``embed``)."""
+    if config.num_stages == 1:
+        return features, method
+    if config.mcl.integration == "soup" and inputs.weights:
+        soup = soup_method(method, [*inputs.weights, soup_weights(method)])
+        return embed(soup), soup
+    return inputs.integrated(features), method
+
+
+__all__ = ["embed_images", "embed_splits", "integrate_stages", "soup_method"]

@@ -1,0 +1,244 @@
+"""Scoring a representation: probes, kNN and retrieval per split, transfer sets, diagnostics.
+
+:func:`evaluate_epoch` is one evaluation of the worker loop: embed (every rank), integrate the
+stages, score (rank 0). Probes are fit on the training split and score validation
+(``val/...``: what a sweep selects on); after a stage's last epoch the test split and the
+transfer sets too (``test/...``, ``transfer/...``), and at the trial's end the diagnostics.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from raycl.config.schema import CoreConfig
+from raycl.data import DatasetSplits, stratified_subset
+from raycl.data.augment import BatchAugment, to_float
+from raycl.eval import evaluate_knn, evaluate_linear_splits
+from raycl.eval.diagnostics import representation_diagnostics
+from raycl.eval.image_retrieval import retrieval_scores
+from raycl.eval.label_fractions import label_fraction_subset
+from raycl.eval.multimodal import EvalSets, image_text_metrics
+from raycl.eval.retrieval import neighbour_retrieval_accuracy
+from raycl.eval.transfer import TransferSet
+from raycl.methods.base import Batch, Method
+from raycl.worker.embed import embed_images, embed_splits, integrate_stages
+from raycl.worker.session import Session
+from raycl.worker.stages import Features, StageInputs
+
+logger = logging.getLogger(__name__)
+
+# Test images a method's end-of-trial pictures are drawn from (FGVR's reconstruction triples).
+DIAGNOSTIC_IMAGES = 8
+
+
+def evaluate_features(
+    config: CoreConfig,
+    data: DatasetSplits,
+    features: Features,
+    prefix: str = "",
+    device: torch.device | None = None,
+) -> dict[str, float]:
+    """Linear probe and kNN per attribute, fit on ``features["train"]`` and scored on every other
+    split in ``features``, as ``{prefix}{split}/linear/<attribute>``, ``.../knn/...``; image
+    retrieval within each scored split on the first attribute, ``.../retrieval/rank1``,
+    ``rank5`` and ``map`` (every image a query against the rest of its split).
+
+    ``eval.max_train_samples`` caps the probe's training set with a seeded subset stratified on
+    the first attribute (the first rows of a folder dataset would be its first classes). Each of
+    ``eval.label_fractions`` adds a probe fit on that share of the (capped) training labels,
+    ``.../linear_<percent>pct/<attribute>`` (and ``/mean``), on a subset seeded by ``seed``, so
+    every evaluation of a trial uses the same one.
+    """
+    train_features = features["train"]
+    train_labels = data.train.labels
+    cap = config.eval.max_train_samples
+    if cap is not None and cap < len(train_features):
+        keep = stratified_subset(train_labels[data.attributes[0]], cap, config.seed)
+        train_features = train_features[keep]
+        train_labels = {name: labels[keep] for name, labels in train_labels.items()}
+    eval_sets = {split: (values, data.split(split).labels)
+                 for split, values in features.items() if split in ("val", "test")}
+    backend = config.eval.linear_backend
+    if backend == "auto":
+        large = len(train_features) > 20_000 or (device is not None and device.type == "cuda")
+        backend = "torch" if large else "sklearn"
+    probe = partial(evaluate_linear_splits, eval_sets=eval_sets,
+                    max_iter=config.eval.linear_max_iter, seed=config.seed, backend=backend,
+                    device=device)
+    # Probe name -> split -> scores; the shares of the labels probe the same splits.
+    probes = {"linear": probe(train_features, train_labels)}
+    for fraction in config.eval.label_fractions:
+        keep = label_fraction_subset(train_labels[data.attributes[0]], fraction, config.seed)
+        probes[f"linear_{config.eval.fraction_percent(fraction)}pct"] = probe(
+            train_features[keep], {name: labels[keep] for name, labels in train_labels.items()})
+    metrics: dict[str, float] = {}
+    for split, (values, labels) in eval_sets.items():
+        for probe_name, scores in probes.items():
+            metrics.update({f"{prefix}{split}/{probe_name}/{name}": value
+                            for name, value in scores[split].items()})
+        knn = evaluate_knn(train_features, train_labels, values, labels, k=config.eval.knn_k)
+        metrics.update({f"{prefix}{split}/knn/{name}": v for name, v in knn.items()})
+        retrieval = retrieval_scores(values, labels[data.attributes[0]])
+        metrics.update({f"{prefix}{split}/retrieval/{name}": v for name, v in retrieval.items()})
+    return metrics
+
+
+def evaluate_transfer(
+    config: CoreConfig,
+    transfer_sets: list[TransferSet],
+    features: Features,
+    prefix: str = "",
+    device: torch.device | None = None,
+) -> dict[str, float]:
+    """Linear probe per transfer set, fit on its probe-training share and scored on its held-out
+    share: ``{prefix}transfer/<name>/linear/<attribute>`` (and ``/mean``)."""
+    metrics: dict[str, float] = {}
+    for transfer in transfer_sets:
+        scores = evaluate_linear_splits(
+            features[transfer.train_key], transfer.train.labels,
+            {"test": (features[transfer.test_key], transfer.test.labels)},
+            max_iter=config.eval.linear_max_iter, seed=config.seed,
+            backend="torch" if device is not None and device.type == "cuda" else "sklearn",
+            device=device)
+        metrics.update({f"{prefix}transfer/{transfer.name}/linear/{name}": value
+                        for name, value in scores["test"].items()})
+    return metrics
+
+
+def evaluate_epoch(
+    config: CoreConfig,
+    data: DatasetSplits,
+    eval_sets: EvalSets,
+    inputs: StageInputs,
+    method: Method,
+    session: Session,
+    last: bool,
+) -> tuple[Features, dict[str, float], dict[str, np.ndarray] | None]:
+    """Embed (every rank) and score (rank 0) one evaluation: train and val; after a stage's last
+    epoch also test and the transfer sets; at the trial's end the diagnostics. MMVP-style pair
+    sets are embedded like splits (``mmvp:val``, ``mmvp:test``), so stages integrate them too.
+
+    Returns:
+        The features per split, the metrics (rank 0; timings on every rank), and the diagnostic
+        arrays for the plots (rank 0 at the trial's end, else None).
+    """
+    device = session.device
+    # The test split (and the transfer sets) are embedded and scored once per stage, after its
+    # last epoch.
+    splits = ("train", "val", "test") if last else ("train", "val")
+    started = time.perf_counter()
+    features = embed_splits(method, data, eval_sets, splits, session, last)
+    integrated, integrated_method = integrate_stages(
+        config, inputs, method, features,
+        lambda model: embed_splits(model, data, eval_sets, splits, session, last))
+    diagnose = last and inputs.stage == config.num_stages - 1 and config.eval.diagnostics
+    projections = None
+    if diagnose and type(method).project is not Method.project:
+        projections = embed_images(method, data.test.images, session, embed=method.project)
+    metrics: dict[str, float] = {"perf/embed_seconds": time.perf_counter() - started}
+    diagnostics = None
+    if session.rank == 0:
+        started = time.perf_counter()
+        metrics.update(_stage_and_trial_metrics(config, data, inputs, features, integrated,
+                                                device, eval_sets, method, integrated_method))
+        retrieval = neighbour_retrieval_accuracy(method, data, splits[1:], device)
+        prefix = f"stage{inputs.stage}/" if config.num_stages > 1 else ""
+        metrics.update({prefix + key: value for key, value in retrieval.items()})
+        if diagnose and data.attributes:
+            diagnostics = _trial_diagnostics(config, data, method, integrated, projections,
+                                             metrics, device)
+        metrics["perf/eval_seconds"] = time.perf_counter() - started
+    return features, metrics, diagnostics
+
+
+def _stage_and_trial_metrics(
+    config: CoreConfig,
+    data: DatasetSplits,
+    inputs: StageInputs,
+    features: Features,
+    integrated: Features,
+    device: torch.device,
+    eval_sets: EvalSets,
+    method: Method,
+    integrated_method: Method,
+) -> dict[str, float]:
+    """This stage's encoder alone, and (MCL) the integration of the stages so far
+    (concatenated features, or the model soup's).
+
+    The integrated representation is the trial's result: its test split and transfer sets are
+    scored only after the last stage, so every trial scores them exactly once.
+    """
+
+    def scores(values: Features, prefix: str, model: Method) -> dict[str, float]:
+        metrics = evaluate_features(config, data, values, prefix, device) \
+            if data.attributes else {}
+        if "test" in values:  # a stage's last epoch: the transfer sets were embedded too
+            metrics.update(evaluate_transfer(config, eval_sets.transfer, values, prefix,
+                                             device))
+        if type(model).multimodal:
+            metrics.update(image_text_metrics(model, data, values, eval_sets.mmvp, prefix,
+                                              device, config.eval.mmvp_direction))
+        return metrics
+
+    if config.num_stages == 1:
+        return scores(features, "", method)
+    metrics = scores(features, f"stage{inputs.stage}/", method)
+    if inputs.stage < config.num_stages - 1:
+        integrated = {split: values for split, values in integrated.items()
+                      if split in ("train", "val", "mmvp:val")}
+    return {**metrics, **scores(integrated, "", integrated_method)}
+
+
+def _trial_diagnostics(
+    config: CoreConfig,
+    data: DatasetSplits,
+    method: Method,
+    integrated: Features,
+    projections: np.ndarray | None,
+    metrics: dict[str, Any],
+    device: torch.device,
+) -> dict[str, np.ndarray] | None:
+    """The end-of-trial ``diag/*`` metrics (added to ``metrics``) and picture arrays.
+
+    Extras: when they fail (a LAPACK SVD that does not converge), the trial keeps its results
+    and the diagnostics are None.
+    """
+    try:
+        diag_metrics, diagnostics = representation_diagnostics(
+            integrated["test"], data.test.labels[data.attributes[0]], projections)
+        diagnostics.update(method_diagnostics(config, data, method, device))
+        metrics.update(diag_metrics)
+    except Exception:  # extras: a failure here must not cost the trial its results
+        logger.exception("end-of-trial diagnostics failed; the trial's results are kept")
+        return None
+    return diagnostics
+
+
+def method_diagnostics(
+    config: CoreConfig, data: DatasetSplits, method: Method, device: torch.device
+) -> dict[str, np.ndarray]:
+    """The method's picture arrays (:meth:`Method.diagnostic_arrays`) on the first test images,
+    with two augmented views each, the model in eval mode."""
+    images = torch.from_numpy(data.test.images[:DIAGNOSTIC_IMAGES]).to(device)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(config.seed)
+    augment = BatchAugment(config.augment)
+    batch = Batch(images=to_float(images),
+                  views=[augment(images, generator), augment(images, generator)],
+                  index=torch.arange(len(images), device=device))
+    was_training = method.training
+    method.eval()
+    try:
+        return method.diagnostic_arrays(batch)
+    finally:
+        method.train(was_training)
+
+
+__all__ = ["DIAGNOSTIC_IMAGES", "evaluate_epoch", "evaluate_features", "evaluate_transfer",
+           "method_diagnostics"]

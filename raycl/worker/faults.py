@@ -1,0 +1,36 @@
+"""Fault injection for the reliability tests: a worker that dies once, at a chosen epoch.
+
+``loop_config["fault"]`` (tests only; see :func:`raycl.pipeline.run_trial` and
+:func:`raycl.tune.build_tuner`): ``after_epoch``, ``marker`` (a file: the fault happens once),
+optional ``stage`` (default 0) and ``settle_seconds``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+def maybe_inject_fault(
+    loop_config: dict[str, Any], stage: int, completed: int, local_mode: bool
+) -> None:
+    """Test hook: die once after epoch ``after_epoch`` of stage ``stage`` (default 0); the
+    marker file records that we did. ``settle_seconds`` waits first, so Ray Train's controller
+    has polled the epoch's report (without it the crash races the checkpoint's registration).
+
+    In process (``local_mode``) the fault is an exception; in a Ray worker a hard exit.
+    """
+    fault = loop_config.get("fault")
+    if (not fault or stage != fault.get("stage", 0) or completed != fault["after_epoch"]
+            or Path(fault["marker"]).exists()):
+        return
+    Path(fault["marker"]).write_text(str(completed))
+    if local_mode:
+        raise RuntimeError("injected fault")
+    time.sleep(float(fault.get("settle_seconds", 0)))
+    os._exit(1)  # a hard worker crash, not an exception Ray could see coming
+
+
+__all__ = ["maybe_inject_fault"]

@@ -1,0 +1,154 @@
+"""The Ray Train worker loop, shared by every method: one worker group per trial.
+
+``train_loop_per_worker`` runs a whole trial: it loads the data once, resumes from the newest
+readable checkpoint when there is one (:mod:`raycl.worker.checkpoints`), and trains every stage
+(one for most methods, N for MCL; :mod:`raycl.worker.stage`), each epoch reporting ``train/*``
+metrics, evaluations (:mod:`raycl.worker.evaluate`), ``perf/*`` figures and a checkpoint.
+Between MCL stages the workers embed their shards, rank 0 clusters and broadcasts the
+assignment (:mod:`raycl.worker.stages`), and training goes on with a fresh encoder in the same
+processes.
+
+A loss that turns NaN/inf ends the trial (:mod:`raycl.worker.epoch`) with a report naming the
+step and value (``raycl/failed``), which MLflow records as FAILED.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from raycl.config.schema import CoreConfig
+from raycl.config.search_config import search_config_class
+from raycl.data import DatasetSplits, load_dataset
+from raycl.distributed import broadcast_from_rank0
+from raycl.eval.multimodal import EvalSets, load_mmvp_sets
+from raycl.eval.transfer import load_transfer_sets
+from raycl.methods import method_class
+from raycl.worker.checkpoints import Restored, restore
+from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY, NonFiniteLossError
+from raycl.worker.perf import Clock
+from raycl.worker.session import RayTrainSession, Session
+from raycl.worker.stage import train_stage
+from raycl.worker.stages import (
+    Features,
+    StageInputs,
+    StageWeights,
+    cluster_stage,
+    next_stage_inputs,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
+    """Ray Train entry point: every stage of one trial on this worker (see
+    :func:`run_trial_loop`)."""
+    run_trial_loop(loop_config, RayTrainSession())
+
+
+def run_trial_loop(loop_config: dict[str, Any], session: Session) -> None:
+    """Train every stage of one trial: one worker group for the whole trial.
+
+    ``loop_config``: ``config`` (dict), ``trial_started_at`` (``time.time()`` when the trial
+    began, for the start-up figure), ``fault`` (tests only). The data is loaded once; between MCL
+    stages the workers embed their shards and gather them, rank 0 clusters and broadcasts the
+    assignment, and every rank goes on with a fresh encoder. A restart resumes from the newest
+    readable checkpoint: inside the stage it was written in, or after it when that stage had
+    finished.
+    """
+    config = search_config_class().model_validate(loop_config["config"])
+    torch.set_num_threads(max(1, int(config.scaling.cpus_per_worker)))
+    data, eval_sets = _load_data(config)
+    clock = Clock(loop_config.get("trial_started_at"))
+    last_stage = config.num_stages - 1
+
+    restored = restore(session)
+    inputs, resume = StageInputs(), None
+    if restored is not None:
+        progress = restored.progress
+        logger.info("resuming trial at stage %s epoch %s", progress["stage"], progress["epoch"])
+        if progress["stage_complete"] and progress["stage"] == last_stage:
+            report_finished(restored, session)  # the trial had finished: nothing to train
+            return
+        inputs, resume = _resume_point(config, restored, session, clock)
+    try:
+        while True:
+            result = train_stage(config, data, eval_sets, inputs, session, resume, clock,
+                                 loop_config)
+            resume = None
+            if inputs.stage == last_stage:
+                return
+            inputs = between_stages(config, inputs, result.features, result.metrics,
+                                    result.soup, session, clock)
+    except NonFiniteLossError as exc:
+        # Every rank raised at the same check (the flag is all-reduced), so every rank reports.
+        logger.error("%s", exc)
+        report = {FAILED_KEY: 1.0, FAIL_REASON_KEY: str(exc)} if session.rank == 0 else {}
+        session.report(report, None)
+
+
+def _load_data(config: CoreConfig) -> tuple[DatasetSplits, EvalSets]:
+    """The trial's data, loaded once, and its extra evaluation sets (transfer, MMVP pairs)."""
+    data = load_dataset(config.data, config.seed)
+    if config.train.batch_size > len(data.train.images):
+        raise ValueError(f"train.batch_size={config.train.batch_size} exceeds the training split "
+                         f"({len(data.train.images)} samples)")
+    # MMVP-style pairs score image-text methods only (a unimodal one has no statements to match).
+    eval_sets = EvalSets(load_transfer_sets(config, data.channels),
+                         load_mmvp_sets(config) if method_class(config).multimodal else {})
+    return data, eval_sets
+
+
+def _resume_point(
+    config: CoreConfig, restored: Restored, session: Session, clock: Clock
+) -> tuple[StageInputs, Restored | None]:
+    """Where an unfinished trial goes on: inside the checkpointed stage (its inputs, and the
+    checkpoint to resume), or, when that stage had finished, at the next one (clustered here)."""
+    if not restored.progress["stage_complete"]:
+        return restored.inputs, restored
+    assert restored.features is not None
+    inputs = between_stages(config, restored.inputs, restored.features, restored.metrics,
+                            restored.state.get("soup"), session, clock)
+    shutil.rmtree(restored.directory, ignore_errors=True)
+    return inputs, None
+
+
+def between_stages(
+    config: CoreConfig,
+    inputs: StageInputs,
+    features: Features,
+    metrics: dict[str, Any],
+    weights: StageWeights | None,
+    session: Session,
+    clock: Clock,
+) -> StageInputs:
+    """Rank 0 clusters stage j's training features; every rank gets the same assignment.
+    ``weights``: the stage's soup weights (``mcl.integration: soup``), else None."""
+    started = time.perf_counter()
+    if session.rank == 0:
+        assignment = cluster_stage(config, inputs, features).astype(np.int64)
+    else:
+        assignment = np.zeros(len(features["train"]), dtype=np.int64)
+    assignment = broadcast_from_rank0(torch.from_numpy(assignment).to(session.device))
+    clock.record("perf/kmeans_seconds", time.perf_counter() - started)
+    return next_stage_inputs(config, inputs, features, metrics, assignment.cpu().numpy(),
+                             weights)
+
+
+def report_finished(restored: Restored, session: Session) -> None:
+    """A trial restarted after its last checkpoint: hand that checkpoint back (the trial process
+    reads its features) with the evaluation it carried, on rank 0."""
+    metrics = {key: value for key, value in restored.metrics.items() if "train/" not in key}
+    if session.rank == 0:
+        session.report(metrics, str(restored.directory))
+    else:
+        shutil.rmtree(restored.directory, ignore_errors=True)
+        session.report({}, None)
+
+
+__all__ = ["between_stages", "report_finished", "run_trial_loop", "train_loop_per_worker"]

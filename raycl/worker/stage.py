@@ -1,0 +1,286 @@
+"""Training one stage: a fresh (or resumed) method, its phases, and every epoch's report.
+
+A stage builds its loader and its method once, then runs the method's phases (most methods have
+one, ``train``; FGVR pre-trains its decoder first) with an optimizer per phase. After every
+epoch it reports ``train/*``, ``perf/*`` and, when due, an evaluation, with a checkpoint every
+``train.checkpoint_every`` epochs and at the end of each phase. A resumed stage starts at the
+checkpoint's phase and epoch with the checkpoint's model, optimizer and scaler state.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray.train.torch
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from raycl.config.schema import CoreConfig
+from raycl.config.search_config import apply_overrides
+from raycl.data import DatasetSplits
+from raycl.data.augment import BatchAugment
+from raycl.eval.multimodal import EvalSets
+from raycl.methods import build_method, method_class, stage_epochs, stage_phases
+from raycl.methods.base import Method, Phase
+from raycl.queues import queue_buffer_names
+from raycl.worker.checkpoints import Restored, write_checkpoint
+from raycl.worker.epoch import EpochStats, StepParts, run_epoch, seed_epoch
+from raycl.worker.evaluate import evaluate_epoch
+from raycl.worker.faults import maybe_inject_fault
+from raycl.worker.loader import build_loader, sampler_metrics, set_sampler_epoch
+from raycl.worker.optim import LrSchedule, autocast_and_scaler, build_optimizer
+from raycl.worker.perf import Clock, peak_rss_mb
+from raycl.worker.session import InProcessSession, Session
+from raycl.worker.stages import Features, StageInputs, StageWeights, soup_weights
+
+
+@dataclass
+class StageResult:
+    """What a stage hands on: its features per split (every rank), its final metrics (rank 0)
+    and, for ``mcl.integration: soup``, the weights the soup averages."""
+
+    features: Features = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    soup: StageWeights | None = None
+
+
+@dataclass
+class _Stage:
+    """One stage in training: the trial's context and the parts built for the stage."""
+
+    config: CoreConfig
+    data: DatasetSplits
+    eval_sets: EvalSets
+    inputs: StageInputs
+    session: Session
+    loop_config: dict[str, Any]
+    parts: StepParts
+    phases: list[Phase]
+    epochs_per_stage: int  # over all phases: the MLflow step of a stage's first epoch
+
+
+@dataclass
+class _PhaseRun:
+    """One phase in training: where it sits in the stage and its optimizer."""
+
+    index: int
+    phase: Phase
+    offset: int  # epochs of the stage before this phase
+    epochs: int
+    start_epoch: int  # the epoch the phase (re)starts at: a resumed one's checkpointed epoch
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: LrSchedule
+
+
+def train_stage(
+    config: CoreConfig,
+    data: DatasetSplits,
+    eval_sets: EvalSets,
+    inputs: StageInputs,
+    session: Session,
+    resume: Restored | None,
+    clock: Clock,
+    loop_config: dict[str, Any],
+) -> StageResult:
+    """Train stage ``inputs.stage`` with a fresh encoder (or the one ``resume`` holds), every
+    phase and epoch of it, reporting each epoch."""
+    torch.manual_seed(config.seed + 1000 * inputs.stage)
+    np.random.seed(config.seed + 1000 * inputs.stage + session.rank)
+    stage = _Stage(config, data, eval_sets, inputs, session, loop_config,
+                   _build_parts(config, data, inputs, session, resume, clock),
+                   stage_phases(config), stage_epochs(config))
+    first_phase, start_epoch = _resume_position(stage.phases, resume)
+    result = StageResult()
+    for phase_index in range(first_phase, len(stage.phases)):
+        run = _start_phase(stage, phase_index, start_epoch, resume)
+        resume, start_epoch = None, 0
+        for epoch in range(run.start_epoch, run.epochs):
+            set_sampler_epoch(stage.parts.loader, run.offset + epoch)
+            generator = seed_epoch(config.seed, inputs.stage, run.offset + epoch,
+                                   session.rank, session.device)
+            stats = run_epoch(stage.parts, run.model, run.optimizer, run.schedule, run.phase,
+                              epoch, generator)
+            result = _end_epoch(stage, run, stats, epoch + 1)
+    return result
+
+
+def _build_parts(
+    config: CoreConfig,
+    data: DatasetSplits,
+    inputs: StageInputs,
+    session: Session,
+    resume: Restored | None,
+    clock: Clock,
+) -> StepParts:
+    """The stage's loader, method (see :func:`build_stage_method`), pseudo labels, caption
+    tokens, augmentation and mixed precision."""
+    device = session.device
+    feature_aware = inputs.pseudo_labels is not None and config.mcl.negatives != "none"
+    pseudo_labels = torch.from_numpy(inputs.pseudo_labels).to(device) if feature_aware else None
+    loader = build_loader(config, data.train.images, inputs, session)
+    augment = BatchAugment(config.augment)
+    method = build_stage_method(config, data.channels, inputs.stage, device, resume)
+    # Every caption tokenised once; a batch takes its rows.
+    tokens = (method.tokenize(data.train.captions).to(device)
+              if method_class(config).multimodal and data.train.captions is not None else None)
+    autocast, scaler = autocast_and_scaler(config, device)
+    return StepParts(inputs.stage, method, loader, augment, pseudo_labels, tokens, autocast,
+                     scaler, device, clock)
+
+
+def build_stage_method(
+    config: CoreConfig, channels: int, stage: int, device: torch.device,
+    resume: Restored | None,
+) -> Method:
+    """The stage's method on ``device``: built fresh (seeded by the stage, or alike for every
+    stage when stages share their initial weights), then given the checkpoint's weights when
+    ``resume`` is set."""
+    cls = method_class(config)
+    # A resumed stage takes its weights from the checkpoint: the model.pretrained file is not
+    # read again (it may have moved since the trial started).
+    weight_files = {key: None for key in ("model.pretrained", *cls.weight_file_keys)}
+    built_from = apply_overrides(config, weight_files) if resume is not None else config
+    # Model soups average stages that start from the same weights; CLIP tuning always does.
+    same_start = cls.stages_share_initial_weights or config.mcl.integration == "soup"
+    torch.manual_seed(config.seed if same_start else config.seed + 1000 * stage)
+    method = build_method(built_from, channels).to(device)
+    if resume is not None:
+        method.load_state_dict(resume.state["model"])
+    return method
+
+
+def _resume_position(phases: list[Phase], resume: Restored | None) -> tuple[int, int]:
+    """The phase index and epoch the stage starts at: 0, 0 unless resumed."""
+    if resume is None:
+        return 0, 0
+    # Checkpoints from before phases existed were all in the single "train" phase.
+    phase = [phase.name for phase in phases].index(resume.progress.get("phase", "train"))
+    return phase, int(resume.progress["epoch"])
+
+
+def _start_phase(
+    stage: _Stage, index: int, start_epoch: int, resume: Restored | None
+) -> _PhaseRun:
+    """Switch the method to phase ``index``, build its optimizer (with the checkpoint's state
+    when resumed inside the phase) and wrap the model for data parallelism."""
+    config, method, phase = stage.config, stage.parts.method, stage.phases[index]
+    # Epochs of the stage before this phase: the augmentation seeds and the MLflow step
+    # count through all phases, so no two epochs of a stage share them.
+    offset = sum(earlier.epoch_count(config.train.epochs) for earlier in stage.phases[:index])
+    method.set_phase(phase.name)
+    optimizer = build_optimizer(method, config, phase)
+    if resume is not None:
+        if start_epoch > 0:  # inside this phase (at 0 the state is the previous phase's)
+            optimizer.load_state_dict(resume.state["optimizer"])
+            stage.parts.scaler.load_state_dict(resume.state["scaler"])
+        shutil.rmtree(resume.directory, ignore_errors=True)
+    # Wrapped per phase: DDP registers the parameters that require grad when it is built.
+    model = data_parallel(method) if stage.session.world_size > 1 else method
+    epochs = phase.epoch_count(config.train.epochs)
+    schedule = LrSchedule.for_phase(config, phase, epochs, len(stage.parts.loader))
+    return _PhaseRun(index, phase, offset, epochs, start_epoch, model, optimizer, schedule)
+
+
+def data_parallel(method: Method) -> nn.Module:
+    """DDP through Ray Train, minus the per-forward broadcast of queue buffers.
+
+    DDP re-broadcasts every buffer from rank 0 at each forward (``broadcast_buffers=True``, which
+    BatchNorm statistics need). A support-set queue is identical on every rank by construction
+    (each rank writes the same gathered rows), and re-sending a 98k x 256 queue would cost 100 MB
+    per step, so its buffers are excluded with DDP's ignore list (a private but long-standing
+    PyTorch API; it also skips them in DDP's initial sync, which the identical seeded
+    initialisation makes unnecessary).
+    """
+    ignored = queue_buffer_names(method)
+    if ignored:
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(method, ignored)
+    return ray.train.torch.prepare_model(method)
+
+
+def _end_epoch(stage: _Stage, run: _PhaseRun, stats: EpochStats, completed: int) -> StageResult:
+    """After epoch ``completed`` of the phase: its metrics, the evaluation when due, the
+    checkpoint when due (rank 0), the report, and the test hook's fault."""
+    config, inputs, session = stage.config, stage.inputs, stage.session
+    method = stage.parts.method
+    last = completed == run.epochs and run.index == len(stage.phases) - 1
+    metrics = _epoch_metrics(stage, run, stats, completed)
+    every = config.eval.every_n_epochs
+    features: Features = {}
+    diagnostics = None
+    if last or (run.phase.evaluate and every and completed % every == 0):
+        features, evaluation, diagnostics = evaluate_epoch(
+            config, stage.data, stage.eval_sets, inputs, method, session, last)
+        metrics.update(evaluation)
+    metrics.update(stage.parts.clock.pop_metrics())
+    metrics["perf/peak_rss_mb"] = peak_rss_mb()
+    soup = (soup_weights(method)  # the finished stage's share of the model soup
+            if last and config.num_stages > 1 and config.mcl.integration == "soup" else None)
+    progress = checkpoint_progress(config, stage.phases, run.index, run.epochs, completed,
+                                   inputs.stage)
+    checkpoint_dir = None
+    if session.rank == 0 and progress is not None:
+        checkpoint_dir = tempfile.mkdtemp(prefix="raycl-ckpt-")
+        write_checkpoint(Path(checkpoint_dir), method, run.optimizer, stage.parts.scaler,
+                         progress, inputs, features if last else None, metrics, diagnostics,
+                         soup)
+    session.report(metrics, checkpoint_dir)
+    maybe_inject_fault(stage.loop_config, inputs.stage, run.offset + completed,
+                       isinstance(session, InProcessSession))
+    return StageResult(features, metrics, soup)
+
+
+def _epoch_metrics(
+    stage: _Stage, run: _PhaseRun, stats: EpochStats, completed: int
+) -> dict[str, Any]:
+    """The epoch's ``train/*`` means, throughput and position (stage, epoch, the MLflow step);
+    for MCL also under ``stage<j>/``."""
+    config, inputs = stage.config, stage.inputs
+    steps_per_epoch = len(stage.parts.loader)
+    metrics: dict[str, Any] = {f"train/{key}": float(value) / steps_per_epoch
+                               for key, value in stats.sums.items()}
+    metrics.update({
+        "train/lr": run.optimizer.param_groups[0]["lr"],
+        "train/images_per_second": (stats.seen * stage.session.world_size
+                                    / max(stats.seconds, 1e-9)),
+        "stage": inputs.stage,
+        "epoch": completed,
+        # The MLflow step: stable across restarts, so a replayed epoch is logged once.
+        "global_epoch": inputs.stage * stage.epochs_per_stage + run.offset + completed,
+        "resumed_from_epoch": run.start_epoch,
+    })
+    if len(stage.phases) > 1:
+        metrics["phase"] = run.phase.name
+    metrics.update(sampler_metrics(stage.parts.loader))
+    if config.num_stages > 1:
+        metrics = {**metrics, **{f"stage{inputs.stage}/{key}": value
+                                 for key, value in metrics.items() if "/" in key}}
+    return metrics
+
+
+def checkpoint_progress(
+    config: CoreConfig, phases: list[Phase], phase_index: int, epochs: int, completed: int,
+    stage: int,
+) -> dict[str, Any] | None:
+    """The ``progress.json`` of a checkpoint after epoch ``completed`` of phase ``phase_index``
+    (of ``epochs``), or None when that epoch writes none: every ``train.checkpoint_every``
+    epochs, at the end of every phase, and at the end of the stage."""
+    last_phase = phase_index == len(phases) - 1
+    last = completed == epochs and last_phase
+    if not (last or completed == epochs or completed % config.train.checkpoint_every == 0):
+        return None
+    # A phase's last epoch is checkpointed as the next phase's epoch 0, so a restart there does
+    # not redo the phase.
+    phase, epoch = ((phases[phase_index + 1].name, 0) if completed == epochs and not last
+                    else (phases[phase_index].name, completed))
+    return {"stage": stage, "phase": phase, "epoch": epoch, "stage_complete": last}
+
+
+__all__ = ["StageResult", "build_stage_method", "checkpoint_progress", "data_parallel",
+           "train_stage"]
