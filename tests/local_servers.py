@@ -39,10 +39,10 @@ def wait_for_http(url: str, process: subprocess.Popen, timeout_s: float,
     raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s")
 
 
-def stop_group(process: subprocess.Popen) -> None:
+def stop_group(process: subprocess.Popen, grace_s: float = 20.0) -> None:
     """SIGTERM to the process group a test started (``start_new_session=True``: the server and
-    its workers), SIGKILL what is left after 20 s."""
-    for sig, wait_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+    its workers), SIGKILL what is left after ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(process.pid, sig)
         except ProcessLookupError:

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_config import error_of, write
-from test_reliability import run
+from test_reliability import StoredSession, run
 from torch import Tensor, nn
 
 from raycl.config.load import load_search
@@ -276,15 +276,23 @@ FGVR_RUN = {"method": "fgvr", "fgvr": {"memory_size": 256, "decoder_epochs": 2,
             "mocov2": {"queue_size": 256}}
 
 
+@pytest.fixture(scope="module")
+def fgvr_reference(data_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> StoredSession:
+    """One uninterrupted FGVR trial, the reference every interrupted one must end equal to
+    (trained once for the module: it is the slowest part of these tests)."""
+    return run(tmp_path_factory.mktemp("fgvr-reference"), extra=FGVR_RUN, epochs=2)
+
+
+@pytest.mark.xdist_group("fgvr-reference")  # one test worker, so the reference is trained once
 @pytest.mark.parametrize("crash_after", [1, 2, 3], ids=["in-decoder-phase", "at-the-boundary",
                                                         "in-train-phase"])
 def test_interrupted_fgvr_resumes_in_the_right_phase(
-    data_cache: Path, tmp_path: Path, crash_after: int
+    fgvr_reference: StoredSession, tmp_path: Path, crash_after: int
 ) -> None:
     """Killed after stage epoch 1 (inside the decoder phase), 2 (its last epoch) or 3 (the
     first joint epoch) and resumed: the trial goes on in the right phase at the right epoch and
     ends with exactly the numbers of an uninterrupted run."""
-    reference = run(tmp_path / "reference", extra=FGVR_RUN, epochs=2)
+    reference = fgvr_reference
     phases = [(r["phase"], r["epoch"], r["global_epoch"]) for r in reference.reports]
     assert phases == [("decoder", 1, 1), ("decoder", 2, 2), ("train", 1, 3), ("train", 2, 4)]
     assert "val/linear/mean" not in reference.reports[0]  # the encoder has not changed yet

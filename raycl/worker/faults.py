@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 
@@ -23,10 +22,15 @@ def maybe_inject_fault(
     In process (``local_mode``) the fault is an exception; in a Ray worker a hard exit.
     """
     fault = loop_config.get("fault")
-    if (not fault or stage != fault.get("stage", 0) or completed != fault["after_epoch"]
-            or Path(fault["marker"]).exists()):
+    if not fault or stage != fault.get("stage", 0) or completed != fault["after_epoch"]:
         return
-    Path(fault["marker"]).write_text(str(completed))
+    # Created exclusively: of several trials or ranks that reach the epoch, exactly one dies.
+    try:
+        handle = os.open(fault["marker"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    with os.fdopen(handle, "w") as marker:
+        marker.write(str(completed))
     if local_mode:
         raise RuntimeError("injected fault")
     time.sleep(float(fault.get("settle_seconds", 0)))
