@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # On your own machine override, e.g. `make test TORCH_SPEC="torch torchvision"`.
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install data browser demo test lint bench clean server
+.PHONY: install data browser demo test lint bench bench-gpu clean server
 
 install: $(VENV)/.installed
 
@@ -59,6 +59,12 @@ lint: install
 
 bench: install
 	$(PY) benchmarks/bench.py
+
+# The GPU benchmark: raycl's step vs a plain loop, AMP, channels_last, torch.compile, each
+# method's step, augmentation, embedding, faiss k-means (docs/benchmarks.md). Needs torch only:
+# on a bare GPU machine `python benchmarks/gpu.py` does the same.
+bench-gpu: install
+	$(PY) benchmarks/gpu.py
 
 clean:
 	rm -rf ray_results mlflow.db mlartifacts .pytest_cache

@@ -15,7 +15,13 @@ spread over ``--repeats``), so a noisy shared machine affects both sides alike:
 - with ``--sweep``: ASHA + Optuna against running every trial to the end on the quickstart
   space (wall time and best validation score).
 
-    .venv/bin/python benchmarks/bench.py [--repeats 3] [--sweep] [--json benchmarks/results.json]
+Everything runs on the device it finds (``--device auto``: CUDA when this process sees a GPU):
+the trials with ``scaling.use_gpu``, the plain loops, the embedding pass and the batched
+augmentation on it (torchvision's per-sample pipeline stays on the host, as users run it); the
+JSON records the device that ran. ``benchmarks/gpu.py`` is the GPU-specific benchmark.
+
+    .venv/bin/python benchmarks/bench.py [--repeats 3] [--sweep] [--device auto|cpu|cuda]
+        [--json benchmarks/results.json]
 """
 
 from __future__ import annotations
@@ -52,28 +58,42 @@ def throughput_overrides(args: argparse.Namespace, workers: int) -> list[str]:
     return [f"data.samples_per_combination={args.samples_per_combination}",
             f"train.epochs={args.epochs}", "train.batch_size=256", "train.warmup_epochs=0",
             "eval.every_n_epochs=0", "eval.linear_max_iter=20", "eval.max_train_samples=500",
-            f"scaling.num_workers={workers}", f"scaling.cpus_per_worker={args.threads}"]
+            f"scaling.num_workers={workers}", f"scaling.cpus_per_worker={args.threads}",
+            f"scaling.use_gpu={str(args.device == 'cuda').lower()}"]
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA), so a host clock times what ran."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 # ---------------------------------------------------------------------------------------------
 # The reference: a hand-written loop
 
 
-def plain_loop(config: Any) -> list[float]:
-    """What a user would write by hand for the same training: images/s of every epoch."""
+def plain_loop(config: Any, device: torch.device) -> list[float]:
+    """What a user would write by hand for the same training on ``device`` (the same AMP mode,
+    TF32 and channels_last as raycl's loop there): images/s of every epoch."""
     from raycl.data import load_dataset
     from raycl.data.augment import BatchAugment, to_float
     from raycl.methods import build_method
     from raycl.methods.base import Batch
+    from raycl.worker.cuda import configure_cuda_backends, prefer_channels_last
+    from raycl.worker.optim import autocast_and_scaler
 
     torch.manual_seed(0)
+    configure_cuda_backends(device)
     data = load_dataset(config.data, config.seed)
     images = torch.from_numpy(data.train.images)
-    method = build_method(config, data.channels)
+    if device.type == "cuda":
+        images = images.pin_memory()
+    method = prefer_channels_last(build_method(config, data.channels).to(device), device)
     optimizer = torch.optim.AdamW(method.parameters(), lr=config.train.lr,
                                   weight_decay=config.train.weight_decay)
+    autocast, scaler = autocast_and_scaler(config, device)
     augment = BatchAugment(config.augment)
-    generator = torch.Generator()
+    generator = torch.Generator(device=device)
     batch_size = config.train.batch_size
     rates = []
     for _ in range(config.train.epochs):
@@ -81,20 +101,24 @@ def plain_loop(config: Any) -> list[float]:
         seen, started = 0, time.perf_counter()
         for start in range(0, len(images) - batch_size + 1, batch_size):
             index = order[start:start + batch_size]
-            batch_images = images[index]
+            batch_images = images[index].to(device, non_blocking=True)
             batch = Batch(images=to_float(batch_images),
                           views=[augment(batch_images, generator),
-                                 augment(batch_images, generator)], index=index)
-            loss = method(batch)["loss"]
+                                 augment(batch_images, generator)],
+                          index=index.to(device, non_blocking=True))
+            with autocast():
+                loss = method(batch)["loss"]
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             seen += len(index)
+        synchronize(device)
         rates.append(seen / (time.perf_counter() - started))
     return rates
 
 
-def plain_loop_in_ray_worker(config: Any, threads: int) -> list[float]:
+def plain_loop_in_ray_worker(config: Any, threads: int, device: torch.device) -> list[float]:
     """The same hand-written loop inside a one-worker ``TorchTrainer``: separates what a Ray
     Train worker process costs from what raycl's loop costs."""
     from ray.train import RunConfig, ScalingConfig
@@ -105,14 +129,19 @@ def plain_loop_in_ray_worker(config: Any, threads: int) -> list[float]:
     out = Path(tempfile.mkdtemp(prefix="raycl-plain-worker-")) / "rates.json"
 
     def loop(loop_config: dict[str, Any]) -> None:
+        import ray.train.torch
+
         from raycl.config.search_config import SearchConfig
 
         torch.set_num_threads(threads)
-        out.write_text(json.dumps(plain_loop(SearchConfig.model_validate(loop_config))))
+        out.write_text(json.dumps(plain_loop(SearchConfig.model_validate(loop_config),
+                                             ray.train.torch.get_device())))
 
+    gpu = device.type == "cuda"
     TorchTrainer(
         loop, train_loop_config=config.to_dict(),
-        scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": threads}),
+        scaling_config=ScalingConfig(num_workers=1, use_gpu=gpu, resources_per_worker={
+            "CPU": threads, **({"GPU": 1} if gpu else {})}),
         run_config=RunConfig(name=f"plain-worker-{time.time_ns()}",
                              storage_path=config.tune.storage_path)).fit()
     return json.loads(out.read_text())
@@ -147,28 +176,33 @@ def steady(rates: list[float]) -> float:
 
 
 def between_stages(args: argparse.Namespace, root: Path, repeats: int) -> dict[str, Any]:
-    """raycl's embedding pass vs a bare no_grad loop over the same training images, and k-means."""
+    """raycl's embedding pass vs a bare no_grad loop over the same training images (both on
+    ``args.device``, in the precision raycl's evaluation uses there), and k-means."""
     from raycl.cluster import kmeans
     from raycl.data import load_dataset
     from raycl.methods import build_method
+    from raycl.worker.cuda import prefer_channels_last
     from raycl.worker.embed import embed_images
+    from raycl.worker.optim import inference_autocast
     from raycl.worker.session import InProcessSession
 
+    device = torch.device(args.device)
     config = bench_config(root, "between", search="mcl_k_n.yaml")
     data = load_dataset(config.data, config.seed)
-    method = build_method(config, data.channels).eval()
+    method = prefer_channels_last(build_method(config, data.channels).to(device).eval(), device)
+    autocast = inference_autocast(config, device)
     images = data.train.images
-    session = InProcessSession(torch.device("cpu"))
+    session = InProcessSession(device)
     embed_rates, bare_rates, kmeans_seconds = [], [], []
     for _ in range(repeats):
         started = time.perf_counter()
-        features = embed_images(method, images, session)
+        features = embed_images(method, images, session, autocast=autocast)
         embed_rates.append(len(images) / (time.perf_counter() - started))
         started = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), autocast():
             for i in range(0, len(images), 512):
-                batch = torch.from_numpy(images[i:i + 512]).float().div_(255).sub_(0.5).div_(0.5)
-                method.backbone(batch)
+                batch = torch.from_numpy(images[i:i + 512]).to(device)
+                method.backbone(batch.float().div_(255).sub_(0.5).div_(0.5)).float().cpu()
         bare_rates.append(len(images) / (time.perf_counter() - started))
         started = time.perf_counter()
         kmeans(features, config.mcl.clusters, seed=0, niter=config.mcl.kmeans_iterations)
@@ -209,13 +243,19 @@ def augmentation(args: argparse.Namespace, root: Path, repeats: int) -> dict[str
         def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
             return self.transform(self.images[i]), self.transform(self.images[i])
 
-    augment, data, generator = BatchAugment(config.augment), torch.from_numpy(images), None
+    # The batched views on the device (the uint8 batches already there, as in raycl's loop).
+    device = torch.device(args.device)
+    augment, data = BatchAugment(config.augment), torch.from_numpy(images).to(device)
+    generator = torch.Generator(device=device).manual_seed(0)
     batched, per_sample = [], []
     for _ in range(repeats):
+        augment(data[:256], generator)  # warm-up (kernels, the colour constants)
+        synchronize(device)
         started = time.perf_counter()
         for start in range(0, len(data), 256):
             batch = data[start:start + 256]
             augment(batch, generator), augment(batch, generator)
+        synchronize(device)
         batched.append(len(data) / (time.perf_counter() - started))
         started = time.perf_counter()
         for _ in DataLoader(PerSample(), batch_size=256, num_workers=0):
@@ -229,13 +269,15 @@ def augmentation(args: argparse.Namespace, root: Path, repeats: int) -> dict[str
 # Memory per method, and the dataset
 
 
-def memory(root: Path) -> dict[str, Any]:
-    """Peak RSS of the training process, each method at its own YAML's CPU config, one epoch."""
+def memory(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """Peak RSS of the training process, each method at its own YAML's config (on
+    ``args.device``), one epoch."""
     from raycl.data import load_dataset
 
     out: dict[str, Any] = {}
+    gpu = f"scaling.use_gpu={str(args.device == 'cuda').lower()}"
     for method, search in (("simclr", "quickstart.yaml"), ("mcl", "mcl_k_n.yaml")):
-        config = bench_config(root, f"rss-{method}", "train.epochs=1", search=search)
+        config = bench_config(root, f"rss-{method}", "train.epochs=1", gpu, search=search)
         trial = raycl_trial(config)
         out[method] = {"peak_rss_mb": trial["peak_rss_mb"], "search": search}
         data = load_dataset(config.data, config.seed)
@@ -329,7 +371,12 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true",
                         help="also compare ASHA with run-to-end on the quickstart space (slow)")
     parser.add_argument("--json", default=str(REPO / "benchmarks" / "results.json"))
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto: CUDA when this process sees a GPU, else the CPU")
     args = parser.parse_args()
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     root = Path(tempfile.mkdtemp(prefix="raycl-bench-"))
     os.environ.setdefault("RAYCL_CACHE", str(root / "cache"))
@@ -344,7 +391,8 @@ def main() -> None:
         "ratio_one_worker_to_plain_in_worker")}
     for repeat in range(args.repeats):
         # Interleaved: plain, in-process, worker, plain, ... so drift hits every side.
-        plain = steady(plain_loop(bench_config(root, "plain", *throughput_overrides(args, 0))))
+        plain = steady(plain_loop(bench_config(root, "plain", *throughput_overrides(args, 0)),
+                                  device))
         throughput["plain"].append(plain)
         for workers, label in ((0, "in_process"), (1, "one_worker")):
             config = bench_config(root, f"tp{workers}-{repeat}",
@@ -355,7 +403,7 @@ def main() -> None:
             throughput[f"ratio_{label}"].append(rate / plain)
             throughput[f"startup_{label}"].append(trial["startup_seconds"])
         plain_worker = steady(plain_loop_in_ray_worker(
-            bench_config(root, "plainw", *throughput_overrides(args, 0)), args.threads))
+            bench_config(root, "plainw", *throughput_overrides(args, 0)), args.threads, device))
         throughput["plain_in_worker"].append(plain_worker)
         throughput["ratio_one_worker_to_plain_in_worker"].append(
             throughput["one_worker"][-1] / plain_worker)
@@ -365,16 +413,21 @@ def main() -> None:
     report: dict[str, Any] = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "threads": args.threads, "torch": torch.__version__,
-                    "cuda": torch.cuda.is_available()},
+                    "cuda_available": torch.cuda.is_available(),
+                    # What ran: every figure below was measured on this device.
+                    "device": args.device,
+                    "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None},
         "settings": vars(args),
         "throughput": throughput,
         "between_stages": between_stages(args, root, args.repeats),
         "augmentation": augmentation(args, root, args.repeats),
-        "memory": memory(root),
+        "memory": memory(args, root),
     }
     if args.sweep:
         report["sweep"] = sweep_efficiency(root)
-    text = table(report)
+    machine = report["machine"]
+    text = (f"device: {machine['device']}" + (f" ({machine['gpu']})" if machine["gpu"] else "")
+            + "\n\n" + table(report))
     print()
     print(text)
     Path(args.json).write_text(json.dumps(report, indent=2, default=float))

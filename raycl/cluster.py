@@ -10,12 +10,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import faiss
 import numpy as np
 from sklearn.metrics import adjusted_mutual_info_score
 
+if TYPE_CHECKING:
+    import torch
+
 _INT64_MAX = np.iinfo(np.int64).max
+
+
+def kmeans_gpu(device: torch.device | None) -> int | None:
+    """The GPU faiss k-means may run on: the CUDA device the calling process trains on (in a Ray
+    worker, the one Ray assigned it), when faiss can use GPUs; None (the CPU) otherwise.
+
+    Never "every GPU faiss sees": a process that holds no GPU (the trial process, a CPU worker)
+    must not take one, and rank 0 sees its peers' GPUs, which their training occupies.
+    """
+    if device is None or device.type != "cuda" or faiss.get_num_gpus() == 0:
+        return None
+    if device.index is not None:
+        return device.index
+    import torch
+
+    return torch.cuda.current_device()
 
 
 def kmeans(
@@ -24,7 +44,7 @@ def kmeans(
     seed: int,
     niter: int = 50,
     normalize: bool = True,
-    use_gpu: bool | None = None,
+    gpu: int | None = None,
     max_points: int | None = None,
 ) -> np.ndarray:
     """Cluster feature rows with faiss k-means.
@@ -37,7 +57,7 @@ def kmeans(
         normalize: L2-normalise rows before clustering, as the MCL authors' public code does
             (k-means on unit vectors approximates clustering by cosine similarity, which is
             the geometry the contrastive loss shapes).
-        use_gpu: run on all visible GPUs; None means "if faiss sees any GPU".
+        gpu: run on this one GPU (a CUDA device index, see :func:`kmeans_gpu`); None: the CPU.
         max_points: fit the centroids on at most this many rows (a subset faiss draws with
             ``seed``); None fits on every row. Every row is assigned either way.
 
@@ -60,7 +80,7 @@ def kmeans(
     data = np.ascontiguousarray(features, dtype=np.float32)
     if normalize:
         data = l2_normalize(data)
-    clustering = fit_kmeans(data, k, seed, niter, use_gpu, max_points)
+    clustering = fit_kmeans(data, k, seed, niter, gpu, max_points)
     _, assignments = clustering.index.search(data, 1)
     return assignments.reshape(-1).astype(np.int64)
 
@@ -70,17 +90,15 @@ def fit_kmeans(
     k: int,
     seed: int,
     niter: int = 50,
-    use_gpu: bool | None = None,
+    gpu: int | None = None,
     max_points: int | None = None,
 ) -> faiss.Kmeans:
     """The trained faiss k-means on float32 rows (see :func:`kmeans` for the arguments)."""
     if max_points is not None and max_points < k:
         raise ValueError(f"max_points must be >= k={k}, got {max_points}")
-    num_gpus = faiss.get_num_gpus()
-    if use_gpu is None:
-        use_gpu = num_gpus > 0
-    if use_gpu and num_gpus == 0:
-        raise ValueError("use_gpu=True but faiss sees no GPU (is faiss-gpu installed?)")
+    if gpu is not None and not 0 <= gpu < faiss.get_num_gpus():
+        raise ValueError(f"gpu={gpu} but faiss sees {faiss.get_num_gpus()} GPU(s) "
+                         "(is faiss-gpu installed?)")
     # faiss fits on k * max_points_per_centroid rows (default 256 per centroid: 512 of 4 000
     # rows for K=2); MCL's pseudo labels should come from all of them unless capped.
     cap = len(data) if max_points is None else min(max_points, len(data))
@@ -89,15 +107,30 @@ def fit_kmeans(
         k,
         niter=niter,
         seed=seed,
-        gpu=bool(use_gpu),
+        gpu=False,  # faiss's gpu= takes the first n GPUs; one chosen GPU is set below
         verbose=False,
         max_points_per_centroid=math.ceil(cap / k),
         # Small datasets are legitimate here (tests, tiny HPO trials); the default of 39
         # points per centroid only triggers a warning, so silence it.
         min_points_per_centroid=1,
     )
-    clustering.train(data)
+    if gpu is None:
+        clustering.train(data)
+    else:
+        _train_on_gpu(clustering, data, gpu)
     return clustering
+
+
+def _train_on_gpu(clustering: faiss.Kmeans, data: np.ndarray, gpu: int) -> None:
+    """Train ``clustering`` with its index on GPU ``gpu`` only, after handing PyTorch's cached
+    blocks back to the driver (faiss allocates outside PyTorch's caching allocator)."""
+    import torch
+
+    torch.cuda.empty_cache()
+    with torch.cuda.device(gpu):  # CUDA calls outside faiss's own land here, not on GPU 0
+        clustering.index = faiss.index_cpu_to_gpus_list(faiss.IndexFlatL2(data.shape[1]),
+                                                        gpus=[gpu])
+        clustering.train(data)
 
 
 def l2_normalize(features: np.ndarray, eps: float = 1e-12) -> np.ndarray:

@@ -13,14 +13,53 @@ rank computes for a shard into that shard's owner. If each rank minimises the me
 local anchors, the gradient on the local inputs is ``world_size`` times the gradient of the
 global mean, and DDP's averaging of parameter gradients over ranks divides it back out, so the
 parameters receive exactly the gradient of the global-batch mean loss.
+
+Rank-0-only code (scoring, clustering, diagnostics, checkpoint writing) runs inside
+:func:`single_rank_section`: there every helper here that enters a collective raises
+:class:`CollectiveInSingleRankSection` at once, at any world size, instead of waiting forever
+for ranks that never join. Code outside this module enters collectives only through these
+helpers, so the guard covers them all.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.nn.functional import all_gather as _all_gather_with_grad
+
+# What the open single-rank sections are doing, innermost last (process-wide: a worker runs its
+# training loop in one thread).
+_single_rank_sections: list[str] = []
+
+
+class CollectiveInSingleRankSection(RuntimeError):
+    """A collective entered inside :func:`single_rank_section`: the other ranks never enter
+    it, so with two or more workers it would hang."""
+
+
+@contextmanager
+def single_rank_section(what: str) -> Iterator[None]:
+    """Marks code that only one rank runs (``what`` names it in the error): any collective of
+    this module entered inside raises :class:`CollectiveInSingleRankSection`, even in a single
+    process, so a test on one CPU catches what would hang a multi-GPU trial."""
+    _single_rank_sections.append(what)
+    try:
+        yield
+    finally:
+        _single_rank_sections.pop()
+
+
+def _entering(collective: str) -> None:
+    """Raises when ``collective`` is entered inside a single-rank section."""
+    if _single_rank_sections:
+        raise CollectiveInSingleRankSection(
+            f"{collective} entered inside a rank-0-only section ({_single_rank_sections[-1]}): "
+            "the other ranks never enter it, so it would wait forever; compute on this "
+            "rank's tensors there (e.g. a loss with gather=False)")
 
 
 def is_distributed() -> bool:
@@ -52,6 +91,7 @@ def gather_with_grad(t: Tensor) -> Tensor:
         Tensor (world_size * B_local, ...) with the slices in rank order; ``t`` itself when not
         distributed or when the world size is 1.
     """
+    _entering("all_gather (gather_with_grad)")
     if world_size() == 1:
         return t
     return torch.cat(_all_gather_with_grad(t), dim=0)
@@ -67,6 +107,7 @@ def gather_no_grad(t: Tensor) -> Tensor:
     Returns:
         Tensor (world_size * B_local, ...) in rank order; ``t`` itself when not distributed.
     """
+    _entering("all_gather (gather_no_grad)")
     if world_size() == 1:
         return t
     shards = [torch.empty_like(t) for _ in range(world_size())]
@@ -84,6 +125,7 @@ def all_reduce_mean(t: Tensor) -> Tensor:
     Returns:
         A new tensor holding the mean over ranks; ``t`` itself when not distributed.
     """
+    _entering("all_reduce (all_reduce_mean)")
     if world_size() == 1:
         return t
     reduced = t.detach().clone()
@@ -101,6 +143,7 @@ def all_reduce_sum(t: Tensor) -> Tensor:
     Returns:
         A new tensor holding the sum over ranks (no gradient); ``t`` itself when not distributed.
     """
+    _entering("all_reduce (all_reduce_sum)")
     if world_size() == 1:
         return t
     reduced = t.detach().clone()
@@ -119,6 +162,7 @@ def broadcast_from_rank0(t: Tensor) -> Tensor:
     Returns:
         Rank 0's values; ``t`` itself when not distributed.
     """
+    _entering("broadcast (broadcast_from_rank0)")
     if world_size() == 1:
         return t
     shared = t.contiguous().clone()
@@ -138,6 +182,7 @@ def any_rank(flag: bool, device: torch.device | None = None) -> bool:
     Returns:
         The logical OR of ``flag`` over all ranks; ``flag`` itself when not distributed.
     """
+    _entering("all_reduce (any_rank)")
     if world_size() == 1:
         return flag
     value = torch.tensor([1.0 if flag else 0.0], device=device)

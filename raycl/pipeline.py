@@ -155,7 +155,7 @@ def run_trial(
             return
         log_representation_plots(config, output.checkpoint_dir / DIAGNOSTICS_FILE)
         if config.num_stages > 1:
-            final = read_checkpoint(output.checkpoint_dir, torch.device("cpu"))
+            final = read_checkpoint(output.checkpoint_dir)
             assert final.features is not None, "the last checkpoint of a trial is a stage's end"
             # After the last stage the clustering only feeds the diagnostics (AMI between
             # stages).

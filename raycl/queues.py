@@ -19,7 +19,7 @@ that is an older view of it, as in NNCLR).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -62,8 +62,16 @@ def cosine_topk(
         raise ValueError(f"k must be in [1, {keys.shape[0]}] (the number of keys), got {k}")
     if backend not in ("torch", "faiss"):
         raise ValueError(f"backend must be 'torch' or 'faiss', got {backend!r}")
-    queries = F.normalize(queries.detach().float(), dim=1)
-    keys = keys.detach().float()
+    with torch.autocast("cuda", enabled=False), torch.autocast("cpu", enabled=False):
+        return _cosine_topk(queries.detach().float(), keys.detach().float(), k, backend)
+
+
+def _cosine_topk(
+    queries: Tensor, keys: Tensor, k: int, backend: KnnBackend
+) -> tuple[Tensor, Tensor]:
+    """:func:`cosine_topk` on float32 inputs, autocast off: the similarities stay float32
+    (ranking among close neighbours), and the float32 queue is not cast to half per lookup."""
+    queries = F.normalize(queries, dim=1)
     if backend == "faiss":
         import faiss
 
@@ -114,6 +122,13 @@ class FeatureQueue(nn.Module):
         self.register_buffer("embeddings", initial)
         self.register_buffer("sample_index", torch.full((size,), -1, dtype=torch.long))
         self.register_buffer("pointer", torch.zeros((), dtype=torch.long))
+        # Rows written so far, capped at Q, kept on the host so :meth:`filled` needs no device
+        # sync; None after a state-dict load until :meth:`filled` counts the restored rows once.
+        self._rows_written: int | None = 0
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._rows_written = None  # counted from the loaded sample indices when next needed
 
     @property
     def size(self) -> int:
@@ -144,6 +159,8 @@ class FeatureQueue(nn.Module):
         self.embeddings[positions] = rows.to(self.embeddings.device)
         self.sample_index[positions] = index
         self.pointer.copy_((self.pointer + count) % self.size)
+        if self._rows_written is not None:
+            self._rows_written = min(self.size, self._rows_written + count)
 
     @torch.no_grad()
     def nearest(self, queries: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -166,8 +183,15 @@ class FeatureQueue(nn.Module):
         return (self.sample_index >= 0).float().mean()
 
     def filled(self) -> Tensor:
-        """The entries holding real samples, (n_filled, D), in storage order."""
-        return self.embeddings[self.sample_index >= 0]
+        """The entries holding real samples, (n_filled, D), in storage order.
+
+        Writes start at row 0 and wrap, so the filled rows are the first ``min(written, Q)``:
+        a slice by a host-side count, not a boolean mask (whose size the host would have to
+        read from the GPU every step). After a state-dict load the count is read once.
+        """
+        if self._rows_written is None:
+            self._rows_written = int((self.sample_index >= 0).sum())
+        return self.embeddings[: self._rows_written]
 
 
 def queue_buffer_names(module: nn.Module) -> list[str]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from raycl.config.checks import ENVIRONMENT_CHECKS, run_checks
 from raycl.config.load import load_search, with_absolute_paths
+from raycl.config.placement import CLUSTER_CHECKS, placement_warning, trial_resources
 from raycl.config.schema import ConfigError, CoreConfig
 from raycl.config.search_config import max_reports, schema_markdown
 
@@ -101,7 +102,8 @@ def build_tuner(
     fresh: bool = False,
     fault: dict[str, Any] | None = None,
 ) -> Any:
-    """A ``Tuner`` for the sweep, or the restored one when a sweep of that name exists.
+    """A ``Tuner`` for the sweep, or the restored one when a sweep of that name exists. Call it
+    after ``ray.init``: it starts this driver's MLflow relay, which trials log through.
 
     ``fault`` is a test hook passed to every trial (see :mod:`raycl.worker.faults`).
     """
@@ -111,6 +113,9 @@ def build_tuner(
     from raycl.pipeline import run_trial
     from raycl.searchers import FinishingASHA, build_searcher
     from raycl.tracking.callback import MLflowSweepCallback
+    from raycl.tracking.relay import start_relay
+
+    start_relay()  # trials on other nodes log to MLflow through this one
 
     # Trials run in directories of their own: every path they get must be absolute.
     config = with_absolute_paths(config)
@@ -162,38 +167,12 @@ def build_tuner(
     )
 
 
-def trial_resources(config: CoreConfig) -> dict[str, float]:
-    """What the trial process itself reserves (its Ray Train workers reserve their own)."""
-    scaling = config.scaling
-    if scaling.num_workers > 0:
-        return {"CPU": config.tune.trial_cpus}
-    # Training runs inside the trial process: reserve the worker's resources for the trial.
-    return {"CPU": scaling.cpus_per_worker,
-            **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {})}
-
-
-def trial_demand(config: CoreConfig) -> dict[str, float]:
-    """Resources one trial holds at once: its own process plus its worker group."""
-    scaling = config.scaling
-    demand = trial_resources(config)
-    if scaling.num_workers > 0:
-        demand["CPU"] += scaling.num_workers * scaling.cpus_per_worker
-        if scaling.use_gpu:
-            demand["GPU"] = scaling.num_workers * scaling.gpus_per_worker
-    return demand
-
-
-def _warn_if_trials_cannot_fit(config: CoreConfig) -> None:
-    """A trial larger than the cluster waits for the autoscaler, which a laptop never gets."""
-    import ray
-
-    available = ray.cluster_resources()
-    for resource, needed in trial_demand(config).items():
-        if needed > available.get(resource, 0.0) + 1e-9:
-            print(f"raycl: warning: one trial needs {needed:g} {resource} but the cluster has "
-                  f"{available.get(resource, 0.0):g}; trials wait until an autoscaler adds "
-                  f"nodes (check scaling.num_workers, scaling.cpus_per_worker, "
-                  f"tune.trial_cpus)", file=sys.stderr, flush=True)
+def _warn_if_trials_wait(config: CoreConfig) -> None:
+    """A trial larger than the cluster waits for nodes an autoscaler can (or might) add; where
+    nothing can add one, :data:`CLUSTER_CHECKS` already refused the sweep."""
+    warning = placement_warning(config)
+    if warning:
+        print(f"raycl: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def init_ray(**init_kwargs: Any) -> None:
@@ -216,12 +195,13 @@ def run(config: CoreConfig, search_file: str | None = None, fresh: bool = False,
     """Run the sweep on the current (or a new embedded) Ray; return the process exit code."""
     from raycl.tracking.callback import INTERRUPTED
     from raycl.tracking.leaderboard import print_leaderboard
-    from raycl.tracking.relay import start_relay
     from raycl.worker.outcome import FAILED_KEY
 
     init_ray(address=address, log_to_driver=True)
-    start_relay()  # trials on other nodes log to MLflow through this one
-    _warn_if_trials_cannot_fit(config)
+    # A trial no node set can hold would wait forever where nothing adds nodes: refused here,
+    # before any trial (ConfigError: exit 2); a warning where an autoscaler can add them.
+    run_checks(config, search_file or config.name, CLUSTER_CHECKS)
+    _warn_if_trials_wait(config)
     tuner = build_tuner(config, search_file, fresh=fresh)
     results = tuner.fit()
     finished = [r for r in results

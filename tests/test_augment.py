@@ -165,3 +165,63 @@ def test_rejects_non_uint8_batches() -> None:
         BatchAugment(augment_cfg())(torch.zeros(2, 3, 8, 8))
     with pytest.raises(ValueError, match="uint8"):
         BatchAugment(augment_cfg())(torch.zeros(3, 8, 8, dtype=torch.uint8))
+
+
+def _uncached_grayscale(images: torch.Tensor) -> torch.Tensor:
+    """The colour math as it was, building its constants on every call (the reference)."""
+    weights = images.new_tensor((0.299, 0.587, 0.114)).view(1, 3, 1, 1)
+    return (images * weights).sum(dim=1, keepdim=True)
+
+
+def _uncached_rotate_hue(images: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
+    import math
+
+    from raycl.data.augment import _RGB_TO_YIQ
+
+    to_yiq = _RGB_TO_YIQ.to(images.device)
+    from_yiq = torch.linalg.inv(to_yiq)
+    angle = 2.0 * math.pi * turns
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    rotation = torch.zeros(len(turns), 3, 3, device=images.device)
+    rotation[:, 0, 0] = 1.0
+    rotation[:, 1, 1], rotation[:, 1, 2] = cos, -sin
+    rotation[:, 2, 1], rotation[:, 2, 2] = sin, cos
+    matrices = from_yiq @ rotation @ to_yiq
+    return torch.einsum("bij,bjhw->bihw", matrices, images).clamp(0.0, 1.0)
+
+
+def test_colour_constants_are_built_once_per_device_and_match_the_uncached_math() -> None:
+    """Colour jitter and grayscale build their constant tensors (and invert the YIQ matrix) once
+    per (device, dtype), not per batch (on CUDA each was a copy or a host sync), and the cached
+    constants give bit-identical results."""
+    from raycl.data import augment as module
+
+    module._colour_constants.cache_clear()
+    images = random_images(batch=16).float().div(255.0)
+    turns = torch.linspace(-0.2, 0.2, 16)
+    gray, rotated = module._grayscale(images), module._rotate_hue(images, turns)
+    assert module._colour_constants.cache_info().currsize == 1
+    misses = module._colour_constants.cache_info().misses
+    augment = BatchAugment(augment_cfg(color_jitter=1.0, grayscale_prob=0.5))
+    for seed in range(3):
+        augment(random_images(batch=16, seed=seed), seeded(seed))
+    info = module._colour_constants.cache_info()
+    assert info.misses == misses and info.currsize == 1 and info.hits > 3  # nothing rebuilt
+    assert torch.equal(gray, _uncached_grayscale(images))
+    assert torch.equal(rotated, _uncached_rotate_hue(images, turns))
+    module._grayscale(images.double())  # another dtype: one more entry
+    assert module._colour_constants.cache_info().currsize == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_augment_does_not_sync_with_the_host_on_cuda() -> None:
+    """After the first batch (which builds the colour constants) a batch queues GPU work only."""
+    augment = BatchAugment(augment_cfg(color_jitter=1.0, grayscale_prob=0.5))
+    images = random_images(batch=16).cuda()
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    augment(images, generator)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        augment(images, generator)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

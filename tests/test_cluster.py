@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from typing import Any
+
 import faiss
 import numpy as np
 import pytest
+import torch
 from sklearn.metrics import adjusted_mutual_info_score
 
 from raycl.cluster import (
@@ -13,6 +17,7 @@ from raycl.cluster import (
     group_size_histogram,
     group_sizes,
     kmeans,
+    kmeans_gpu,
     pseudo_label_codes,
 )
 
@@ -104,11 +109,11 @@ def test_kmeans_validates() -> None:
 
 
 @pytest.mark.skipif(faiss.get_num_gpus() > 0, reason="checks the no-GPU error path")
-def test_kmeans_use_gpu_without_gpu_is_a_clear_error() -> None:
+def test_kmeans_on_a_gpu_faiss_cannot_use_is_a_clear_error() -> None:
     points, _ = _blobs(num_per_blob=2)
     with pytest.raises(ValueError, match="GPU"):
-        kmeans(points, k=2, seed=0, use_gpu=True)
-    assert kmeans(points, k=2, seed=0, use_gpu=None).shape == (len(points),)
+        kmeans(points, k=2, seed=0, gpu=0)
+    assert kmeans(points, k=2, seed=0, gpu=None).shape == (len(points),)
 
 
 def test_ami_matrix_symmetric_unit_diagonal() -> None:
@@ -160,3 +165,70 @@ def test_kmeans_fits_on_every_point_unless_capped() -> None:
     assert centroid_error(512) > 1e-3  # fitted on a subset: off the full-data means
     with pytest.raises(ValueError, match="max_points"):
         kmeans(data, 4, seed=0, max_points=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Which GPU k-means takes (issue 25, finding 3): only the one the calling process holds
+
+
+@pytest.fixture
+def four_faiss_gpus(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """faiss "sees" four GPUs; every Kmeans built records its ``gpu`` argument."""
+    built: list[dict[str, Any]] = []
+
+    class Recording(faiss.Kmeans):
+        def __init__(self, d: int, k: int, **kwargs: Any) -> None:
+            built.append(kwargs)
+            super().__init__(d, k, **{**kwargs, "gpu": False})  # faiss-cpu: run on the CPU
+
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 4)
+    monkeypatch.setattr(faiss, "Kmeans", Recording)
+    return built
+
+
+def test_kmeans_stays_on_the_cpu_in_a_process_that_holds_no_gpu(four_faiss_gpus) -> None:
+    """faiss seeing GPUs is not a process holding one: the trial process (no GPU reserved) and
+    a CPU worker cluster on the CPU, where "GPU if faiss sees one" took every GPU of the node."""
+    points, labels = _blobs()
+    assert kmeans_gpu(None) is None and kmeans_gpu(torch.device("cpu")) is None
+    assignments = kmeans(points, k=4, seed=3)
+    assert [kwargs["gpu"] for kwargs in four_faiss_gpus] == [False]
+    assert adjusted_mutual_info_score(labels, assignments) > 0.99
+
+
+def test_kmeans_runs_on_the_one_gpu_the_worker_holds(four_faiss_gpus, monkeypatch) -> None:
+    """A worker on cuda:2 clusters on GPU 2 alone (not faiss's "first n GPUs"), after PyTorch's
+    cached blocks went back to the driver. The GPU index is faked: the path runs on the CPU."""
+    calls: list[str] = []
+    placed: list[list[int]] = []
+
+    def to_gpus(index: faiss.Index, gpus: list[int]) -> faiss.Index:
+        placed.append(list(gpus))
+        return index
+
+    monkeypatch.setattr(faiss, "index_cpu_to_gpus_list", to_gpus)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "device", lambda index: nullcontext(calls.append(index)))
+    assert kmeans_gpu(torch.device("cuda", 2)) == 2
+    points, _ = _blobs()
+    assignments = kmeans(points, k=4, seed=3, gpu=kmeans_gpu(torch.device("cuda", 2)))
+    assert placed == [[2]] and calls == ["empty_cache", 2]
+    assert [kwargs["gpu"] for kwargs in four_faiss_gpus] == [False]
+    np.testing.assert_array_equal(assignments, kmeans(points, k=4, seed=3))
+
+
+def test_mcl_clusters_on_the_gpu_of_the_session_that_calls(monkeypatch) -> None:
+    """Between stages rank 0 clusters on its own device; the trial process (no device) on the
+    CPU."""
+    from raycl.config.search_config import SearchConfig
+    from raycl.worker import stages
+
+    seen: list[int | None] = []
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 4)
+    monkeypatch.setattr(stages, "kmeans", lambda *args, gpu, **kwargs: seen.append(gpu))
+    config = SearchConfig(name="t", method="mcl")
+    features = {"train": np.zeros((8, 4), dtype=np.float32)}
+    stages.cluster_stage(config, stages.StageInputs(), features, torch.device("cuda", 1))
+    stages.cluster_stage(config, stages.StageInputs(), features, torch.device("cpu"))
+    stages.cluster_stage(config, stages.StageInputs(), features)
+    assert seen == [1, None, None]

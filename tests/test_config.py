@@ -207,7 +207,7 @@ def test_schema_choices_match_what_exists() -> None:
 
 
 def test_trial_resources_and_demand() -> None:
-    from raycl.tune import trial_demand, trial_resources
+    from raycl.config.placement import trial_demand, trial_resources
 
     in_process = SearchConfig.model_validate(
         {"name": "x", "scaling": {"num_workers": 0, "cpus_per_worker": 2}})

@@ -160,7 +160,7 @@ def test_ablation_switches_choose_the_noise(mode: str, monkeypatch: pytest.Monke
     assert isinstance(method, FGVR)
     calls = []
     monkeypatch.setattr("raycl.methods.fgvr.gradcam_scores",
-                        lambda *args: calls.append(1) or torch.full((8, 32), 0.5))
+                        lambda *args, **kwargs: calls.append(1) or torch.full((8, 32), 0.5))
     method.memory.enqueue(torch.randn(8, 32), torch.arange(8))
     features = torch.randn(8, 32)
     std_g, std_var = method._noise_std(features,

@@ -81,3 +81,29 @@ def test_cli_rejects_before_launch(tmp_path: Path, args: list[str], expected: st
     assert len(lines) == 1 and lines[0].startswith(f"error: {search}") and expected in lines[0]
     assert elapsed < 15.0
     assert not (tmp_path / "ray_results").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_trial_the_local_ray_cannot_place_is_refused(ray_session, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    """Two workers of 2 CPUs on the 2-CPU Ray this process started: nothing will ever add a
+    node, so the sweep stops with one line and exit 2 within seconds (it used to warn and wait
+    forever; the thread and its timeout turn a hang into a failure)."""
+    from raycl.tune import main
+
+    search = REPO / "searches" / "quickstart.yaml"
+    args = [str(search), "--set", "scaling.num_workers=2", "--set", "scaling.cpus_per_worker=2",
+            "--num-samples", "1", "--storage", str(tmp_path / "ray"),
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    codes: list[int] = []
+    started = time.monotonic()
+    thread = threading.Thread(target=lambda: codes.append(main(args)), daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the sweep still waits for a placement after 60 s"
+    assert codes == [2] and time.monotonic() - started < 30
+    assert capsys.readouterr().err.strip() == (
+        f"error: {search}: scaling.num_workers: one trial holds 4.01 CPU at once (2 workers x "
+        f"2 CPU + 0.01 CPU for the trial process); this Ray's 1 node (2 CPU) cannot place it, "
+        f"and nothing will add a node: the local Ray this command started has no autoscaler; "
+        f"ask for less, or run on a larger cluster (--address)")
+    assert not (tmp_path / "ray").exists()

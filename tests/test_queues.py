@@ -351,3 +351,36 @@ def test_momentum_copy_is_a_frozen_independent_copy() -> None:
     # Training the online network leaves the copy without gradients.
     online(torch.ones(1, 3)).sum().backward()
     assert online.weight.grad is not None and target.weight.grad is None
+
+
+def test_filled_is_a_host_counted_slice_equal_to_the_mask_selection() -> None:
+    """``filled()`` (FGVR's bank, read every step) equals the rows whose index is >= 0, before
+    the queue is full, when it wraps and after a state-dict load, as a slice by a host-side
+    count: a view of the storage (a boolean mask would copy, and on CUDA sync every step)."""
+    queue = FeatureQueue(size=10, dim=3, normalize=False)
+    restored = FeatureQueue(size=10, dim=3, normalize=False)
+    assert queue.filled().shape == (0, 3)
+    for step in range(4):  # 4, 8, then wrapping: full
+        queue.enqueue(random_rows(4, 3, seed=step), arange_index(4 * step, 4))
+        bank = queue.filled()
+        assert torch.equal(bank, queue.embeddings[queue.sample_index >= 0])
+        assert bank.data_ptr() == queue.embeddings.data_ptr()  # a view, no masked copy
+        if step == 0:
+            restored.load_state_dict(queue.state_dict())
+            assert torch.equal(restored.filled(), bank)  # counted once from the indices
+            restored.enqueue(random_rows(4, 3, seed=1), arange_index(4, 4))
+    queue.load_state_dict(queue.state_dict())
+    assert queue.filled().shape == (10, 3)
+    assert torch.equal(restored.filled(), restored.embeddings[restored.sample_index >= 0])
+    assert restored.filled().shape == (8, 3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_filled_does_not_sync_on_cuda() -> None:
+    queue = FeatureQueue(size=64, dim=8, normalize=False).cuda()
+    queue.enqueue(torch.randn(16, 8, device="cuda"), torch.arange(16, device="cuda"))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        assert queue.filled().shape == (16, 8)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -11,7 +11,9 @@ problem is found. :func:`run_checks` runs checks in order and raises the first p
 :class:`ConfigError` whose message is one line, ``FILE: key: why``. :data:`CONFIG_CHECKS` need
 only the config and the files it names (:func:`raycl.config.load.load_search` runs them);
 :data:`ENVIRONMENT_CHECKS` look at where the sweep writes, once every override is applied
-(``python -m raycl.tune`` runs them before Ray or MLflow start).
+(``python -m raycl.tune`` runs them before Ray or MLflow start). Where trials' processes go is
+:mod:`raycl.config.placement`: ranks sharing a GPU (a config check) and trials no node set of the
+running Ray can hold (its ``CLUSTER_CHECKS``, run once Ray has started).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ValidationError
 
 from raycl.config.feasibility import CONSTRAINED_KEYS, joint_domain, trial_problem
+from raycl.config.placement import check_gpu_sharing
 from raycl.config.schema import ConfigError, CoreConfig, Problem, resolve_tracking_uri
 from raycl.config.search_config import (
     RENAMED_KEYS,
@@ -344,7 +347,7 @@ def check_tracking(config: CoreConfig) -> Iterator[Problem]:
 # values before combinations, the config before the environment.
 CONFIG_CHECKS: tuple[Check, ...] = (
     check_method, check_method_settings, check_labels, check_data, check_metric,
-    check_search_space, check_pretrained, check_feasible, check_grid,
+    check_search_space, check_pretrained, check_feasible, check_gpu_sharing, check_grid,
 )
 ENVIRONMENT_CHECKS: tuple[Check, ...] = (check_storage, check_tracking)
 ALL_CHECKS: tuple[Check, ...] = CONFIG_CHECKS + ENVIRONMENT_CHECKS
@@ -377,7 +380,7 @@ def run_checks(config: CoreConfig, source: str, checks: tuple[Check, ...] = ALL_
 
 __all__ = ["ALL_CHECKS", "CONFIG_CHECKS", "ENVIRONMENT_CHECKS", "PRETRAINED_KEYS",
            "TRACKING_TIMEOUT_S", "UNSEARCHABLE_KEYS", "UNSEARCHABLE_SECTIONS", "Check",
-           "check_data", "check_feasible", "check_grid", "check_labels", "check_method",
-           "check_method_settings", "check_metric", "check_pretrained", "check_search_space",
-           "check_storage", "check_tracking", "first_problem", "run_checks",
+           "check_data", "check_feasible", "check_gpu_sharing", "check_grid", "check_labels",
+           "check_method", "check_method_settings", "check_metric", "check_pretrained",
+           "check_search_space", "check_storage", "check_tracking", "first_problem", "run_checks",
            "storage_path_problem", "tracking_uri_problem"]

@@ -18,7 +18,10 @@ class ScalingSection(Section):
     )
     use_gpu: bool = Field(False, description="One GPU per worker (needs GPUs in the cluster).")
     cpus_per_worker: float = Field(1.0, gt=0.0, description="CPUs reserved per worker.")
-    gpus_per_worker: float = Field(1.0, gt=0.0, description="GPUs per worker when use_gpu.")
+    gpus_per_worker: float = Field(
+        1.0, gt=0.0, description="GPUs per worker when use_gpu. Below 1 only with num_workers 0 "
+        "or 1 (trials share a GPU): two ranks on one GPU fail in NCCL."
+    )
     max_failures: int = Field(2, ge=0, description="Worker-group restarts before a trial fails.")
 
 

@@ -155,7 +155,10 @@ class TrainConfig(Section):
         "authors' CLIP tuning)."
     )
     amp: Literal["auto", "off", "bf16", "fp16"] = Field(
-        "auto", description="Mixed precision: auto = fp16 autocast on CUDA, off on CPU."
+        "auto", description="Mixed precision: auto = bf16 autocast on a GPU with native bf16 "
+        "(compute capability >= 8.0, Ampere or later; no loss scaler, so no host sync per step), "
+        "fp16 with a loss scaler on older GPUs, off on CPU. Evaluation passes embed in the same "
+        "precision on CUDA (features cast to float32), in float32 on CPU."
     )
     loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per worker.")
     checkpoint_every: int = Field(1, ge=1, description="Checkpoint every N epochs (and the last).")

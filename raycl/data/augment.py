@@ -17,7 +17,8 @@ which matters on Trifeature where colour is one of the features being learned.
 from __future__ import annotations
 
 import math
-from typing import Any
+from functools import lru_cache
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -50,9 +51,28 @@ def _normalise(images: Tensor) -> Tensor:
     return (images - 0.5) / 0.5
 
 
+class _ColourConstants(NamedTuple):
+    """The colour operations' constant tensors on one device."""
+
+    luma: Tensor  # (1, 3, 1, 1) in the images' dtype
+    to_yiq: Tensor  # (3, 3) float32
+    from_yiq: Tensor  # (3, 3) float32, its inverse
+
+
+@lru_cache(maxsize=16)
+def _colour_constants(device: torch.device, dtype: torch.dtype) -> _ColourConstants:
+    """Built once per (device, dtype): a tensor from Python numbers is a host-to-device copy,
+    and ``linalg.inv`` on CUDA syncs with the host for its error check, so neither happens per
+    batch. The values are those the per-call construction gave (same ops, same device)."""
+    with torch.inference_mode(False), torch.no_grad():
+        to_yiq = _RGB_TO_YIQ.to(device)
+        return _ColourConstants(torch.tensor(_LUMA, dtype=dtype, device=device).view(1, 3, 1, 1),
+                                to_yiq, torch.linalg.inv(to_yiq))
+
+
 def _grayscale(images: Tensor) -> Tensor:
     """(B, 3, H, W) in [0, 1] -> luma (B, 1, H, W)."""
-    weights = images.new_tensor(_LUMA).view(1, 3, 1, 1)
+    weights = _colour_constants(images.device, images.dtype).luma
     return (images * weights).sum(dim=1, keepdim=True)
 
 
@@ -67,8 +87,8 @@ def _rotate_hue(images: Tensor, turns: Tensor) -> Tensor:
 
     Cheaper than torchvision's RGB->HSV->RGB and close to it for moderate shifts.
     """
-    to_yiq = _RGB_TO_YIQ.to(images.device)
-    from_yiq = torch.linalg.inv(to_yiq)
+    constants = _colour_constants(images.device, images.dtype)
+    to_yiq, from_yiq = constants.to_yiq, constants.from_yiq
     angle = 2.0 * math.pi * turns
     cos, sin = torch.cos(angle), torch.sin(angle)
     rotation = torch.zeros(len(turns), 3, 3, device=images.device)

@@ -37,6 +37,11 @@ def high_pass_filter(bmat: Tensor, filter_exponent: float, eigenvalue_floor: flo
     rank-deficient ``Bmat`` (relative, so the floor does not depend on the batch size that
     ``Bmat``, a sum, scales with). ``p = 0`` returns the identity exactly.
 
+    On CUDA ``torch.linalg.eigh`` waits for the GPU once per call: it reads cuSOLVER's status on
+    the host to raise on failure, and has no flag to skip that check. It stays: an eigh on a
+    host copy needs the same wait for the device-to-host copy (and a copy back), and a
+    sync-free iterative inverse root (Newton-Schulz) would change the math for ``p != 1``.
+
     Args:
         bmat: symmetric positive semi-definite (m, m) matrix, ``sum_i z_i z_i^T + z'_i z'_i^T``.
         filter_exponent: p >= 0.

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from raycl.config.schema import Section
 from raycl.distributed import gather_with_grad, rank
+from raycl.losses.common import full_precision
 from raycl.methods.base import Batch, Method
 from raycl.methods.registry import register
 
@@ -81,6 +82,7 @@ class CLIPConfig(Section):
     tiny_context_length: int = Field(24, ge=8, description="tiny: tokens per caption.")
 
 
+@full_precision
 def clip_loss(
     image_features: Tensor,
     text_features: Tensor,
@@ -90,7 +92,8 @@ def clip_loss(
     """Symmetric image-text InfoNCE over the global batch.
 
     Each rank scores its own rows against every rank's columns (gathered with gradients), as
-    open_clip's ``ClipLoss(local_loss=True, gather_with_grad=True)``.
+    open_clip's ``ClipLoss(local_loss=True, gather_with_grad=True)``. The logits (up to
+    100 x a cosine) and their softmax are float32: autocast is off inside, so the casts hold.
 
     Args:
         image_features: (B_local, D) L2-normalised image embeddings.

@@ -111,7 +111,8 @@ def min_max_normalise(values: Tensor, dim: int = -1) -> Tensor:
 
 
 def gradcam_scores(
-    features: Tensor, view_features: Tensor, projector: nn.Module, temperature: float
+    features: Tensor, view_features: Tensor, projector: nn.Module, temperature: float,
+    gather: bool = True,
 ) -> Tensor:
     """FGVR's Grad-CAM on the feature vector (eq. 3), min-max normalised per sample (eq. 4).
 
@@ -124,13 +125,18 @@ def gradcam_scores(
         view_features: (B, n) features ``v''`` of an augmented view of the same images.
         projector: the projection head ``g``.
         temperature: τ of the SimCLR loss.
+        gather: contrast against the global batch under DDP (training: every rank calls it,
+            and the scores are those of the global batch, as on one device); False for a
+            single rank's own batch (the end-of-trial diagnostics, which only rank 0 runs).
 
     Returns:
         (B, n) scores ``η̄`` in [0, 1] (no gradient); higher is more important.
     """
     v = features.detach().float().requires_grad_(True)
-    with torch.enable_grad():
-        loss = nt_xent(projector(v), projector(view_features.detach().float()), temperature)
+    # float32, autocast off: an fp16 gradient of this loss, unscaled, would underflow.
+    with torch.enable_grad(), torch.autocast(v.device.type, enabled=False):
+        loss = nt_xent(projector(v), projector(view_features.detach().float()), temperature,
+                       gather=gather)
         (gradient,) = torch.autograd.grad(loss, v)
     return min_max_normalise(F.relu(gradient * v.detach()), dim=1)
 
@@ -277,14 +283,18 @@ class FGVR(Method):
         if self.phase == TRAIN_PHASE.name:  # MoCo's key encoder follows the trained encoder
             self.base.on_train_step_end(step, total_steps)
 
-    def _criteria(self, v: Tensor, view: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    def _criteria(
+        self, v: Tensor, view: Tensor, gather: bool = True
+    ) -> tuple[Tensor | None, Tensor | None]:
         """The normalised Grad-CAM scores of features ``v`` (``view``: x'') and the bank's
-        column variances (bank already updated), each None when its criterion is off."""
+        column variances (bank already updated), each None when its criterion is off.
+        ``gather``: Grad-CAM over the global batch (training, every rank) or this rank's."""
         scores = variance = None
         if self.perturbation in ("both", "gradcam"):
             with torch.no_grad():
                 view_features = self.backbone(view)
-            scores = gradcam_scores(v, view_features, self.base.projector, self.temperature)
+            scores = gradcam_scores(v, view_features, self.base.projector, self.temperature,
+                                    gather=gather)
         bank = self.memory.filled()
         if self.perturbation in ("both", "low_variance") and bank.shape[0] >= 2:
             variance = column_variance(bank)
@@ -340,10 +350,11 @@ class FGVR(Method):
 
     def diagnostic_arrays(self, batch: Batch) -> dict[str, np.ndarray]:
         """Reconstruction triples (x, x̂, x̂_p) as uint8 images, the Grad-CAM scores η̄ and the
-        bank's column variances s (with κ), for the pictures."""
+        bank's column variances s (with κ), for the pictures. Only rank 0 calls it: Grad-CAM
+        contrasts these images alone (no gather, which the other ranks would never join)."""
         with torch.no_grad():
             v = self.backbone(batch.images)
-        scores, variance = self._criteria(v, batch.views[1])
+        scores, variance = self._criteria(v, batch.views[1], gather=False)
         std_g, std_var = self._noise_std(v, scores, variance)
         with torch.no_grad():
             reconstruction = self.decoder(v)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,16 +69,26 @@ def start_relay() -> Any:
     return _RELAY
 
 
+# Lookups of the relay before a trial logs directly: a loaded GCS has been seen to miss a live
+# named actor once (the trial then logged straight to a store it may not reach).
+RELAY_LOOKUPS = 3
+
+
 def find_relay() -> Any:
     """The sweep's relay as seen from a trial, or None (not under Ray, or no relay started)."""
     try:
         import ray
-
-        if not ray.is_initialized():
-            return None
-        return ray.get_actor(RELAY_NAME)
-    except (ImportError, ValueError):
+    except ImportError:
         return None
+    if not ray.is_initialized():
+        return None
+    for attempt in range(RELAY_LOOKUPS):
+        try:
+            return ray.get_actor(RELAY_NAME)
+        except ValueError:  # no such actor (yet)
+            if attempt < RELAY_LOOKUPS - 1:
+                time.sleep(0.5 * (attempt + 1))
+    return None
 
 
 def read_files(directory: Path | None) -> dict[str, bytes]:

@@ -56,7 +56,8 @@ class Restored:
         directory: a private local copy of the checkpoint.
         progress: ``{"stage", "phase", "epoch", "stage_complete"}`` (no "phase" before phases).
         inputs: what the checkpointed stage got from the stages before it.
-        state: model/optimizer/scaler state of that stage.
+        state: model/optimizer/scaler state of that stage, on the CPU; the stage takes each
+            entry out (``pop``) as it loads it, so no reference keeps it in memory.
         features: the stage's features per split, when the stage is complete.
         metrics: the metrics reported with the checkpoint.
     """
@@ -69,11 +70,16 @@ class Restored:
     metrics: dict[str, Any]
 
 
-def read_checkpoint(directory: Path, device: torch.device) -> Restored:
-    """Read every file of a raycl checkpoint; raises if any is missing, truncated or corrupt."""
+def read_checkpoint(directory: Path) -> Restored:
+    """Read every file of a raycl checkpoint; raises if any is missing, truncated or corrupt.
+
+    Every tensor is read to the CPU, whatever device wrote it: ``load_state_dict`` moves model
+    and optimizer state to their parameters' device, the soup weights sit beside the earlier
+    stages' (also on the CPU), and nothing of the checkpoint stays on an accelerator.
+    """
     progress = json.loads((directory / PROGRESS_FILE).read_text())
     # weights_only: a checkpoint on shared storage must not be able to run code.
-    state = torch.load(directory / STATE_FILE, map_location=device, weights_only=True)
+    state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
     inputs = StageInputs.load(directory / STAGE_INPUTS_FILE)
     features = None
     if progress["stage_complete"]:
@@ -125,7 +131,7 @@ def restore(session: Session) -> Restored | None:
         directory = Path(tempfile.mkdtemp(prefix="raycl-restore-"))
         try:
             candidate.to_directory(str(directory))
-            restored = read_checkpoint(directory, session.device)
+            restored = read_checkpoint(directory)
         except Exception as exc:  # any unreadable file disqualifies the whole checkpoint
             shutil.rmtree(directory, ignore_errors=True)
             problem = f"{candidate.path}: {type(exc).__name__}: {exc}"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,10 +19,14 @@ import torch
 from raycl.config.schema import CoreConfig
 from raycl.data import DatasetSplits
 from raycl.data.augment import to_float
+from raycl.distributed import gather_no_grad
 from raycl.eval.multimodal import EvalSets
 from raycl.methods.base import Method
-from raycl.worker.session import Session
+from raycl.worker.optim import Autocast
 from raycl.worker.stages import Features, StageInputs, StageWeights, average_weights, soup_weights
+
+if TYPE_CHECKING:  # the embedding pass itself needs no Ray (benchmarks/gpu.py runs it bare)
+    from raycl.worker.session import Session
 
 
 @torch.no_grad()
@@ -30,12 +36,15 @@ def embed_images(
     session: Session,
     batch_size: int = 512,
     embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    autocast: Autocast = nullcontext,
 ) -> np.ndarray:
     """Backbone features of every image, computed across all workers and gathered.
 
     Each rank embeds a contiguous shard (padded to equal length, as all_gather requires); every
     rank returns the full (N, D) array in dataset order. ``embed`` replaces ``method.embed``
-    (e.g. ``method.project`` for the projection spectrum).
+    (e.g. ``method.project`` for the projection spectrum). ``autocast``: the forward's
+    precision (:func:`raycl.worker.optim.inference_autocast`: the trial's on CUDA, none on CPU);
+    the features are float32 either way.
     """
     rank, world, device = session.rank, session.world_size, session.device
     embed = embed or method.embed
@@ -45,12 +54,13 @@ def embed_images(
     was_training = method.training
     method.eval()
     try:
-        chunks = [embed(to_float(torch.from_numpy(images[i:min(stop, i + batch_size)])
-                                 .to(device))).float()
-                  for i in range(start, stop, batch_size)]
-        # A rank with an empty shard still needs the width for the padded all_gather.
-        dim = chunks[0].shape[1] if chunks else embed(
-            to_float(torch.from_numpy(images[:1]).to(device))).shape[1]
+        with autocast():
+            chunks = [embed(to_float(torch.from_numpy(images[i:min(stop, i + batch_size)])
+                                     .to(device))).float()
+                      for i in range(start, stop, batch_size)]
+            # A rank with an empty shard still needs the width for the padded all_gather.
+            dim = chunks[0].shape[1] if chunks else embed(
+                to_float(torch.from_numpy(images[:1]).to(device))).shape[1]
     finally:
         method.train(was_training)
     local = torch.cat(chunks) if chunks else torch.zeros(0, dim, device=device)
@@ -58,9 +68,7 @@ def embed_images(
         return local.cpu().numpy()
     padded = torch.zeros(shard, dim, device=device)
     padded[: len(local)] = local
-    gathered = [torch.zeros_like(padded) for _ in range(world)]
-    torch.distributed.all_gather(gathered, padded)
-    return torch.cat(gathered)[:total].cpu().numpy()
+    return gather_no_grad(padded)[:total].cpu().numpy()
 
 
 def embed_splits(
@@ -70,25 +78,31 @@ def embed_splits(
     splits: tuple[str, ...],
     session: Session,
     last: bool,
+    autocast: Autocast = nullcontext,
 ) -> Features:
     """The features one evaluation scores: each of ``splits``; after a stage's ``last`` epoch
     the transfer sets (``transfer:<name>:train|test``); the MMVP-style pairs of the evaluated
-    splits (``mmvp:<split>``), so stages integrate them like splits."""
-    embedded = {split: embed_images(model, data.split(split).images, session)
-                for split in splits}
+    splits (``mmvp:<split>``), so stages integrate them like splits. ``autocast``: see
+    :func:`embed_images`."""
+    def embed(images: np.ndarray) -> np.ndarray:
+        return embed_images(model, images, session, autocast=autocast)
+
+    embedded = {split: embed(data.split(split).images) for split in splits}
     for transfer in eval_sets.transfer if last else []:
-        embedded[transfer.train_key] = embed_images(model, transfer.train.images, session)
-        embedded[transfer.test_key] = embed_images(model, transfer.test.images, session)
+        embedded[transfer.train_key] = embed(transfer.train.images)
+        embedded[transfer.test_key] = embed(transfer.test.images)
     for split, pairs in eval_sets.mmvp.items():
         if split in splits:
-            embedded[f"mmvp:{split}"] = embed_images(model, pairs.images, session)
+            embedded[f"mmvp:{split}"] = embed(pairs.images)
     return embedded
 
 
 def soup_method(method: Method, weights: list[StageWeights]) -> Method:
-    """A copy of ``method`` holding the average of the stages' soup weights (model soup)."""
+    """A copy of ``method`` holding the average of the stages' soup weights (model soup),
+    averaged on the method's device whatever device each stage's weights are on."""
     soup = copy.deepcopy(method)
-    soup.load_state_dict(average_weights(weights), strict=False)
+    device = next(iter(method.state_dict().values())).device
+    soup.load_state_dict(average_weights(weights, device), strict=False)
     return soup
 
 

@@ -19,6 +19,7 @@ import torch
 from raycl.config.schema import CoreConfig
 from raycl.data import DatasetSplits, stratified_subset
 from raycl.data.augment import BatchAugment, to_float
+from raycl.distributed import CollectiveInSingleRankSection, single_rank_section
 from raycl.eval import evaluate_knn, evaluate_linear_splits
 from raycl.eval.diagnostics import representation_diagnostics
 from raycl.eval.image_retrieval import retrieval_scores
@@ -28,6 +29,7 @@ from raycl.eval.retrieval import neighbour_retrieval_accuracy
 from raycl.eval.transfer import TransferSet
 from raycl.methods.base import Batch, Method
 from raycl.worker.embed import embed_images, embed_splits, integrate_stages
+from raycl.worker.optim import inference_autocast
 from raycl.worker.session import Session
 from raycl.worker.stages import Features, StageInputs
 
@@ -133,26 +135,31 @@ def evaluate_epoch(
     # last epoch.
     splits = ("train", "val", "test") if last else ("train", "val")
     started = time.perf_counter()
-    features = embed_splits(method, data, eval_sets, splits, session, last)
+    autocast = inference_autocast(config, device)  # the trial's precision on CUDA, none on CPU
+    features = embed_splits(method, data, eval_sets, splits, session, last, autocast)
     integrated, integrated_method = integrate_stages(
         config, inputs, method, features,
-        lambda model: embed_splits(model, data, eval_sets, splits, session, last))
+        lambda model: embed_splits(model, data, eval_sets, splits, session, last, autocast))
     diagnose = last and inputs.stage == config.num_stages - 1 and config.eval.diagnostics
     projections = None
     if diagnose and type(method).project is not Method.project:
-        projections = embed_images(method, data.test.images, session, embed=method.project)
+        projections = embed_images(method, data.test.images, session, embed=method.project,
+                                   autocast=autocast)
     metrics: dict[str, float] = {"perf/embed_seconds": time.perf_counter() - started}
     diagnostics = None
     if session.rank == 0:
         started = time.perf_counter()
-        metrics.update(_stage_and_trial_metrics(config, data, inputs, features, integrated,
-                                                device, eval_sets, method, integrated_method))
-        retrieval = neighbour_retrieval_accuracy(method, data, splits[1:], device)
-        prefix = f"stage{inputs.stage}/" if config.num_stages > 1 else ""
-        metrics.update({prefix + key: value for key, value in retrieval.items()})
-        if diagnose and data.attributes:
-            diagnostics = _trial_diagnostics(config, data, method, integrated, projections,
-                                             metrics, device)
+        # Only rank 0 scores: a collective in here would wait forever for the other ranks.
+        with single_rank_section("rank 0's scoring and diagnostics"):
+            metrics.update(_stage_and_trial_metrics(config, data, inputs, features, integrated,
+                                                    device, eval_sets, method,
+                                                    integrated_method))
+            retrieval = neighbour_retrieval_accuracy(method, data, splits[1:], device)
+            prefix = f"stage{inputs.stage}/" if config.num_stages > 1 else ""
+            metrics.update({prefix + key: value for key, value in retrieval.items()})
+            if diagnose and data.attributes:
+                diagnostics = _trial_diagnostics(config, data, method, integrated, projections,
+                                                 metrics, device)
         metrics["perf/eval_seconds"] = time.perf_counter() - started
     return features, metrics, diagnostics
 
@@ -207,13 +214,15 @@ def _trial_diagnostics(
     """The end-of-trial ``diag/*`` metrics (added to ``metrics``) and picture arrays.
 
     Extras: when they fail (a LAPACK SVD that does not converge), the trial keeps its results
-    and the diagnostics are None.
+    and the diagnostics are None; a collective entered here is a bug, and is raised.
     """
     try:
         diag_metrics, diagnostics = representation_diagnostics(
             integrated["test"], data.test.labels[data.attributes[0]], projections)
         diagnostics.update(method_diagnostics(config, data, method, device))
         metrics.update(diag_metrics)
+    except CollectiveInSingleRankSection:
+        raise
     except Exception:  # extras: a failure here must not cost the trial its results
         logger.exception("end-of-trial diagnostics failed; the trial's results are kept")
         return None

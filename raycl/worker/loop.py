@@ -25,11 +25,12 @@ import torch
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import search_config_class
 from raycl.data import DatasetSplits, load_dataset
-from raycl.distributed import broadcast_from_rank0
+from raycl.distributed import broadcast_from_rank0, single_rank_section
 from raycl.eval.multimodal import EvalSets, load_mmvp_sets
 from raycl.eval.transfer import load_transfer_sets
 from raycl.methods import method_class
 from raycl.worker.checkpoints import Restored, restore
+from raycl.worker.cuda import configure_cuda_backends
 from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY, NonFiniteLossError
 from raycl.worker.perf import Clock
 from raycl.worker.session import RayTrainSession, Session
@@ -63,6 +64,7 @@ def run_trial_loop(loop_config: dict[str, Any], session: Session) -> None:
     """
     config = search_config_class().model_validate(loop_config["config"])
     torch.set_num_threads(max(1, int(config.scaling.cpus_per_worker)))
+    configure_cuda_backends(session.device)  # TF32, cuDNN autotuning; nothing on CPU
     data, eval_sets = _load_data(config)
     clock = Clock(loop_config.get("trial_started_at"))
     last_stage = config.num_stages - 1
@@ -112,8 +114,10 @@ def _resume_point(
     if not restored.progress["stage_complete"]:
         return restored.inputs, restored
     assert restored.features is not None
+    soup = restored.state.pop("soup", None)
+    restored.state.clear()  # the finished stage's model and optimizer: not needed, not kept
     inputs = between_stages(config, restored.inputs, restored.features, restored.metrics,
-                            restored.state.get("soup"), session, clock)
+                            soup, session, clock)
     shutil.rmtree(restored.directory, ignore_errors=True)
     return inputs, None
 
@@ -131,7 +135,8 @@ def between_stages(
     ``weights``: the stage's soup weights (``mcl.integration: soup``), else None."""
     started = time.perf_counter()
     if session.rank == 0:
-        assignment = cluster_stage(config, inputs, features).astype(np.int64)
+        with single_rank_section("rank 0's clustering between stages"):
+            assignment = cluster_stage(config, inputs, features, session.device).astype(np.int64)
     else:
         assignment = np.zeros(len(features["train"]), dtype=np.int64)
     assignment = broadcast_from_rank0(torch.from_numpy(assignment).to(session.device))

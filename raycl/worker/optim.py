@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -12,6 +13,8 @@ import torch
 
 from raycl.config.schema import CoreConfig
 from raycl.methods.base import TRAIN_PHASE, Method, Phase
+
+logger = logging.getLogger(__name__)
 
 # Enters the forward pass's autocast region (or nothing, with train.amp off).
 Autocast = Callable[[], AbstractContextManager[Any]]
@@ -82,17 +85,33 @@ class LrSchedule:
             group["lr"] = group["initial_lr"] * factor
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bf16 natively: a CUDA GPU of compute capability 8.0
+    (Ampere) or later. ``torch.cuda.is_bf16_supported()`` also counts the slow emulation on
+    older GPUs and looks at the current device only, hence the capability of ``device``."""
+    return device.type == "cuda" and torch.cuda.get_device_properties(device).major >= 8
+
+
+def resolve_amp(mode: str, device: torch.device) -> str:
+    """``train.amp`` as run on ``device``: ``auto`` is bf16 on a GPU with native bf16 (no loss
+    scaler, so no host sync per step), fp16 on an older GPU, off elsewhere."""
+    if mode != "auto":
+        return mode
+    if device.type != "cuda":
+        return "off"
+    return "bf16" if native_bf16(device) else "fp16"
+
+
 def autocast_and_scaler(
     config: CoreConfig, device: torch.device
 ) -> tuple[Autocast, torch.amp.GradScaler]:
     """The forward pass's autocast region and the loss scaler for ``train.amp``.
 
-    ``auto`` is fp16 on CUDA and off elsewhere; the scaler only scales for fp16 on CUDA (bf16
-    needs none), and is a no-op otherwise so the loop calls it the same way in every mode.
+    ``auto`` is :func:`resolve_amp`'s choice. The scaler only scales for fp16 on CUDA (bf16
+    needs none; fp16's scaler reads its inf check on the host every step), and is a no-op
+    otherwise so the loop calls it the same way in every mode.
     """
-    mode = config.train.amp
-    if mode == "auto":
-        mode = "fp16" if device.type == "cuda" else "off"
+    mode = resolve_amp(config.train.amp, device)
     if mode == "off":
         return nullcontext, torch.amp.GradScaler(device.type, enabled=False)
     dtype = torch.float16 if mode == "fp16" else torch.bfloat16
@@ -100,4 +119,31 @@ def autocast_and_scaler(
     return (lambda: torch.autocast(device.type, dtype=dtype)), scaler
 
 
-__all__ = ["Autocast", "LrSchedule", "autocast_and_scaler", "build_optimizer", "lr_factor"]
+def inference_autocast(config: CoreConfig, device: torch.device) -> Autocast:
+    """The autocast region of evaluation passes (embedding): the trial's training precision on
+    CUDA, none elsewhere (CPU evaluation stays float32, as CPU autocast is slow and its numbers
+    would move). Callers cast the outputs to float32 for the probes."""
+    mode = resolve_amp(config.train.amp, device)
+    if device.type != "cuda" or mode == "off":
+        return nullcontext
+    dtype = torch.float16 if mode == "fp16" else torch.bfloat16
+    return lambda: torch.autocast("cuda", dtype=dtype)
+
+
+def load_scaler_state(scaler: torch.amp.GradScaler, state: dict[str, Any]) -> None:
+    """Give ``scaler`` a checkpoint's loss-scaler ``state`` when both scale (fp16 on CUDA).
+
+    A disabled scaler saves ``{}``, and an enabled one refuses ``{}``: a trial resumed under
+    another AMP mode (``train.amp`` changed, or a CPU checkpoint resumed on a GPU) starts the loss
+    scale afresh instead, with a warning, since the scale is a running estimate, not weights.
+    """
+    if state and scaler.is_enabled():
+        scaler.load_state_dict(state)
+    elif bool(state) != scaler.is_enabled():
+        then, now = (("scaling", "not scaling") if state else ("not scaling", "scaling"))
+        logger.warning("the AMP mode changed since the checkpoint (loss scaler %s then, %s now): "
+                       "the loss scale starts afresh", then, now)
+
+
+__all__ = ["Autocast", "LrSchedule", "autocast_and_scaler", "build_optimizer",
+           "inference_autocast", "load_scaler_state", "lr_factor", "native_bf16", "resolve_amp"]

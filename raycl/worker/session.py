@@ -1,7 +1,10 @@
-"""How the worker loop talks to its runtime: rank, device, reports, the checkpoint to resume.
+"""How the worker loop talks to its runtime: rank, device, reports, the checkpoint to resume,
+and how a model is wrapped for data parallelism.
 
 :class:`RayTrainSession` is a Ray Train worker (``scaling.num_workers >= 1``);
-:class:`InProcessSession` runs the same loop inside the trial process (``num_workers: 0``).
+:class:`InProcessSession` runs the same loop inside the trial process (``num_workers: 0``), or
+in a process of a group set up by hand (``torch.distributed.init_process_group``, e.g. the
+two-worker tests), whose rank and world size it takes.
 """
 
 from __future__ import annotations
@@ -13,6 +16,10 @@ import ray
 import ray.train
 import ray.train.torch
 import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from raycl import distributed
 
 
 class RayTrainSession:
@@ -26,6 +33,10 @@ class RayTrainSession:
 
     def latest_checkpoint(self) -> ray.train.Checkpoint | None:
         return ray.train.get_checkpoint()
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """DDP as Ray Train sets it up (device placement, ``device_ids``)."""
+        return ray.train.torch.prepare_model(model)
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
         checkpoint = (ray.train.Checkpoint.from_directory(checkpoint_dir)
@@ -49,7 +60,9 @@ class InProcessSession:
     ) -> None:
         from ray.tune.trainable.trainable_fn_utils import _in_tune_session
 
-        self.rank, self.world_size, self.device = 0, 1, device
+        # 0 and 1 unless this process joined a process group (no group inside a Tune trial).
+        self.rank, self.world_size = distributed.rank(), distributed.world_size()
+        self.device = device
         self.resume_from = resume_from
         self.in_tune = _in_tune_session()
         self.last_checkpoint_dir: str | None = None
@@ -57,6 +70,14 @@ class InProcessSession:
 
     def latest_checkpoint(self) -> ray.train.Checkpoint | None:
         return self.resume_from
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """Plain DDP over the process group this process joined (as Ray Train's, which needs
+        a Ray Train worker); the model itself in a single process."""
+        if self.world_size == 1:
+            return model
+        device_ids = [self.device] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model.to(self.device), device_ids=device_ids)
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
         self.last_report = metrics

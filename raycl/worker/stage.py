@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray.train.torch
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -25,16 +24,23 @@ from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides
 from raycl.data import DatasetSplits
 from raycl.data.augment import BatchAugment
+from raycl.distributed import single_rank_section
 from raycl.eval.multimodal import EvalSets
 from raycl.methods import build_method, method_class, stage_epochs, stage_phases
 from raycl.methods.base import Method, Phase
 from raycl.queues import queue_buffer_names
 from raycl.worker.checkpoints import Restored, write_checkpoint
+from raycl.worker.cuda import prefer_channels_last
 from raycl.worker.epoch import EpochStats, StepParts, run_epoch, seed_epoch
 from raycl.worker.evaluate import evaluate_epoch
 from raycl.worker.faults import maybe_inject_fault
 from raycl.worker.loader import build_loader, sampler_metrics, set_sampler_epoch
-from raycl.worker.optim import LrSchedule, autocast_and_scaler, build_optimizer
+from raycl.worker.optim import (
+    LrSchedule,
+    autocast_and_scaler,
+    build_optimizer,
+    load_scaler_state,
+)
 from raycl.worker.perf import Clock, peak_rss_mb
 from raycl.worker.session import InProcessSession, Session
 from raycl.worker.stages import Features, StageInputs, StageWeights, soup_weights
@@ -150,9 +156,9 @@ def build_stage_method(
     # Model soups average stages that start from the same weights; CLIP tuning always does.
     same_start = cls.stages_share_initial_weights or config.mcl.integration == "soup"
     torch.manual_seed(config.seed if same_start else config.seed + 1000 * stage)
-    method = build_method(built_from, channels).to(device)
-    if resume is not None:
-        method.load_state_dict(resume.state["model"])
+    method = prefer_channels_last(build_method(built_from, channels).to(device), device)
+    if resume is not None:  # taken out of the checkpoint: once loaded, nothing keeps it
+        method.load_state_dict(resume.state.pop("model"))
     return method
 
 
@@ -177,19 +183,23 @@ def _start_phase(
     method.set_phase(phase.name)
     optimizer = build_optimizer(method, config, phase)
     if resume is not None:
+        # Taken out of the checkpoint: once loaded (or unused), nothing keeps it in memory.
+        optimizer_state, scaler_state = resume.state.pop("optimizer"), resume.state.pop("scaler")
         if start_epoch > 0:  # inside this phase (at 0 the state is the previous phase's)
-            optimizer.load_state_dict(resume.state["optimizer"])
-            stage.parts.scaler.load_state_dict(resume.state["scaler"])
+            optimizer.load_state_dict(optimizer_state)
+            load_scaler_state(stage.parts.scaler, scaler_state)
+        del optimizer_state, scaler_state
         shutil.rmtree(resume.directory, ignore_errors=True)
     # Wrapped per phase: DDP registers the parameters that require grad when it is built.
-    model = data_parallel(method) if stage.session.world_size > 1 else method
+    model = data_parallel(method, stage.session) if stage.session.world_size > 1 else method
     epochs = phase.epoch_count(config.train.epochs)
     schedule = LrSchedule.for_phase(config, phase, epochs, len(stage.parts.loader))
     return _PhaseRun(index, phase, offset, epochs, start_epoch, model, optimizer, schedule)
 
 
-def data_parallel(method: Method) -> nn.Module:
-    """DDP through Ray Train, minus the per-forward broadcast of queue buffers.
+def data_parallel(method: Method, session: Session) -> nn.Module:
+    """DDP as the session sets it up (Ray Train's, or plain DDP over a process group set up by
+    hand), minus the per-forward broadcast of queue buffers.
 
     DDP re-broadcasts every buffer from rank 0 at each forward (``broadcast_buffers=True``, which
     BatchNorm statistics need). A support-set queue is identical on every rank by construction
@@ -201,7 +211,7 @@ def data_parallel(method: Method) -> nn.Module:
     ignored = queue_buffer_names(method)
     if ignored:
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(method, ignored)
-    return ray.train.torch.prepare_model(method)
+    return session.wrap_model(method)
 
 
 def _end_epoch(stage: _Stage, run: _PhaseRun, stats: EpochStats, completed: int) -> StageResult:
@@ -227,9 +237,10 @@ def _end_epoch(stage: _Stage, run: _PhaseRun, stats: EpochStats, completed: int)
     checkpoint_dir = None
     if session.rank == 0 and progress is not None:
         checkpoint_dir = tempfile.mkdtemp(prefix="raycl-ckpt-")
-        write_checkpoint(Path(checkpoint_dir), method, run.optimizer, stage.parts.scaler,
-                         progress, inputs, features if last else None, metrics, diagnostics,
-                         soup)
+        with single_rank_section("rank 0's checkpoint writing"):
+            write_checkpoint(Path(checkpoint_dir), method, run.optimizer, stage.parts.scaler,
+                             progress, inputs, features if last else None, metrics,
+                             diagnostics, soup)
     session.report(metrics, checkpoint_dir)
     maybe_inject_fault(stage.loop_config, inputs.stage, run.offset + completed,
                        isinstance(session, InProcessSession))

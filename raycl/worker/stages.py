@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from raycl.cluster import kmeans, l2_normalize, pseudo_label_codes
+from raycl.cluster import kmeans, kmeans_gpu, l2_normalize, pseudo_label_codes
 
 if TYPE_CHECKING:
     from raycl.config.schema import CoreConfig
@@ -60,8 +60,13 @@ def soup_weights(method: nn.Module) -> StageWeights:
             if name in trained or name in buffers}
 
 
-def average_weights(stages: list[StageWeights]) -> StageWeights:
-    """The model soup: the element-wise mean of each entry over the stages.
+def average_weights(
+    stages: list[StageWeights], device: torch.device | str = "cpu"
+) -> StageWeights:
+    """The model soup: the element-wise mean of each entry over the stages, on ``device``.
+
+    Every entry is moved to ``device`` first: a stage restored from a checkpoint and one just
+    trained need not hold their weights on the same device.
 
     Raises:
         ValueError: if the stages hold different entries or shapes (their architectures differ).
@@ -75,7 +80,7 @@ def average_weights(stages: list[StageWeights]) -> StageWeights:
                              f"{sorted(set(stage) ^ keys)[:3]}")
     soup = {}
     for key in stages[0]:
-        values = [stage[key] for stage in stages]
+        values = [stage[key].to(device) for stage in stages]
         if any(value.shape != values[0].shape for value in values):
             raise ValueError(f"{key}: shapes differ between stages")
         soup[key] = torch.stack([value.double() for value in values]).mean(0).to(values[0].dtype)
@@ -146,11 +151,17 @@ class StageInputs:
             )
 
 
-def cluster_stage(config: CoreConfig, inputs: StageInputs, features: Features) -> np.ndarray:
+def cluster_stage(
+    config: CoreConfig, inputs: StageInputs, features: Features,
+    device: torch.device | None = None,
+) -> np.ndarray:
     """k-means of stage j's training features into ``mcl.clusters`` groups (seeded by the stage).
-    Fits on every training point unless ``mcl.kmeans_max_points`` caps it."""
+    Fits on every training point unless ``mcl.kmeans_max_points`` caps it. ``device``: the
+    calling worker's device; faiss runs on that GPU when it is one (see :func:`kmeans_gpu`),
+    else on the CPU."""
     return kmeans(features["train"], config.mcl.clusters, seed=config.seed + inputs.stage,
-                  niter=config.mcl.kmeans_iterations, max_points=config.mcl.kmeans_max_points)
+                  niter=config.mcl.kmeans_iterations, max_points=config.mcl.kmeans_max_points,
+                  gpu=kmeans_gpu(device))
 
 
 def next_stage_inputs(
