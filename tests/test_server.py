@@ -94,7 +94,10 @@ def test_trials_log_through_the_drivers_relay(ray_session, tmp_path: Path) -> No
     callback.setup()
 
     callback.on_trial_start(0, [], StubTrial("feed0001", {}, {}, experiment_tag="1"))
-    start_relay()
+    relay_handle = start_relay()
+    # Every sweep's tuner starts the relay: a second start keeps the first (a handle looked up
+    # by name would not keep the actor alive, and trials would find no relay).
+    assert start_relay() is relay_handle
 
     @ray.remote(num_cpus=0, max_calls=1)  # max_calls: the sabotaged worker process exits after
     def trial_side(config_dict: dict) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +27,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 RELAY_NAME = "raycl-mlflow-relay"
-# The driver keeps its relay's handle here: a named actor lives as long as its owner holds it.
-_RELAY: Any = None
+# The driver keeps its relay's creating handle here, with the Ray session it belongs to: a named
+# actor lives as long as its owner holds that handle. A handle looked up by name does not keep it
+# alive (weak-reference semantics since ray-project/ray#45699), so the relay is never replaced
+# by a looked-up one, or it dies and trials log past it.
+_RELAY: tuple[str, Any] | None = None
 
 
 class MLflowRelay:
@@ -55,40 +57,35 @@ class MLflowRelay:
 
 
 def start_relay() -> Any:
-    """Start (or find) this driver's relay on this node; call after ``ray.init``."""
+    """Start this driver's relay on this node (once per Ray session; later calls return the
+    same handle); call after ``ray.init``."""
     global _RELAY
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    node_id = ray.get_runtime_context().get_node_id()
-    _RELAY = ray.remote(MLflowRelay).options(
+    context = ray.get_runtime_context()
+    session = f"{context.gcs_address}/{context.get_job_id()}"
+    if _RELAY is not None and _RELAY[0] == session:
+        return _RELAY[1]
+    handle = ray.remote(MLflowRelay).options(
         name=RELAY_NAME, get_if_exists=True, num_cpus=0, max_restarts=-1,
         max_task_retries=3,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        scheduling_strategy=NodeAffinitySchedulingStrategy(context.get_node_id(), soft=False),
     ).remote()
-    return _RELAY
-
-
-# Lookups of the relay before a trial logs directly: a loaded GCS has been seen to miss a live
-# named actor once (the trial then logged straight to a store it may not reach).
-RELAY_LOOKUPS = 3
+    _RELAY = (session, handle)
+    return handle
 
 
 def find_relay() -> Any:
     """The sweep's relay as seen from a trial, or None (not under Ray, or no relay started)."""
     try:
         import ray
-    except ImportError:
+
+        if not ray.is_initialized():
+            return None
+        return ray.get_actor(RELAY_NAME)
+    except (ImportError, ValueError):
         return None
-    if not ray.is_initialized():
-        return None
-    for attempt in range(RELAY_LOOKUPS):
-        try:
-            return ray.get_actor(RELAY_NAME)
-        except ValueError:  # no such actor (yet)
-            if attempt < RELAY_LOOKUPS - 1:
-                time.sleep(0.5 * (attempt + 1))
-    return None
 
 
 def read_files(directory: Path | None) -> dict[str, bytes]:
