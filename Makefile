@@ -9,12 +9,18 @@ TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 
 install: $(VENV)/.installed
 
+# pip stays quiet (-q); one line per step says what the next minute or two is spent on.
 $(VENV)/.installed: pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e '.[dev]'
-	touch $@
+	@test -x $(PY) || { echo "raycl: creating the virtual environment $(VENV)"; \
+		python3 -m venv $(VENV); }
+	@echo "raycl: upgrading pip"
+	@$(PY) -m pip install -q --upgrade pip
+	@echo "raycl: installing $(TORCH_SPEC) (the largest package)"
+	@$(PY) -m pip install -q $(TORCH_SPEC)
+	@echo "raycl: installing raycl and its dependencies (ray, mlflow, optuna, …) into $(VENV)"
+	@$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+	@echo "raycl: installed ($(PY))"
 
 # Fashion-MNIST for the mnist_fashion dataset: a Debian package (skipped when not root).
 data:

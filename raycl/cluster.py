@@ -8,13 +8,18 @@ tensor (`Batch.pseudo_labels`) and be compared with `==` in the masked loss.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import faiss
 import numpy as np
 from sklearn.metrics import adjusted_mutual_info_score
+
+# faiss tries its CPU builds in turn and logs each miss at INFO ("Could not load library with
+# AVX512 support"): noise in every Ray Train worker, whose root logger Ray sets to INFO.
+logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+import faiss  # noqa: E402
 
 if TYPE_CHECKING:
     import torch

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 from ray import tune
-from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from raycl.cluster import ami_matrix, group_size_histogram, pseudo_label_codes
@@ -102,7 +103,7 @@ def fit_trial(
 
         callbacks.append(TuneReportCallback())
     trainer = TorchTrainer(
-        train_loop_per_worker,
+        _train_loop,
         train_loop_config=loop_config,
         scaling_config=ScalingConfig(
             num_workers=config.scaling.num_workers,
@@ -118,6 +119,10 @@ def fit_trial(
             failure_config=FailureConfig(max_failures=config.scaling.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             callbacks=callbacks,
+            # WARNING for a quiet sweep (raycl.tune.init_ray sets it): Ray Train's controller
+            # and workers otherwise log every checkpoint at INFO.
+            logging_config=LoggingConfig(
+                log_level=os.environ.get("RAYCL_TRAIN_LOG_LEVEL", "INFO")),
         ),
     )
     result = trainer.fit()
@@ -125,6 +130,18 @@ def fit_trial(
     if result.checkpoint is not None:
         directory = Path(result.checkpoint.to_directory(tempfile.mkdtemp(prefix="raycl-final-")))
     return TrialOutput(dict(result.metrics or {}), directory)
+
+
+def _train_loop(loop_config: dict[str, Any]) -> None:
+    """``train_loop_per_worker`` at the sweep's log level: Ray Train 2.60 sets a worker's root
+    and ``ray.train`` loggers to INFO whatever ``LoggingConfig`` says ("Reporting training
+    result ..." per epoch); ``RAYCL_TRAIN_LOG_LEVEL`` (a quiet sweep, :func:`raycl.tune
+    .init_ray`) turns them down to warnings."""
+    level = os.environ.get("RAYCL_TRAIN_LOG_LEVEL")
+    if level:
+        for name in ("", "ray.train"):
+            logging.getLogger(name).setLevel(level)
+    train_loop_per_worker(loop_config)
 
 
 def run_trial(

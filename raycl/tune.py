@@ -13,6 +13,7 @@ launched), 130 when interrupted (Ctrl+C; the same command resumes).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import sys
@@ -21,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from raycl.config.checks import ENVIRONMENT_CHECKS, run_checks
+from raycl.config.identity import check_same_sweep, store_settings
 from raycl.config.load import load_search, with_absolute_paths
 from raycl.config.placement import CLUSTER_CHECKS, placement_warning, trial_resources
 from raycl.config.schema import ConfigError, CoreConfig
 from raycl.config.search_config import max_reports, schema_markdown
+from raycl.dry_run import collapse_notices, print_dry_run
 
 EPILOG = """\
 examples:
@@ -34,7 +37,8 @@ examples:
       --storage s3://bucket/raycl --tracking-uri http://mlflow:5000
   python -m raycl.tune --show-schema        # every config key, its type, default and meaning
 
-Re-running a sweep with the same name (and storage) resumes it; --fresh starts over.
+Re-running a sweep with the same name (and storage) and settings resumes it; with other
+settings it stops and lists them (run them under --name NEW, or --fresh to start over).
 Results: mlflow ui --backend-store-uri sqlite:///mlflow.db ; python -m raycl.leaderboard
 """
 
@@ -60,6 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="validate and print the resolved config, launch nothing")
     parser.add_argument("--show-schema", action="store_true",
                         help="print every config key with type, default and description")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show Ray's and Optuna's full output beside raycl's progress lines")
     return parser.parse_args(argv)
 
 
@@ -96,21 +102,30 @@ def _set_aside(experiment_path: str) -> None:
     print(f"raycl: --fresh: previous sweep state moved to {aside}", flush=True)
 
 
+def _print_notice(notice: str | None) -> None:
+    if notice:
+        print(f"raycl: {notice}", flush=True)
+
+
 def build_tuner(
     config: CoreConfig,
     search_file: str | None,
     fresh: bool = False,
     fault: dict[str, Any] | None = None,
+    verbose: bool = False,
 ) -> Any:
     """A ``Tuner`` for the sweep, or the restored one when a sweep of that name exists. Call it
     after ``ray.init``: it starts this driver's MLflow relay, which trials log through.
 
-    ``fault`` is a test hook passed to every trial (see :mod:`raycl.worker.faults`).
+    ``fault`` is a test hook passed to every trial (see :mod:`raycl.worker.faults`). raycl's
+    progress lines (:class:`raycl.progress.ProgressDisplay`) replace Tune's tables unless
+    ``verbose``. A restored sweep keeps the callbacks and verbosity it was started with.
     """
     from ray import tune
     from ray.tune.schedulers import FIFOScheduler
 
     from raycl.pipeline import run_trial
+    from raycl.progress import ProgressDisplay
     from raycl.searchers import FinishingASHA, build_searcher
     from raycl.tracking.callback import MLflowSweepCallback
     from raycl.tracking.relay import start_relay
@@ -143,19 +158,22 @@ def build_tuner(
     run_config = tune.RunConfig(
         name=config.name,
         storage_path=storage,
-        callbacks=[MLflowSweepCallback(config, search_file)],
+        callbacks=[MLflowSweepCallback(config, search_file), ProgressDisplay(config)],
         failure_config=tune.FailureConfig(max_failures=config.tune.max_failures),
         # Two, so a corrupt latest checkpoint can fall back to the one before it.
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-        verbose=1,
+        verbose=1 if verbose else 0,  # 0: raycl.progress prints the sweep
     )
     experiment_path = f"{storage}/{config.name}"
     if tune.Tuner.can_restore(experiment_path) and fresh:
         _set_aside(experiment_path)
     elif tune.Tuner.can_restore(experiment_path):
+        # Other settings stop here (ConfigError: exit 2); identical ones resume.
+        _print_notice(check_same_sweep(config, experiment_path, search_file))
         print(f"raycl: resuming sweep {config.name!r} from {experiment_path}", flush=True)
         return tune.Tuner.restore(experiment_path, trainable, resume_unfinished=True,
                                   resume_errored=True, param_space=param_space)
+    _print_notice(store_settings(config, experiment_path))  # what a re-run is compared with
     return tune.Tuner(
         trainable,
         param_space=param_space,
@@ -175,34 +193,58 @@ def _warn_if_trials_wait(config: CoreConfig) -> None:
         print(f"raycl: warning: {warning}", file=sys.stderr, flush=True)
 
 
-def init_ray(**init_kwargs: Any) -> None:
+def init_ray(quiet: bool = False, **init_kwargs: Any) -> None:
     """Start (or join) Ray the way every raycl sweep needs it; tests and benchmarks use it too.
 
     Intermediate reports without the objective are fine (evaluation every N epochs, MCL's skipped
     trials): ASHA and our Optuna searcher ignore them, so Tune's strict metric check is turned off
     in the driver and, through the runtime env, in every trial process.
+
+    ``quiet`` (a sweep without ``-v``): the job's processes log warnings and errors only
+    (``ray.LoggingConfig``: no "Checkpoint successfully created" per epoch; Ray Train's own
+    ``ray.train`` loggers follow ``RAYCL_TRAIN_LOG_LEVEL``, read by :mod:`raycl.pipeline`), and
+    the dashboard's address is printed in one line.
     """
     import ray
 
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
-    if not ray.is_initialized():
-        ray.init(runtime_env={"env_vars": {"TUNE_DISABLE_STRICT_METRIC_CHECKING": "1"}},
-                 **init_kwargs)
+    if ray.is_initialized():
+        return
+    env_vars = {"TUNE_DISABLE_STRICT_METRIC_CHECKING": "1"}
+    if quiet:
+        env_vars["RAYCL_TRAIN_LOG_LEVEL"] = "WARNING"
+        init_kwargs.setdefault("logging_config", ray.LoggingConfig(log_level="WARNING"))
+    context = ray.init(runtime_env={"env_vars": env_vars}, **init_kwargs)
+    dashboard = getattr(context, "dashboard_url", None)
+    if quiet and dashboard:
+        url = dashboard if "://" in dashboard else f"http://{dashboard}"
+        print(f"raycl: Ray dashboard at {url}", flush=True)
 
 
 def run(config: CoreConfig, search_file: str | None = None, fresh: bool = False,
-        address: str | None = None) -> int:
-    """Run the sweep on the current (or a new embedded) Ray; return the process exit code."""
+        address: str | None = None, verbose: bool = False) -> int:
+    """Run the sweep on the current (or a new embedded) Ray; return the process exit code.
+    Ray's, Tune's and Optuna's own output is turned down to warnings unless ``verbose``
+    (:func:`raycl.progress.quiet_ray`)."""
+    from raycl.progress import quiet_ray
+
+    with quiet_ray(verbose):
+        return _run(config, search_file, fresh, address, verbose)
+
+
+def _run(config: CoreConfig, search_file: str | None, fresh: bool, address: str | None,
+         verbose: bool) -> int:
     from raycl.tracking.callback import INTERRUPTED
     from raycl.tracking.leaderboard import print_leaderboard
     from raycl.worker.outcome import FAILED_KEY
 
-    init_ray(address=address, log_to_driver=True)
+    # Workers' warnings and errors (a trial's traceback) still reach this terminal.
+    init_ray(quiet=not verbose, address=address, log_to_driver=True)
     # A trial no node set can hold would wait forever where nothing adds nodes: refused here,
     # before any trial (ConfigError: exit 2); a warning where an autoscaler can add them.
     run_checks(config, search_file or config.name, CLUSTER_CHECKS)
     _warn_if_trials_wait(config)
-    tuner = build_tuner(config, search_file, fresh=fresh)
+    tuner = build_tuner(config, search_file, fresh=fresh, verbose=verbose)
     results = tuner.fit()
     finished = [r for r in results
                 if r.error is None and not (r.metrics or {}).get(FAILED_KEY)]
@@ -219,6 +261,9 @@ def run(config: CoreConfig, search_file: str | None = None, fresh: bool = False,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not args.verbose:
+        # The pre-launch MLflow check may create a new database: MLflow says so at INFO.
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     if args.show_schema:
         print(schema_markdown())
         return 0
@@ -229,18 +274,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = resolve(args, notices)
         run_checks(config, args.search, ENVIRONMENT_CHECKS)
+        notices.extend(collapse_notices(config))  # constraints that narrow the search
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for notice in notices:
         print(f"raycl: {notice}", flush=True)
     if args.dry_run:
-        import yaml
-
-        print(yaml.safe_dump(config.to_dict(), sort_keys=False))
+        print_dry_run(config)  # never starts Ray
         return 0
     try:
-        return run(config, args.search, fresh=args.fresh, address=args.address)
+        return run(config, args.search, fresh=args.fresh, address=args.address,
+                   verbose=args.verbose)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -105,10 +105,19 @@ def test_overrides_are_type_checked(tmp_path: Path) -> None:
     path = write(tmp_path, BASE)
     assert load_search(path, ["train.epochs=5"]).train.epochs == 5
     assert load_search(path, ["tune.search_space={}"]).tune.search_space == {}
-    with pytest.raises(ConfigError, match=r"^--set train\.epoch: unknown key$"):
+    with pytest.raises(ConfigError, match=r"^--set train\.epoch: unknown key \(did you mean "
+                                          r"train\.epochs\?\)$"):
         load_search(path, ["train.epoch=5"])
-    with pytest.raises(ConfigError, match=r"train\.epochs: Input should be a valid integer"):
+    # A bad value is the --set's error, not the file's.
+    with pytest.raises(ConfigError, match=r"^--set train\.epochs=many: train\.epochs: Input "
+                                          r"should be a valid integer"):
         load_search(path, ["train.epochs=many"])
+    with pytest.raises(ConfigError, match=r"^--set tune\.search_space\.train\.lr=\{uniform: "
+                                          r"\[1, x\]\}: tune\.search_space\.train\.lr"):
+        load_search(path, ["tune.search_space.train.lr={uniform: [1, x]}"])
+    # A bad value in the file is still the file's, with a --set of another key.
+    message = error_of(tmp_path, BASE + "data: {dataset: cifar}\n", ["train.epochs=3"])
+    assert message.startswith(f"{path}: data.dataset: ")
     with pytest.raises(ConfigError, match="expected key=value"):
         load_search(path, ["train.epochs"])
 
@@ -162,6 +171,28 @@ def test_schema_documents_every_key() -> None:
     for key in ("train.epochs", "simclr.temperature", "scaling.num_workers", "mcl.negatives",
                 "tune.metric", "data.resolution"):
         assert f"`{key}`" in table
+    # A choice shows its allowed values, never the word Literal.
+    assert "Literal" not in table
+    assert "| `tune.scheduler.type` | 'asha' \\| 'none' | 'asha' |" in table
+    assert "| `data.dataset` | 'trifeature' \\| " in table
+
+
+@pytest.mark.parametrize(("key", "hint"), [
+    ("train.epoch", "train.epochs"), ("trian", "train"), ("simclr.temprature",
+                                                         "simclr.temperature"),
+    ("epochs", "train.epochs"), ("nothing.like.it", None)])
+def test_unknown_keys_get_a_suggestion(key: str, hint: str | None) -> None:
+    from raycl.config.search_config import did_you_mean
+
+    assert did_you_mean(key) == (f" (did you mean {hint}?)" if hint else "")
+
+
+def test_unknown_keys_in_the_yaml_get_a_suggestion(tmp_path: Path) -> None:
+    assert error_of(tmp_path, BASE + "trian: {epochs: 2}\n").endswith(
+        ": trian: unknown key (did you mean train?)")
+    text = BASE.replace("simclr.temperature: {loguniform", "simclr.temprature: {loguniform")
+    assert error_of(tmp_path, text).endswith(
+        "not a searchable config key (did you mean simclr.temperature?)")
 
 
 def test_max_reports_uses_largest_stage_count(tmp_path: Path) -> None:
@@ -175,7 +206,7 @@ def test_cli_exit_code_2_and_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     path = write(tmp_path, BASE + "train: {epochs: 2, batch_size: 64, epoch: 3}\n")
     assert main([str(path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"error: {path}: train.epoch: unknown key"
+    assert err == f"error: {path}: train.epoch: unknown key (did you mean train.epochs?)"
 
 
 def test_cli_subprocess_exits_2_without_launching(tmp_path: Path) -> None:
@@ -185,7 +216,7 @@ def test_cli_subprocess_exits_2_without_launching(tmp_path: Path) -> None:
          "--storage", str(tmp_path / "ray")],
         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2
-    assert "simclr.temperature" in done.stderr and str(path) in done.stderr
+    assert done.stderr.startswith("error: --set simclr.temperature=hot: simclr.temperature: ")
     assert not (tmp_path / "ray").exists() and not (tmp_path / "mlflow.db").exists()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,11 +59,13 @@ def quickstart_args(tmp_path: Path) -> list[str]:
 def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, capsys) -> None:
     code = main(quickstart_args(tmp_path))
     assert code == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "e2e-quick: 2 trial(s)" in printed and "val/linear/mean" in printed
 
     client, parents, children = runs_of(tmp_path, "e2e-quick")
     assert len(parents) == 1 and len(children) == 2
+    assert_progress_display(printed, captured.err, [c.info.run_name for c in children])
     parent = parents[0]
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["raycl.version"]
@@ -115,6 +118,25 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
     assert "resuming sweep 'e2e-quick'" in capsys.readouterr().out
     _, parents, children = runs_of(tmp_path, "e2e-quick")
     assert len(parents) == 1 and len(children) == 2
+
+
+def assert_progress_display(out: str, err: str, names: list[str]) -> None:
+    """raycl's own progress lines, in MLflow's trial names, instead of Ray's and Optuna's
+    chatter (raycl.progress)."""
+    lines = out.splitlines()
+    for name in names:
+        assert sum(f"] {name}: started with " in line for line in lines) == 1, name
+        assert sum(bool(re.search(rf"\] {re.escape(name)}: (finished|stopped early by ASHA)",
+                                  line)) for line in lines) == 1, name
+        # Evaluated at epoch 2 only: the objective to at most 4 significant digits.
+        assert any(re.search(rf"\] {re.escape(name)}: epoch 2/2: val/linear/mean "
+                             r"\d\.\d{1,4}, train/loss \d", line) for line in lines), name
+    assert re.search(r"2 done, 0 running, 0 pending of 2 · best val/linear/mean \d\.\d{1,4} "
+                     r"\(t0[12] τ=", out)
+    for chatter in ("Trial status", "Checkpoint successfully created", "A new study created",
+                    "tensorboard", "Tuner.restore", "╭", "run_trial_"):
+        assert chatter not in out + err, chatter
+    assert len(lines) < 40, out
 
 
 def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -471,7 +493,9 @@ def test_interrupted_sweep_resumes_with_the_same_command(ray_session, data_cache
     assert interrupted_in is not None, (tmp_path / "first.log").read_text()[-3000:]
     assert driver.wait(timeout=120) == 130
     log.close()
-    assert "interrupted; run the same command again" in (tmp_path / "first.log").read_text()
+    first = (tmp_path / "first.log").read_text()
+    assert "interrupted; run the same command again" in first
+    assert "Tuner.restore" not in first, first[-3000:]  # raycl's hint only, not Ray's
     _, parents, _ = runs_of(tmp_path, "e2e-sigint")
     assert parents[0].info.status == "KILLED"
 

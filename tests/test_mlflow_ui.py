@@ -3,7 +3,9 @@
 The store is filled by raycl's own tracking callback (stub trials, no Ray), ``mlflow ui`` serves
 it on loopback, and Playwright drives Debian's ``/usr/bin/chromium`` through the DevTools
 protocol: the experiment must open on its training runs, the parent run must expand to every
-child run, and the best child's objective must be readable on the page. A screenshot is kept
+child run, the best child's objective must be readable on the page, the metric behind
+``objective`` must be named by a column, and a trial ASHA stopped must not look failed (a failed
+trial beside it does). A screenshot is kept
 (see :func:`_keep`). Skipped, with the reason, only where Chromium or Playwright is missing
 (``make test`` installs both as root on Debian).
 
@@ -83,13 +85,21 @@ class StubTrial:
         return f"run_trial_{self.trial_id}"
 
 
-# (trial id, searched values, final objective): the second is the best.
-TRIALS = [
-    ("abcd1234_00001", {"mcl.clusters": 2, "mcl.stages": 1, "simclr.temperature": 0.12}, 0.4125),
-    ("abcd1234_00002", {"mcl.clusters": 5, "mcl.stages": 2, "simclr.temperature": 0.31}, 0.7375),
-    ("abcd1234_00003", {"mcl.clusters": 10, "mcl.stages": 1, "simclr.temperature": 0.47}, 0.5875),
-]
 EPOCHS = 2
+# (trial id, searched values, last objective, epochs run, how it ended): the second is the best;
+# ASHA stops the fourth after 2 of its 4 epochs, the fifth fails (an error) after its first.
+TRIALS = [
+    ("abcd1234_00001", {"mcl.clusters": 2, "mcl.stages": 1, "simclr.temperature": 0.12}, 0.4125,
+     EPOCHS, "completed"),
+    ("abcd1234_00002", {"mcl.clusters": 5, "mcl.stages": 2, "simclr.temperature": 0.31}, 0.7375,
+     2 * EPOCHS, "completed"),
+    ("abcd1234_00003", {"mcl.clusters": 10, "mcl.stages": 1, "simclr.temperature": 0.47}, 0.5875,
+     EPOCHS, "completed"),
+    ("abcd1234_00004", {"mcl.clusters": 2, "mcl.stages": 2, "simclr.temperature": 0.2}, 0.3125,
+     EPOCHS, "stopped"),
+    ("abcd1234_00005", {"mcl.clusters": 10, "mcl.stages": 2, "simclr.temperature": 0.4}, 0.25,
+     1, "failed"),
+]
 
 
 @dataclass
@@ -98,6 +108,7 @@ class Child:
     name: str
     objective_key: str
     objective: float
+    ended: str  # the tag raycl.ended
 
 
 @dataclass
@@ -136,23 +147,24 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     callback = MLflowSweepCallback(config)
     callback.setup()
     trials = []
-    for trial_id, searched, objective in TRIALS:
+    for trial_id, searched, objective, epochs_run, ended in TRIALS:
         trial = StubTrial(trial_id, searched)
         callback.on_trial_start(0, trials, trial)
-        stages = searched["mcl.stages"]
-        for stage in range(stages):
-            for epoch in range(1, EPOCHS + 1):
-                step = stage * EPOCHS + epoch
-                # Rising to the objective at the last epoch of the last stage.
-                result = {"epoch": epoch, "stage": stage, "global_epoch": step,
-                          "training_iteration": step, "train/loss": 2.0 / step,
-                          METRIC: objective - 0.0625 * (stages * EPOCHS - step)}
-                if step == stages * EPOCHS:
-                    result["test/linear/mean"] = objective - 0.03125
-                callback.on_trial_result(0, trials, trial, result)
-                trial.last_result = result
+        for step in range(1, epochs_run + 1):
+            # Rising to the objective at the last epoch run.
+            result = {"epoch": (step - 1) % EPOCHS + 1, "stage": (step - 1) // EPOCHS,
+                      "global_epoch": step, "training_iteration": step,
+                      "train/loss": 2.0 / step, METRIC: objective - 0.0625 * (epochs_run - step)}
+            if ended == "completed" and step == epochs_run:
+                result["test/linear/mean"] = objective - 0.03125
+            callback.on_trial_result(0, trials, trial, result)
+            trial.last_result = result
         trial.metric_analysis = {METRIC: {"last": objective}}
-        callback.on_trial_complete(0, trials, trial)
+        if ended == "failed":
+            trial.status = "ERROR"
+            callback.on_trial_error(0, trials, trial)
+        else:
+            callback.on_trial_complete(0, trials, trial)
         trials.append(trial)
     callback.on_experiment_end(trials=trials)
 
@@ -162,9 +174,10 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     children = []
     for run in runs:
         key = OBJECTIVE_ALIAS if OBJECTIVE_ALIAS in run.data.metrics else METRIC
-        children.append(Child(run.info.run_id, run.info.run_name, key, run.data.metrics[key]))
+        children.append(Child(run.info.run_id, run.info.run_name, key, run.data.metrics[key],
+                              run.data.tags["raycl.ended"]))
     assert len(children) == len(TRIALS)
-    assert {child.objective for child in children} == {objective for *_, objective in TRIALS}
+    assert {child.objective for child in children} == {trial[2] for trial in TRIALS}
     return Sweep(db, callback.experiment_id, parent.info.run_id, parent.info.run_name, children)
 
 
@@ -310,6 +323,59 @@ def test_experiment_opens_on_runs_and_the_parent_expands_to_its_trials(
     except BaseException:
         with contextlib.suppress(Exception):
             _keep(page, tmp_path, "mlflow_ui_failed.png")
+        raise
+
+
+def _status_icon(page: Any, child: Child) -> str:
+    """The status icon MLflow draws in a run's "Created" cell (a check for FINISHED, a cross for
+    FAILED and KILLED; no text, no test id), as its drawing and colour."""
+    icon = page.locator(f'[role="row"][row-id="{child.run_id}"] [col-id="runDateAndNestInfo"] '
+                        '[role="img"]').first
+    return icon.evaluate("el => el.querySelector('svg').innerHTML + ' ' "
+                         "+ getComputedStyle(el).color")
+
+
+def test_leaderboard_view_names_the_objective_and_no_stopped_trial_is_failed(
+    sweep: Sweep, mlflow_ui: str, page: Any, tmp_path: Path
+) -> None:
+    """A trial ASHA stopped is no failure: its row carries a completed trial's icon, not the
+    failed trial's cross, and says how and when it ended (``raycl.ended``,
+    ``stopped_at_epoch``). The metric behind ``objective`` is named by a column of its own."""
+    from playwright.sync_api import expect
+
+    from raycl.tracking.leaderboard import runs_page
+
+    _forget("mlflow_ui_ended_failed.png")
+    try:
+        page.goto(f"{mlflow_ui}/{runs_page(sweep.experiment_id, 'max', with_view=True)}")
+        named = page.locator(f'[role="columnheader"][col-id="metrics.`{METRIC}`"]')
+        expect(named).to_be_visible(timeout=LOAD_MS)
+        expect(named).to_contain_text(METRIC)
+        _close_assistant(page)
+
+        def cell(child: Child, column: str) -> Any:
+            return page.locator(f'[role="row"][row-id="{child.run_id}"] [col-id="{column}"]')
+
+        by_end: dict[str, list[Child]] = {}
+        for child in sweep.children:
+            by_end.setdefault(child.ended, []).append(child)
+            # The named column holds the very numbers of `objective`.
+            expect(cell(child, f"metrics.`{METRIC}`")).to_have_text(
+                cell(child, "metrics.`objective`").inner_text(), timeout=STEP_MS)
+        assert sorted(by_end) == ["completed", "error", "stopped_by_scheduler"]
+        finished = {_status_icon(page, child) for child in by_end["completed"]}
+        failed = _status_icon(page, by_end["error"][0])
+        assert len(finished) == 1 and failed not in finished  # the two icons tell apart
+        for child in by_end["stopped_by_scheduler"]:
+            assert _status_icon(page, child) in finished, child.name
+            expect(cell(child, "tags.`raycl.ended`")).to_contain_text("stopped_by")
+            expect(cell(child, "metrics.`stopped_at_epoch`")).to_have_text(str(EPOCHS))
+        for child in by_end["completed"]:
+            expect(cell(child, "metrics.`stopped_at_epoch`")).to_have_text("-")
+        _assert_png(_keep(page, tmp_path, "mlflow_ui_ended.png"))
+    except BaseException:
+        with contextlib.suppress(Exception):
+            _keep(page, tmp_path, "mlflow_ui_ended_failed.png")
         raise
 
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import pickle
+import shlex
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,10 +19,10 @@ from mlflow import MlflowClient
 from raycl.config.schema import Domain
 from raycl.config.search_config import SearchConfig, search_config_class
 from raycl.tracking.callback import MLflowSweepCallback
-from raycl.tracking.leaderboard import runs_page, trial_runs, trial_table
+from raycl.tracking.leaderboard import print_leaderboard, runs_page, trial_runs, trial_table
 from raycl.tracking.leaderboard_plot import leaderboard_figure
 from raycl.tracking.naming import trial_run_name
-from raycl.tracking.runs import EXPERIMENT_KIND_TAG, TRIAL_TAG
+from raycl.tracking.runs import EXPERIMENT_KIND_TAG, TRIAL_TAG, mlflow_ui_command
 
 
 @dataclass
@@ -39,22 +43,31 @@ class StubTrial:
 
 
 @pytest.mark.parametrize(
-    ("config", "last_result", "status", "ended"),
+    ("config", "last_result", "status", "ended", "stopped_at"),
     [
         # Tune marks a trial stopped by ASHA as done too: only the last stage and epoch tell.
-        ({}, {"stage": 0, "epoch": 4, "done": True}, "FINISHED", "completed"),
-        ({}, {"stage": 0, "epoch": 2, "done": True}, "KILLED", "stopped_by_scheduler"),
-        ({"train.epochs": 2}, {"stage": 0, "epoch": 2, "done": True}, "FINISHED", "completed"),
-        ({"mcl.stages": 2}, {"stage": 0, "epoch": 4, "done": True}, "KILLED",
-         "stopped_by_scheduler"),
+        ({}, {"stage": 0, "epoch": 4, "global_epoch": 4, "done": True}, "FINISHED", "completed",
+         None),
+        # Stopped early by ASHA is no failure: FINISHED, with the tag and the epoch it stopped at.
+        ({}, {"stage": 0, "epoch": 2, "global_epoch": 2, "done": True}, "FINISHED",
+         "stopped_by_scheduler", 2.0),
+        ({"train.epochs": 2}, {"stage": 0, "epoch": 2, "done": True}, "FINISHED", "completed",
+         None),
+        ({"mcl.stages": 2}, {"stage": 0, "epoch": 4, "global_epoch": 4, "done": True},
+         "FINISHED", "stopped_by_scheduler", 4.0),
         # A restarted trial fast-forwards finished stages: few reports, yet complete.
         ({"mcl.stages": 2}, {"stage": 1, "epoch": 4, "training_iteration": 3, "done": True},
-         "FINISHED", "completed"),
-        ({}, {"training_iteration": 1, "done": True, "raycl/skipped": 1.0}, "KILLED", "skipped"),
+         "FINISHED", "completed", None),
+        ({}, {"training_iteration": 1, "done": True, "raycl/skipped": 1.0}, "KILLED", "skipped",
+         None),
+        # A diverged trial is a failure (the loop reports it once, then stops the trial).
+        ({}, {"stage": 0, "epoch": 1, "done": True, "raycl/failed": 1.0}, "FAILED", "diverged",
+         None),
     ],
 )
 def test_trial_end_status(
-    tmp_path: Path, config: dict, last_result: dict, status: str, ended: str
+    tmp_path: Path, config: dict, last_result: dict, status: str, ended: str,
+    stopped_at: float | None,
 ) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sweep = SearchConfig.model_validate({"name": "ends", "method": "mcl", "train": {"epochs": 4},
@@ -68,6 +81,17 @@ def test_trial_end_status(
     client = MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([callback.experiment_id], f"tags.`{TRIAL_TAG}` = 't1'")
     assert run.info.status == status and run.data.tags["raycl.ended"] == ended
+    assert run.data.metrics.get("stopped_at_epoch") == stopped_at
+
+
+def test_errored_trial_is_failed(tmp_path: Path) -> None:
+    callback = MLflowSweepCallback(_sweep(tmp_path))
+    callback.setup()
+    trial = StubTrial("e1", {"seed": 0}, {"stage": 0, "epoch": 1})
+    callback.on_trial_start(0, [], trial)
+    callback.on_trial_error(0, [], trial)
+    run = _run(callback, "e1")
+    assert run.info.status == "FAILED" and run.data.tags["raycl.ended"] == "error"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,9 +147,12 @@ def test_experiment_gets_the_leaderboard_view_the_printed_link_opens(tmp_path: P
     client = MlflowClient(tracking_uri=config.mlflow.tracking_uri)
     tags = client.get_experiment(callback.experiment_id).tags
     view = json.loads(tags["mlflow.sharedViewState.raycl-leaderboard"])
+    # `objective` cannot be renamed in the UI: the metric it stands for is a column beside it.
     assert view == {"orderByKey": "metrics.`objective`", "orderByAsc": True,
-                    "selectedColumns": ["metrics.`objective`", "metrics.`objective_test`",
-                                        *(f"params.`{key}`" for key in MCL_SPACE)]}
+                    "selectedColumns": ["metrics.`objective`", "metrics.`val/linear/mean`",
+                                        "metrics.`objective_test`",
+                                        *(f"params.`{key}`" for key in MCL_SPACE),
+                                        "tags.`raycl.ended`", "metrics.`stopped_at_epoch`"]}
     # The UI drops a shared view whose link also carries search parameters.
     assert runs_page(callback.experiment_id, "min", with_view=True) == (
         f"#/experiments/{callback.experiment_id}/runs?workflowType=machine_learning"
@@ -285,6 +312,7 @@ def test_leaderboard_rewritten_at_experiment_end(tmp_path: Path) -> None:
         rows = list(csv.DictReader(f))
     assert [(row["trial"], row["status"]) for row in rows] == [("t00 seed=0", "completed"),
                                                               ("t01 seed=1", "interrupted")]
+    assert _run(callback, "r1").info.status == "KILLED"  # resumed by the same command
 
 
 def _table(tmp_path: Path, space: dict, trials: list[tuple[dict, float | None]], mode="max"):
@@ -343,3 +371,81 @@ def test_restored_sweep_keeps_run_names(tmp_path: Path) -> None:
                                        f"tags.`{TRIAL_TAG}` = 'f1b9113e'")
     assert [run.info.run_name for run in runs] == ["t03 K=5 N=2 τ=0.31"]
     assert restored.parent_run_id == callback.parent_run_id
+
+
+def test_parent_params_are_what_every_trial_shares(tmp_path: Path) -> None:
+    """A searched key's default is used by no trial: the parent logs its domain instead."""
+    callback = MLflowSweepCallback(_sweep(tmp_path, MCL_SPACE, method="mcl"))
+    callback.setup()
+    parent = callback.client.get_run(callback.parent_run_id)
+    params = parent.data.params
+    assert not {"mcl.clusters", "mcl.stages", "simclr.temperature", "tune.search_space"} & \
+        set(params)
+    assert params["search_space.mcl.clusters"] == "choice [2, 5, 10]"
+    assert params["search_space.simclr.temperature"] == "loguniform [0.1, 0.5]"
+    assert params["train.epochs"] == "2" and params["seed"] == "0"
+    assert parent.data.tags["raycl.objective"] == "val/linear/mean, max"
+
+
+@pytest.mark.parametrize(("num_samples", "seed_param", "seed_domain"),
+                         [(3, None, "grid [0, 1, 2]"), (1, "0", None)])
+def test_parent_params_of_seed_repeats(
+    tmp_path: Path, num_samples: int, seed_param: str | None, seed_domain: str | None
+) -> None:
+    """Nothing searched: the trials differ by seed alone, when there are several."""
+    config = _sweep(tmp_path)
+    config.tune.num_samples = num_samples
+    callback = MLflowSweepCallback(config)
+    callback.setup()
+    params = callback.client.get_run(callback.parent_run_id).data.params
+    assert params.get("seed") == seed_param
+    assert params.get("search_space.seed") == seed_domain
+
+
+def _executable(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_ui_command_runs_from_the_users_shell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The venv's own script when the venv is not activated, plain ``mlflow`` when it is,
+    ``python -m mlflow`` with this interpreter when there is no script."""
+    uri = "sqlite:///mlflow.db"
+    monkeypatch.chdir(tmp_path)
+    python = _executable(tmp_path / ".venv" / "bin" / "python")
+    monkeypatch.setattr(sys, "executable", str(python))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert mlflow_ui_command(uri) == f".venv/bin/python -m mlflow ui --backend-store-uri {uri}"
+    _executable(tmp_path / ".venv" / "bin" / "mlflow")
+    assert mlflow_ui_command(uri) == f".venv/bin/mlflow ui --backend-store-uri {uri}"
+    monkeypatch.setenv("PATH", f"{tmp_path / '.venv' / 'bin'}:/usr/bin:/bin")
+    assert mlflow_ui_command(uri) == f"mlflow ui --backend-store-uri {uri}"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert mlflow_ui_command(uri).startswith(f"{tmp_path}/.venv/bin/mlflow ui ")
+
+
+def test_printed_ui_hint_runs_as_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The hint under the leaderboard, run as printed (with ``--help``) from a shell whose PATH
+    does not hold the venv, and the link into the leaderboard view."""
+    _table(tmp_path, {}, [({"seed": 0}, 0.5)])
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    print_leaderboard(uri, "ui")
+    printed = capsys.readouterr().out.splitlines()
+    (hint,) = [line for line in printed if " ui --backend-store-uri " in line]
+    assert hint == mlflow_ui_command(uri)
+    assert any(line.startswith("then open http://127.0.0.1:5000/#/experiments/")
+               and line.endswith("viewStateShareKey=raycl-leaderboard") for line in printed)
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}
+    env.pop("VIRTUAL_ENV", None)
+    done = subprocess.run([*shlex.split(hint), "--help"], capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
+    assert done.returncode == 0 and "--backend-store-uri" in done.stdout, done.stderr[-2000:]

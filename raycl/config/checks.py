@@ -37,6 +37,7 @@ from raycl.config.search_config import (
     RENAMED_KEYS,
     apply_overrides,
     config_keys,
+    did_you_mean,
     search_config_class,
 )
 
@@ -192,7 +193,8 @@ def check_search_space(config: CoreConfig) -> Iterator[Problem]:
             yield Problem(where, f"renamed to {RENAMED_KEYS[key]} (a method's knobs live in its "
                                  f"own section)")
         elif key not in config_keys() or key.startswith(UNSEARCHABLE_SECTIONS):
-            yield Problem(where, "not a searchable config key")
+            hint = did_you_mean(key) if key not in config_keys() else ""
+            yield Problem(where, f"not a searchable config key{hint}")
         elif key in UNSEARCHABLE_KEYS:
             yield Problem(where, "not searchable: it changes the sweep's name or the splits "
                                  "trials are compared on")

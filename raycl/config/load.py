@@ -25,6 +25,7 @@ from raycl.config.search_config import (
     SEARCH_SPACE_PREFIX,
     apply_overrides,
     config_keys,
+    did_you_mean,
     flatten,
     max_reports,
     method_sections,
@@ -67,13 +68,25 @@ def _format_error(source: str, error: ValidationError) -> str:
     key = ".".join(str(part) for part in first["loc"]) or "(top level)"
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
-        message = "unknown key"
+        message = "unknown key" + did_you_mean(key)
     elif "input" in first and first["type"] not in ("missing", "value_error"):
         shown = repr(first["input"])
         message = f"{message} (got {shown[:60]})"
     more = len(error.errors()) - 1
     suffix = f" (+{more} more problem{'s' if more > 1 else ''})" if more else ""
     return f"{source}: {key}: {message}{suffix}"
+
+
+def _error_source(source: str, error: ValidationError, overrides: list[str]) -> str:
+    """Whom a validation error blames: ``--set key=value`` when its key is (or lies under) one a
+    ``--set`` gave, the last such one winning as it does when applied; else the YAML file."""
+    key = ".".join(str(part) for part in error.errors()[0]["loc"])
+    blamed = source
+    for text in overrides:
+        set_key = text.split("=", 1)[0].strip()
+        if key == set_key or key.startswith(f"{set_key}."):
+            blamed = f"--set {text}"
+    return blamed
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -153,7 +166,7 @@ def _apply_set(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
             raise ConfigError(f"--set {key}: renamed to {RENAMED_KEYS[key]} (a method's knobs "
                               f"live in its own section)")
         if key not in config_keys() and not key.startswith(SEARCH_SPACE_PREFIX):
-            raise ConfigError(f"--set {key}: unknown key")
+            raise ConfigError(f"--set {key}: unknown key{did_you_mean(key)}")
         set_dotted(raw, key, value)
         if not key.startswith("tune."):
             pinned[key] = value
@@ -216,7 +229,8 @@ def load_search(
     try:
         config = search_config_class().model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_format_error(source, exc)) from None
+        raise ConfigError(_format_error(_error_source(source, exc, overrides or []),
+                                        exc)) from None
     config = _clamp_scheduler(config, notices)
     if check_references:
         run_checks(config, source, CONFIG_CHECKS)

@@ -11,8 +11,10 @@ keys (``train.lr``, ``tune.search_space.simclr.temperature``) are read, set and 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from difflib import get_close_matches
 from functools import cache
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, Field, create_model
 
@@ -103,6 +105,24 @@ def key_symbol(key: str) -> str:
     return str(symbol) if symbol else key.rsplit(".", 1)[-1]
 
 
+def did_you_mean(key: str) -> str:
+    """`` (did you mean train.epochs?)`` for a mistyped dotted key, or ``""``: the closest known
+    key or section name (difflib; within the key's own section first; a renamed key's new name),
+    so a typo is fixed without reading the schema."""
+    keys = config_keys()
+    sections = {known.rsplit(".", i)[0] for known in keys for i in range(1, known.count(".") + 1)}
+    section = key.rsplit(".", 1)[0] if "." in key else None
+    own = [known for known in keys if section in sections and known.startswith(f"{section}.")]
+    close = get_close_matches(key, own, n=1, cutoff=0.75) or get_close_matches(
+        key, [*keys, *sorted(sections), *RENAMED_KEYS], n=1, cutoff=0.75)
+    leaf = key.rsplit(".", 1)[-1]
+    same_leaf = [known for known in keys if known.rsplit(".", 1)[-1] == leaf]
+    if "." not in key and same_leaf:  # the section left out: `epochs` -> train.epochs
+        close = same_leaf[:3]
+    close = [RENAMED_KEYS.get(match, match) for match in close]
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
 # Keys that moved; a YAML or --set using the old name gets told the new one.
 RENAMED_KEYS = {"loss.temperature": "simclr.temperature"}
 
@@ -158,6 +178,21 @@ def max_reports(config: CoreConfig) -> int:
     return max(1, epochs * longest_config.num_stages)
 
 
+def type_label(annotation: Any) -> str:
+    """A field's type as the schema shows it: a choice (``Literal``) as its allowed values
+    (``'asha' | 'none'``), so a reader sees what to write."""
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return " | ".join(repr(value) for value in get_args(annotation))
+    if origin in (Union, UnionType) and any(get_origin(arg) is Literal
+                                            for arg in get_args(annotation)):
+        return " | ".join(type_label(arg) for arg in get_args(annotation))
+    if annotation is type(None):
+        return "None"
+    name = getattr(annotation, "__name__", None)
+    return (name or str(annotation)).replace("typing.", "")
+
+
 def schema_markdown() -> str:
     """Every key with its type, default and description: the reference for search YAMLs."""
     lines = ["| key | type | default | description |", "|---|---|---|---|"]
@@ -169,8 +204,7 @@ def schema_markdown() -> str:
                     and annotation is not Domain:
                 walk(annotation, f"{prefix}{name}.")
                 continue
-            type_name = getattr(annotation, "__name__", None) or str(annotation)
-            type_name = type_name.replace("typing.", "").replace("|", "\\|")
+            type_name = type_label(annotation).replace("|", "\\|")
             default = "required" if info.is_required() else repr(info.get_default(
                 call_default_factory=True))
             description = (info.description or "").replace("|", "\\|")
@@ -180,6 +214,6 @@ def schema_markdown() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["RENAMED_KEYS", "SEARCH_SPACE_PREFIX", "apply_overrides", "config_keys", "flatten",
-           "key_symbol", "max_reports", "method_sections", "schema_markdown",
-           "search_config_class", "set_dotted"]
+__all__ = ["RENAMED_KEYS", "SEARCH_SPACE_PREFIX", "apply_overrides", "config_keys",
+           "did_you_mean", "flatten", "key_symbol", "max_reports", "method_sections",
+           "schema_markdown", "search_config_class", "set_dotted", "type_label"]

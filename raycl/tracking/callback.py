@@ -3,14 +3,17 @@ run per trial.
 
 :class:`MLflowSweepCallback` runs in the Tune driver. It creates the runs, logs every reported
 metric with ``step = training_iteration``, and closes each child with a status that tells how the
-trial ended: FINISHED, KILLED (stopped early by the scheduler, or skipped) or FAILED. Because it
-lives in the driver, trials stopped by ASHA or killed by a node failure are still logged.
+trial ended: FINISHED (ran to its end, or stopped early by ASHA: not a failure; the tag
+``raycl.ended`` and the metric ``stopped_at_epoch`` tell which), KILLED (skipped, or interrupted
+with the driver) or FAILED. Because it lives in the driver, trials stopped by ASHA or killed by a
+node failure are still logged.
 
 For a person in the MLflow UI: the experiment is tagged as model training, a child run is named
 after what it tried (``t03 K=5 N=2 τ=0.31``, :func:`raycl.tracking.naming.trial_run_name`),
 every child logs its objective also as ``objective``/``objective_test``, and after every trial
 the parent run gets the leaderboard (``leaderboard.csv``, ``leaderboard.png`` and its
-description; docs/tracking.md).
+description; docs/tracking.md). The parent's params are what every trial shares; the searched
+keys appear there as their domains, ``search_space.<key>``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import yaml
 from ray.tune import Callback
 
 import raycl
+from raycl.config.feasibility import JOINT_PREFIX
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides, flatten
 from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
@@ -36,12 +40,14 @@ from raycl.tracking.leaderboard_plot import plot_leaderboard
 from raycl.tracking.naming import trial_index, trial_run_name
 from raycl.tracking.runs import (
     COMMIT_TAG,
+    ENDED_TAG,
     NOTE_TAG,
     OBJECTIVE_ALIAS,
     OBJECTIVE_TAG,
     OBJECTIVE_TEST_ALIAS,
     PARENT_TAG,
     ROLE_TAG,
+    STOPPED_AT_METRIC,
     SWEEP_TAG,
     SWEEP_UID_TAG,
     TRIAL_INDEX_TAG,
@@ -91,6 +97,33 @@ def _numeric_metrics(result: dict[str, Any]) -> dict[str, float]:
         if math.isfinite(value):
             metrics[key] = float(value)
     return metrics
+
+
+def varied_keys(config: CoreConfig) -> list[str]:
+    """The config keys whose value differs between the sweep's trials: the searched keys, or,
+    with nothing searched, ``seed`` when the sweep repeats the configuration over seeds."""
+    if config.tune.search_space:
+        return [key for key in config.tune.search_space if not key.startswith(JOINT_PREFIX)]
+    return ["seed"] if config.tune.num_samples > 1 else []
+
+
+def parent_params(config: CoreConfig) -> dict[str, Any]:
+    """The parent run's params: the flattened config keys every trial shares (a searched key's
+    default is used by no trial), and each varied key's domain as ``search_space.<key>``
+    (``loguniform [0.1, 0.5]``, ``choice [2, 5, 10]``; seed repeats: ``grid [0, 1, 2]``)."""
+    flat = flatten(config.to_dict(used_sections_only=True))
+    flat.pop("tune.search_space", None)
+    varied = varied_keys(config)
+    for key in varied:
+        flat.pop(key, None)
+    for key in varied:
+        domain = config.tune.search_space.get(key)
+        if domain is None:  # the seed repeats of an empty search space (raycl.tune)
+            flat[f"search_space.{key}"] = \
+                f"grid {[config.seed + i for i in range(config.tune.num_samples)]}"
+        else:
+            flat[f"search_space.{key}"] = f"{domain.kind} {list(getattr(domain, domain.kind))}"
+    return flat
 
 
 def objective_aliases(metrics: Mapping[str, float], metric: str) -> dict[str, float]:
@@ -166,13 +199,14 @@ class MLflowSweepCallback(Callback):
         tags = {ROLE_TAG: "sweep", SWEEP_TAG: self.config.name, SWEEP_UID_TAG: self.sweep_uid,
                 "mlflow.runName": self.config.name,
                 "raycl.version": raycl.__version__, "raycl.metric": self.config.tune.metric,
-                "raycl.mode": self.config.tune.mode}
+                "raycl.mode": self.config.tune.mode,
+                # What every trial's `objective` column is, read on the parent's page.
+                OBJECTIVE_TAG: f"{self.config.tune.metric}, {self.config.tune.mode}"}
         if self.commit:
             tags[COMMIT_TAG] = self.commit
         run = self.client.create_run(self.experiment_id, tags=tags)
         run_id = run.info.run_id
-        flat = flatten(self.config.to_dict(used_sections_only=True))
-        self._log_params(run_id, flat)
+        self._log_params(run_id, parent_params(self.config))
         with tempfile.TemporaryDirectory() as directory:
             path = Path(directory) / "search.yaml"
             path.write_text(yaml.safe_dump(self.config.to_dict(), sort_keys=False))
@@ -270,7 +304,8 @@ class MLflowSweepCallback(Callback):
         run_id = self._child(trial)
         last = trial.last_result or {}
         # Tune marks a trial that ASHA stopped as done too; a trial ran to its end when its last
-        # report is the last epoch of its last stage.
+        # report is the last epoch of its last stage. Stopped early is no failure: FINISHED,
+        # told apart by its tag and the epoch it stopped at (a column of the leaderboard view).
         resolved = apply_overrides(self.config, trial.config)
         if last.get("raycl/skipped"):
             status, ended = "KILLED", "skipped"
@@ -281,8 +316,11 @@ class MLflowSweepCallback(Callback):
               and last.get("epoch") == resolved.train.epochs):
             status, ended = "FINISHED", "completed"
         else:
-            status, ended = "KILLED", "stopped_by_scheduler"
-        self.client.set_tag(run_id, "raycl.ended", ended)
+            status, ended = "FINISHED", "stopped_by_scheduler"
+            epoch = last.get("global_epoch", self._logged_step.get(trial.trial_id))
+            if isinstance(epoch, (int, float)):
+                self.client.log_metric(run_id, STOPPED_AT_METRIC, float(epoch), step=int(epoch))
+        self.client.set_tag(run_id, ENDED_TAG, ended)
         self.client.set_terminated(run_id, status=status)
         self._ended.add(trial.trial_id)
         self._log_leaderboard()
@@ -290,7 +328,7 @@ class MLflowSweepCallback(Callback):
     def on_trial_error(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
         run_id = self._child(trial)
         self._ended.add(trial.trial_id)
-        self.client.set_tag(run_id, "raycl.ended", "error")
+        self.client.set_tag(run_id, ENDED_TAG, "error")
         if trial.error_file and Path(trial.error_file).is_file():
             self.client.log_artifact(run_id, trial.error_file)
         self.client.set_terminated(run_id, status="FAILED")
@@ -330,7 +368,7 @@ class MLflowSweepCallback(Callback):
             for trial in unfinished:
                 run_id = self._children.get(trial.trial_id)
                 if run_id:
-                    self.client.set_tag(run_id, "raycl.ended", "interrupted")
+                    self.client.set_tag(run_id, ENDED_TAG, "interrupted")
                     self.client.set_terminated(run_id, status="KILLED")
             self.client.set_tag(self.parent_run_id, "raycl.interrupted", "true")
             self._log_leaderboard()

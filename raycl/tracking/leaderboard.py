@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import re
+import shutil
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +31,7 @@ from raycl.tracking.runs import (
     TRIAL_TAG,
     VIEW_TAG_PREFIX,
     mlflow_client,
+    mlflow_ui_command,
 )
 
 if TYPE_CHECKING:
@@ -127,7 +131,8 @@ def markdown_summary(table: TrialTable, sweep: str, top: int = 10) -> str:
     scored = [run for run in table.runs if table.objective(run) is not None]
     tested = f"; its test counterpart `{table.objective_test}` is reported, not ranked on" \
         if table.objective_test else ""
-    lines = [f"**{sweep}**: trials ranked by `{table.metric}` ({table.mode}){tested}. "
+    lines = [f"**{sweep}**: objective = `{table.metric}` ({table.mode}), logged by every trial "
+             f"also as `objective`; trials ranked by it{tested}. "
              f"{len(scored)} of {len(table.runs)} trial(s) reported it."]
     if scored:
         best = table.rows[0]
@@ -196,23 +201,62 @@ def leaderboard_rows(
     return header, rows, title
 
 
-def format_table(header: list[str], rows: list[list[str]]) -> str:
-    """Left-aligned columns under a dashed rule, for the terminal."""
+def terminal_width(default: int = 100) -> int:
+    """The terminal's columns: ``$COLUMNS`` or stdout's terminal (:func:`shutil.get_terminal_size`),
+    else stderr's or stdin's (``raycl.tune ... | tee log`` still has one), else ``default``
+    (``ray job logs``, a file)."""
+    columns = shutil.get_terminal_size(fallback=(0, 0)).columns
+    for fd in (2, 0):
+        if columns > 0:
+            break
+        try:
+            columns = os.get_terminal_size(fd).columns
+        except (OSError, ValueError):
+            continue
+    return columns if columns > 0 else default
+
+
+# Columns always shown: "#", the trial's name, its status and the objective.
+_KEPT_COLUMNS = 4
+
+
+def format_table(header: list[str], rows: list[list[str]], width: int | None = None) -> str:
+    """Left-aligned columns under a dashed rule, for the terminal, at most ``width`` characters
+    wide: columns beyond it are left out from the right (the searched values are in the trial's
+    name; every column is in ``leaderboard.csv`` and MLflow) and named in a last line, and a
+    trial name too long is cut with "…"."""
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    shown = len(header)
+    if width is not None:
+        while shown > _KEPT_COLUMNS and sum(widths[:shown]) + 2 * (shown - 1) > width:
+            shown -= 1
+        over = sum(widths[:shown]) + 2 * (shown - 1) - width
+        if over > 0 and shown > 1:
+            widths[1] = max(len(header[1]), 8, widths[1] - over)
+
+    def cell(text: str, size: int) -> str:
+        return text if len(text) <= size else text[:size - 1] + "…"
 
     def line(cells: list[str]) -> str:
-        return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True))
+        return "  ".join(cell(text, size).ljust(size)
+                         for text, size in zip(cells[:shown], widths[:shown], strict=True))
 
-    return "\n".join([line(header).rstrip(), line(["-" * w for w in widths]),
-                      *(line(row).rstrip() for row in rows)])
+    lines = [line(header).rstrip(), line(["-" * w for w in widths]),
+             *(line(row).rstrip() for row in rows)]
+    if shown < len(header):
+        note = (f"{len(header) - shown} more column(s) in leaderboard.csv and MLflow: "
+                + ", ".join(header[shown:]))
+        lines.append(cell(note, width) if width else note)
+    return "\n".join(lines)
 
 
 def print_leaderboard(tracking_uri: str, experiment: str, top: int = 10,
                       all_sweeps: bool = False) -> None:
     """Print the leaderboard and where to see it in MLflow's UI (the link opens its view)."""
     header, rows, title = leaderboard_rows(tracking_uri, experiment, top, all_sweeps)
-    print(title)
-    print(format_table(header, rows))
+    width = terminal_width()
+    print(textwrap.fill(title, width=max(width, 40)))
+    print(format_table(header, rows, width=width))
     uri = resolve_tracking_uri(tracking_uri)
     found = mlflow_client(uri).get_experiment_by_name(experiment)
     page = ""
@@ -223,7 +267,7 @@ def print_leaderboard(tracking_uri: str, experiment: str, top: int = 10,
     if uri.startswith(("http://", "https://")):
         print(f"\n{uri.rstrip('/')}/{page}")
     else:
-        print(f"\nmlflow ui --backend-store-uri {uri}")
+        print(f"\n{mlflow_ui_command(uri)}")  # runnable as printed, venv activated or not
         if page:
             print(f"then open http://127.0.0.1:5000/{page}")
 

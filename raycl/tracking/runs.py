@@ -11,7 +11,10 @@ import json
 import logging
 import os
 import re
+import shlex
+import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +39,10 @@ PARENT_TAG = "mlflow.parentRunId"
 OBJECTIVE_ALIAS = "objective"
 OBJECTIVE_TEST_ALIAS = "objective_test"
 OBJECTIVE_TAG = "raycl.objective"
+# How a trial ended (completed, stopped_by_scheduler, skipped, error, diverged, interrupted) and,
+# for a trial ASHA stopped, the epoch it stopped at (its last logged ``train/epoch``).
+ENDED_TAG = "raycl.ended"
+STOPPED_AT_METRIC = "stopped_at_epoch"
 # The trial's number in the sweep, as Ray numbers it (its run name's ``t03``).
 TRIAL_INDEX_TAG = "raycl.trial_index"
 # MLflow 3's UI tells GenAI experiments (traces) from model-training ones (runs) by this tag;
@@ -120,8 +127,10 @@ def mark_training_experiment(client: MlflowClient, experiment_id: str, mode: str
 
 
 def write_leaderboard_view(client: MlflowClient, experiment_id: str, config: CoreConfig) -> None:
-    """Save the experiment's leaderboard view of the UI's runs table: the objective, its test
-    counterpart and the sweep's searched params as columns, best first.
+    """Save the experiment's leaderboard view of the UI's runs table, best first: the objective,
+    the metric it stands for (``val/linear/mean`` beside ``objective``: a column cannot be
+    renamed), its test counterpart, the sweep's searched params, how each trial ended
+    (``raycl.ended``) and where ASHA stopped it (``stopped_at_epoch``).
 
     MLflow 3.17's runs table shows no metric column until one is picked through "Columns". Its
     "Share" button saves the table's state as a JSON object in the experiment tag
@@ -130,13 +139,41 @@ def write_leaderboard_view(client: MlflowClient, experiment_id: str, config: Cor
     The latest sweep in an experiment sets its columns.
     """
     searched = [key for key in config.tune.search_space if not key.startswith(JOINT_PREFIX)]
+    metric = config.tune.metric
+    named = [f"metrics.`{metric}`"] if metric != OBJECTIVE_ALIAS else []
     state = {"orderByKey": f"metrics.`{OBJECTIVE_ALIAS}`",
              "orderByAsc": config.tune.mode == "min",
-             "selectedColumns": [f"metrics.`{OBJECTIVE_ALIAS}`",
+             "selectedColumns": [f"metrics.`{OBJECTIVE_ALIAS}`", *named,
                                  f"metrics.`{OBJECTIVE_TEST_ALIAS}`",
-                                 *(f"params.`{key}`" for key in searched)]}
+                                 *(f"params.`{key}`" for key in searched),
+                                 f"tags.`{ENDED_TAG}`", f"metrics.`{STOPPED_AT_METRIC}`"]}
     client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + LEADERBOARD_VIEW,
                               json.dumps(state))
+
+
+def mlflow_ui_command(tracking_uri: str) -> str:
+    """``mlflow ui`` for ``tracking_uri`` as the user's shell can run it: plain ``mlflow`` when
+    that is the script beside this interpreter, else that script's path (``.venv/bin/mlflow``,
+    relative when it lies under the working directory: a venv not activated), else this
+    interpreter with ``-m mlflow``."""
+    script = Path(sys.executable).parent / "mlflow"  # unresolved: a venv's python is a link
+    if script.is_file() and os.access(script, os.X_OK):
+        on_path = shutil.which("mlflow")
+        if on_path and Path(on_path).resolve() == script.resolve():
+            program = "mlflow"
+        else:
+            program = _shell_path(script)
+    else:
+        program = f"{_shell_path(Path(sys.executable))} -m mlflow"
+    return f"{program} ui --backend-store-uri {shlex.quote(tracking_uri)}"
+
+
+def _shell_path(path: Path) -> str:
+    """``path`` for a shell in the working directory: relative when under it, quoted."""
+    relative = os.path.relpath(path.absolute())
+    if relative.startswith(".."):
+        return shlex.quote(str(path.absolute()))
+    return shlex.quote(relative if os.sep in relative else f".{os.sep}{relative}")
 
 
 def find_trial_run(client: MlflowClient, experiment_id: str, trial_id: str) -> str | None:

@@ -1,0 +1,150 @@
+"""A sweep's settings are part of its identity: a re-run with other settings never resumes it.
+
+At launch, ``python -m raycl.tune`` stores the resolved config every trial gets (after
+:func:`~raycl.config.load.with_absolute_paths`) beside Ray Tune's experiment state, as
+``<experiment>/raycl_sweep.json``. A re-run of the same name (and storage) compares the stored
+settings with its own before anything launches: identical settings resume the sweep, other
+settings stop with one line naming every differing key, ``key: old → new``, and the two ways on
+(``--name NEW``, ``--fresh``). A sweep stored by an older raycl (no file) resumes with a notice.
+
+What a re-run may change and still resume (:data:`RESUME_MAY_CHANGE`) is only where the sweep's
+state lives (``tune.storage_path``: it is how the sweep was found, spelled relative or absolute).
+Everything else is compared, also the keys a resume would seem to allow, because Ray Tune's
+restore keeps the first launch's values of them and a new value would be ignored without a word:
+
+- ``tune.num_samples`` (also upward), ``tune.max_concurrent_trials``, ``tune.scheduler.*``,
+  ``tune.max_failures``: ``Tuner.restore`` restores its ``TuneConfig``/``RunConfig`` and the
+  searcher's state (its trial count included) from the experiment; a resumed sweep runs exactly
+  the trials it was launched with.
+- ``mlflow.*``: the restored MLflow callback logs the parent and trial runs to the first
+  launch's tracking URI and experiment, while trials would get the new ones.
+- every other key changes what the trials train or measure.
+
+A key the stored file lacks (added by a newer raycl) counts only when its value is not the
+default; a key the stored file has and this raycl no longer knows is not compared.
+
+The file is read and written through ``pyarrow.fs``, so ``s3://``/``gs://`` storage works where
+pyarrow can reach it; where it cannot, the check is skipped with a notice, never the launch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+from raycl.config.schema import ConfigError, CoreConfig
+from raycl.config.search_config import flatten, search_config_class
+
+SWEEP_FILE = "raycl_sweep.json"
+# Key -> whether a re-run may resume with (stored, new) values of it.
+RESUME_MAY_CHANGE: dict[str, Callable[[Any, Any], bool]] = {
+    "tune.storage_path": lambda old, new: True,
+}
+_SHOWN_KEYS = 8  # differing keys listed in the message; the rest are counted
+_SHOWN_CHARS = 40  # of each value
+
+
+@cache
+def _defaults() -> dict[str, Any]:
+    return flatten(search_config_class()(name="default").to_dict())
+
+
+def setting_changes(stored: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, stored value, new value)`` for every key whose difference stops a resume,
+    in key order; both arguments are ``config.to_dict()`` trees."""
+    old_flat, new_flat, defaults = flatten(stored), flatten(new), _defaults()
+    missing = object()
+    changes = []
+    for key in sorted(new_flat):
+        old, value = old_flat.get(key, missing), new_flat[key]
+        if old is missing:
+            if value != defaults.get(key, missing):
+                changes.append((key, None, value))
+        elif old != value and not RESUME_MAY_CHANGE.get(key, lambda a, b: False)(old, value):
+            changes.append((key, old, value))
+    return changes
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS - 1] + "…"
+
+
+def changes_line(source: str, name: str, experiment_path: str,
+                 changes: list[tuple[str, Any, Any]]) -> str:
+    """The one-line refusal: ``FILE: name: sweep 'x' … key: old → new, …; the ways on``."""
+    listed = ", ".join(f"{key}: {_shown(old)} → {_shown(new)}"
+                       for key, old, new in changes[:_SHOWN_KEYS])
+    more = len(changes) - _SHOWN_KEYS
+    if more > 0:
+        listed += f" (+{more} more)"
+    return (f"{source}: name: sweep {name!r} at {experiment_path} was launched with other "
+            f"settings ({listed}); run these as a new sweep (--name NEW) or start this one over "
+            f"(--fresh)")
+
+
+def _filesystem(experiment_path: str) -> tuple[Any, str]:
+    """``pyarrow.fs`` file system and path of the experiment directory (local or a URI)."""
+    from pyarrow import fs
+
+    return fs.FileSystem.from_uri(experiment_path)
+
+
+def read_settings(experiment_path: str) -> dict[str, Any] | None:
+    """The stored settings of the sweep at ``experiment_path``, None where it has none.
+
+    Raises:
+        OSError, ValueError: the file system cannot be reached, or the file is not JSON.
+    """
+    from pyarrow import fs as pafs
+
+    filesystem, path = _filesystem(experiment_path)
+    file_path = f"{path.rstrip('/')}/{SWEEP_FILE}"
+    if filesystem.get_file_info(file_path).type != pafs.FileType.File:
+        return None
+    with filesystem.open_input_stream(file_path) as stream:
+        return json.loads(stream.read().decode())
+
+
+def check_same_sweep(config: CoreConfig, experiment_path: str,
+                     source: str | None = None) -> str | None:
+    """Before resuming the sweep at ``experiment_path`` with ``config`` (absolute paths, as
+    trials get it): raise when its stored settings differ; a notice where none can be compared.
+
+    Raises:
+        ConfigError: the differing keys, old → new, and the ways on (one line).
+    """
+    try:
+        stored = read_settings(experiment_path)
+    except (OSError, ValueError) as exc:
+        return (f"the settings stored with sweep {config.name!r} cannot be read ({exc}); "
+                f"resuming without comparing them")
+    if stored is None:
+        return (f"sweep {config.name!r} was launched by an older raycl that stored no settings; "
+                f"resuming it as it was launched (--fresh starts it over with these)")
+    changes = setting_changes(stored, config.to_dict())
+    if changes:
+        raise ConfigError(changes_line(source or config.name, config.name, experiment_path,
+                                       changes))
+    return None
+
+
+def store_settings(config: CoreConfig, experiment_path: str) -> str | None:
+    """Write ``config``'s settings beside a new sweep's state; a notice where that failed (the
+    sweep still launches; a re-run then resumes it without comparing)."""
+    try:
+        filesystem, path = _filesystem(experiment_path)
+        path = path.rstrip("/")
+        filesystem.create_dir(path, recursive=True)
+        with filesystem.open_output_stream(f"{path}/{SWEEP_FILE}") as stream:
+            stream.write(json.dumps(config.to_dict(), indent=1).encode())
+    except (OSError, ValueError) as exc:
+        return (f"the sweep's settings could not be stored at {experiment_path} ({exc}); a "
+                f"re-run will resume it without comparing settings")
+    return None
+
+
+__all__ = ["RESUME_MAY_CHANGE", "SWEEP_FILE", "changes_line", "check_same_sweep",
+           "read_settings", "setting_changes", "store_settings"]
