@@ -15,7 +15,12 @@ from typing import Any
 
 import yaml
 
-from raycl.config.feasibility import JointDomain, joint_domain, train_split_size
+from raycl.config.feasibility import (
+    JointDomain,
+    finite_values,
+    joint_domain,
+    train_split_size,
+)
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import method_sections
 
@@ -34,17 +39,9 @@ _Dumper.add_representer(
 
 
 def used_sections(config: CoreConfig) -> set[str]:
-    """Method sections (and ``mcl``) the sweep's trials read: :meth:`CoreConfig.used_sections`
-    plus, through any section's ``base`` (FGVR's ``fgvr.base``), the base method's section."""
-    names = set(config.used_sections())
-    sections = set(method_sections())
-    pending = list(names)
-    while pending:
-        base = getattr(getattr(config, pending.pop(), None), "base", None)
-        if isinstance(base, str) and base in sections and base not in names:
-            names.add(base)
-            pending.append(base)
-    return names & {*sections, "mcl"}
+    """The method sections (and ``mcl``) the sweep's trials read (see
+    :meth:`CoreConfig.used_sections`)."""
+    return config.used_sections() & {*method_sections(), "mcl"}
 
 
 def dry_run_dict(config: CoreConfig) -> dict[str, Any]:
@@ -62,12 +59,8 @@ def dry_run_dict(config: CoreConfig) -> dict[str, Any]:
 
 
 def _values(config: CoreConfig, key: str) -> list[Any]:
-    """Every value a finite search domain offers (constrained keys are choice or randint)."""
-    domain = config.tune.search_space[key]
-    if domain.randint is not None:
-        low, high = domain.randint
-        return list(range(low, high + 1))
-    return domain.candidates()
+    """Every value the search offers for a constrained key (those are finite domains)."""
+    return finite_values(config.tune.search_space[key]) or []
 
 
 def _context(config: CoreConfig, joint: JointDomain) -> str:

@@ -38,13 +38,11 @@ from raycl.eval.diagnostics import plot_diagnostics
 from raycl.methods import method_class
 from raycl.worker.checkpoints import read_checkpoint
 from raycl.worker.loop import run_trial_loop, train_loop_per_worker
-from raycl.worker.outcome import FAILED_KEY
+from raycl.worker.outcome import FAILED_KEY, SKIP_REASON_KEY, SKIPPED_KEY
 from raycl.worker.session import InProcessSession
 from raycl.worker.stages import DIAGNOSTICS_FILE, StageInputs, next_stage_inputs
 
 logger = logging.getLogger(__name__)
-
-SKIPPED_KEY = "raycl/skipped"
 
 
 def _trial_id() -> str:
@@ -163,7 +161,7 @@ def run_trial(
     if problem:
         reason = f"{problem[0]}: {problem[1]}"
         logger.warning("skipping trial: %s", reason)
-        tune.report({SKIPPED_KEY: 1.0, "raycl/skip_reason": reason})
+        tune.report({SKIPPED_KEY: 1.0, SKIP_REASON_KEY: reason})
         return
 
     output = fit_trial(config, storage_path, fault, trial_started_at=started)

@@ -30,7 +30,7 @@ from ray.tune import Callback
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides, max_reports
 from raycl.tracking.naming import format_value, trial_index, trial_run_name
-from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY
+from raycl.worker.outcome import FAIL_REASON_KEY, SKIP_REASON_KEY, trial_ending
 
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Reported by raycl.pipeline for a trial that cannot train (MCL's K^N > M/b).
-SKIPPED_KEY = "raycl/skipped"
-SKIP_REASON_KEY = "raycl/skip_reason"
 SUMMARY_INTERVAL_S = 30.0
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -164,14 +162,6 @@ class ProgressDisplay(Callback):
             where = f"stage {int(result['stage']) + 1}/{resolved.num_stages} {where}"
         return where
 
-    def _completed(self, trial: Trial, last: dict[str, Any]) -> bool:
-        """Whether the trial's last report is the last epoch of its last stage (Tune calls a
-        trial ASHA stopped "completed" too)."""
-        resolved = self._resolved(trial)
-        return (last.get("stage", 0) == resolved.num_stages - 1
-                and last.get("phase", "train") == "train"
-                and last.get("epoch") == resolved.train.epochs)
-
     # -- Tune's events --------------------------------------------------------------------------
 
     @_never_raises
@@ -200,13 +190,15 @@ class ProgressDisplay(Callback):
         last = trial.last_result or {}
         took = f" ({fmt_duration(last['time_total_s'])})" if "time_total_s" in last else ""
         objective = self._objective(trial)
-        if last.get(SKIPPED_KEY):
+        resolved = self._resolved(trial)
+        ending = trial_ending(last, resolved.num_stages, resolved.train.epochs)
+        if ending == "skipped":
             self._ended[trial.trial_id] = "skipped"
             text = f"skipped: {last.get(SKIP_REASON_KEY, 'infeasible')}"
-        elif last.get(FAILED_KEY):
+        elif ending == "diverged":
             self._ended[trial.trial_id] = "failed"
             text = f"failed: {last.get(FAIL_REASON_KEY, 'no reason reported')}"
-        elif self._completed(trial, last):
+        elif ending == "completed":
             self._ended[trial.trial_id] = "finished"
             text = f"finished: {self.metric} {fmt_objective(objective)}{took}"
         else:

@@ -397,6 +397,9 @@ def test_a_section_the_method_does_not_use_is_a_notice(tmp_path: Path) -> None:
     mcl = HSCL.replace("method: hscl", "method: mcl\nmcl: {base: hscl, stages: 2, clusters: 2}")
     load_search(write(tmp_path, mcl + "hscl: {mu: 2}\n"), notices=notices)
     assert not any("not used" in notice for notice in notices)
+    notices.clear()  # FGVR's base method is used too: its section is no notice
+    load_search(REPO / "searches" / "fgvr_eps.yaml", notices=notices)
+    assert not any("not used" in notice for notice in notices)
 
 
 def test_mlflow_params_carry_only_the_sections_trials_use() -> None:
@@ -406,6 +409,9 @@ def test_mlflow_params_carry_only_the_sections_trials_use() -> None:
     assert not {"simclr", "spectral"} & set(hscl.to_dict(used_sections_only=True))
     mcl = SearchConfig(name="x", method="mcl", mcl={"base": "spectral"})
     assert "spectral" in mcl.to_dict(used_sections_only=True)
+    fgvr = SearchConfig(name="x", method="fgvr", fgvr={"base": "simsiam"})
+    assert {"fgvr", "simsiam"} <= set(fgvr.to_dict(used_sections_only=True))
+    assert "mocov2" not in fgvr.to_dict(used_sections_only=True)
 
 
 def test_registering_a_method_adds_its_section(tmp_path: Path) -> None:

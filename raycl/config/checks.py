@@ -23,7 +23,6 @@ import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from itertools import product
 from pathlib import Path
 from typing import get_args
 from urllib.parse import urlparse
@@ -39,6 +38,8 @@ from raycl.config.search_config import (
     config_keys,
     did_you_mean,
     search_config_class,
+    searched_note,
+    searched_variants,
 )
 
 Check = Callable[[CoreConfig], Iterator[Problem]]
@@ -224,13 +225,7 @@ def check_pretrained(config: CoreConfig) -> Iterator[Problem]:
     space = config.tune.search_space
     if config.model.pretrained is None and "model.pretrained" not in space:
         return
-    searched = [key for key in PRETRAINED_KEYS if key in space]
-    for values in product(*(space[key].candidates() for key in searched)):
-        chosen = dict(zip(searched, values, strict=True))
-        try:
-            candidate = apply_overrides(config, chosen) if chosen else config
-        except ValidationError:
-            continue  # an invalid searched value is check_search_space's message
+    for chosen, candidate in searched_variants(config, PRETRAINED_KEYS):
         model = candidate.model
         if model.pretrained is None:
             continue
@@ -238,10 +233,8 @@ def check_pretrained(config: CoreConfig) -> Iterator[Problem]:
             model.pretrained, model.backbone, CHANNELS[candidate.data.dataset], model.width,
             resolve_stem(model.stem, candidate.data.resolution))
         if problem:
-            shown = ", ".join(f"{key}={value}" for key, value in chosen.items()
-                              if key != "model.pretrained")
-            searched_note = f"with searched {shown}: " if shown else ""
-            yield Problem("model.pretrained", f"{searched_note}{problem}")
+            note = searched_note(chosen, leave_out=("model.pretrained",))
+            yield Problem("model.pretrained", f"{note}{problem}")
 
 
 def check_feasible(config: CoreConfig) -> Iterator[Problem]:

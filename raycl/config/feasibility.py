@@ -84,7 +84,7 @@ def trial_problem(config: CoreConfig, train_size: int | None = None) -> Problem 
     return None
 
 
-def _values(domain: Domain) -> list[Any] | None:
+def finite_values(domain: Domain) -> list[Any] | None:
     """Every value of a finite domain (choice, randint); None for a continuous one."""
     if domain.choice is not None:
         return list(domain.choice)
@@ -135,7 +135,7 @@ def joint_domain(config: CoreConfig) -> JointDomain | None:
     keys = tuple(key for key in CONSTRAINED_KEYS if key in space)
     if not keys:
         return None
-    domains = {key: _values(space[key]) for key in keys}
+    domains = {key: finite_values(space[key]) for key in keys}
     for key, values in domains.items():
         if values is None:
             raise ValueError(f"{key} decides whether a trial fits; search it with choice or "
@@ -188,5 +188,6 @@ def grid_size(config: CoreConfig) -> int:
     return size
 
 
-__all__ = ["CONSTRAINED_KEYS", "JOINT_PREFIX", "MAX_COMBINATIONS", "JointDomain", "grid_size",
-           "joint_domain", "stage_budget_problem", "train_split_size", "trial_problem"]
+__all__ = ["CONSTRAINED_KEYS", "JOINT_PREFIX", "MAX_COMBINATIONS", "JointDomain",
+           "finite_values", "grid_size", "joint_domain", "stage_budget_problem",
+           "train_split_size", "trial_problem"]

@@ -22,13 +22,10 @@ import math
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import product
 from typing import Any
 
-from pydantic import ValidationError
-
 from raycl.config.schema import CoreConfig, Problem
-from raycl.config.search_config import apply_overrides
+from raycl.config.search_config import searched_note, searched_variants
 
 Check = Callable[[CoreConfig], Iterator[Problem]]
 
@@ -39,32 +36,14 @@ SCALING_KEYS = ("scaling.num_workers", "scaling.use_gpu", "scaling.cpus_per_work
 EPSILON = 1e-6
 
 
-def scaling_variants(config: CoreConfig) -> Iterator[tuple[dict[str, Any], CoreConfig]]:
-    """``(searched values, config)`` for each combination of the searched scaling keys' candidate
-    values (their bounds); ``({}, config)`` alone when none is searched."""
-    space = config.tune.search_space
-    searched = [key for key in SCALING_KEYS if key in space]
-    for values in product(*(space[key].candidates() for key in searched)):
-        chosen = dict(zip(searched, values, strict=True))
-        try:
-            yield chosen, apply_overrides(config, chosen) if chosen else config
-        except ValidationError:
-            continue  # an invalid searched value is check_search_space's message
-
-
-def _searched_note(chosen: dict[str, Any]) -> str:
-    shown = ", ".join(f"{key}={value}" for key, value in chosen.items())
-    return f"with searched {shown}: " if shown else ""
-
-
 def check_gpu_sharing(config: CoreConfig) -> Iterator[Problem]:
     """Two or more GPU workers need a whole GPU each: a fraction lets Ray place two ranks of one
     trial on one GPU, and NCCL then fails at set-up."""
-    for chosen, variant in scaling_variants(config):
+    for chosen, variant in searched_variants(config, SCALING_KEYS):
         scaling = variant.scaling
         if scaling.use_gpu and scaling.num_workers >= 2 and scaling.gpus_per_worker < 1:
             yield Problem("scaling.gpus_per_worker", (
-                f"{_searched_note(chosen)}{scaling.gpus_per_worker:g} GPU per worker with "
+                f"{searched_note(chosen)}{scaling.gpus_per_worker:g} GPU per worker with "
                 f"scaling.num_workers={scaling.num_workers} lets Ray place two ranks of a trial on "
                 f"one GPU, which NCCL refuses (\"Duplicate GPU detected\"); give each worker a "
                 f"whole GPU (1), or share GPUs between trials with scaling.num_workers: 1 or 0"))
@@ -191,10 +170,10 @@ def placement_problem(config: CoreConfig, cluster: Cluster) -> tuple[Problem, bo
     """The first trial (for each combination of searched scaling values) that no placement on
     ``cluster``'s nodes holds, and whether that is fatal (nothing can add a node); None when
     every trial fits."""
-    for chosen, variant in scaling_variants(config):
+    for chosen, variant in searched_variants(config, SCALING_KEYS):
         problem = _shortfall(variant, cluster.nodes)
         if problem is not None:
-            why = f"{_searched_note(chosen)}{problem.why}"
+            why = f"{searched_note(chosen)}{problem.why}"
             return Problem(problem.key, why), cluster.can_add_nodes is False
     return None
 
@@ -312,5 +291,5 @@ CLUSTER_CHECKS: tuple[Check, ...] = (check_placement,)
 
 __all__ = ["CLUSTER_CHECKS", "EPSILON", "SCALING_KEYS", "Cluster", "check_gpu_sharing",
            "check_placement", "fits", "node_groups_grow", "placement_problem",
-           "placement_warning", "read_cluster", "readonly_autoscaler", "scaling_variants",
+           "placement_warning", "read_cluster", "readonly_autoscaler",
            "trial_demand", "trial_resources", "worker_resources"]

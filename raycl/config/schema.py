@@ -78,14 +78,23 @@ class CoreConfig(Section):
         raise KeyError(f"no config section of type {kind.__name__} (is its method registered?)")
 
     def used_sections(self) -> set[str]:
-        """Method sections this config's trials read: the method's (and MCL's base's), and any
-        a search space varies the method over."""
-        names = {self.method, self.mcl.base} if self.method == "mcl" else {self.method}
-        for key in ("method", "mcl.base"):
-            domain = self.tune.search_space.get(key)
-            if domain is not None:
-                names.update(str(value) for value in domain.candidates())
-        names.update(key.split(".")[0] for key in self.tune.search_space)
+        """Method sections this config's trials read: the method's, its base method's, followed
+        down (MCL's ``mcl.base``, FGVR's ``fgvr.base``), and any a search space varies the
+        method, a base or a section's keys over."""
+        space = self.tune.search_space
+        names = {self.method, *(str(value) for value in
+                                (space["method"].candidates() if "method" in space else []))}
+        names.update(key.split(".")[0] for key in space)
+        pending = list(names)
+        while pending:
+            name = pending.pop()
+            bases = {getattr(getattr(self, name, None), "base", None)}
+            if f"{name}.base" in space:
+                bases.update(space[f"{name}.base"].candidates())
+            for base in bases:
+                if isinstance(base, str) and base not in names:
+                    names.add(base)
+                    pending.append(base)
         return names
 
 

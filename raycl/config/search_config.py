@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from difflib import get_close_matches
 from functools import cache
+from itertools import product
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, Field, create_model
+from pydantic import BaseModel, Field, ValidationError, create_model
 
 from raycl.config.schema import CoreConfig, Domain
 from raycl.config.section import METHOD_SECTIONS
@@ -157,6 +158,29 @@ def apply_overrides(config: CoreConfig, values: Mapping[str, Any]) -> CoreConfig
         set_dotted(raw, key, value)
     return search_config_class().model_validate(raw)
 
+
+def searched_variants(
+    config: CoreConfig, keys: tuple[str, ...]
+) -> Iterator[tuple[dict[str, Any], CoreConfig]]:
+    """``(searched values, config)`` for every combination of the candidate values
+    (:meth:`Domain.candidates`: every choice, a range's ends) of those ``keys`` the search space
+    varies; ``({}, config)`` alone when it varies none. A combination that does not validate is
+    left out: an invalid searched value is ``check_search_space``'s message."""
+    space = config.tune.search_space
+    searched = [key for key in keys if key in space]
+    for values in product(*(space[key].candidates() for key in searched)):
+        chosen = dict(zip(searched, values, strict=True))
+        try:
+            yield chosen, apply_overrides(config, chosen) if chosen else config
+        except ValidationError:
+            continue
+
+
+def searched_note(chosen: Mapping[str, Any], leave_out: tuple[str, ...] = ()) -> str:
+    """``with searched k=v, k2=v2: `` naming a combination in a problem's message (empty when
+    nothing was searched); ``leave_out`` keys the message names anyway."""
+    shown = ", ".join(f"{key}={value}" for key, value in chosen.items() if key not in leave_out)
+    return f"with searched {shown}: " if shown else ""
 
 
 def max_reports(config: CoreConfig) -> int:

@@ -60,7 +60,7 @@ from raycl.tracking.runs import (
     mlflow_client,
     write_leaderboard_view,
 )
-from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY
+from raycl.worker.outcome import FAIL_REASON_KEY, SKIP_REASON_KEY, trial_ending
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -295,28 +295,20 @@ class MLflowSweepCallback(Callback):
         entries = [Metric(key, value, now, step) for key, value in metrics.items()]
         for start in range(0, len(entries), 500):
             self.client.log_batch(run_id, metrics=entries[start:start + 500])
-        if "raycl/skip_reason" in result:
-            self.client.set_tag(run_id, "raycl.skipped", str(result["raycl/skip_reason"]))
+        if SKIP_REASON_KEY in result:
+            self.client.set_tag(run_id, "raycl.skipped", str(result[SKIP_REASON_KEY]))
         if FAIL_REASON_KEY in result:
             self.client.set_tag(run_id, "raycl.error", str(result[FAIL_REASON_KEY])[:5000])
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
         run_id = self._child(trial)
         last = trial.last_result or {}
-        # Tune marks a trial that ASHA stopped as done too; a trial ran to its end when its last
-        # report is the last epoch of its last stage. Stopped early is no failure: FINISHED,
-        # told apart by its tag and the epoch it stopped at (a column of the leaderboard view).
+        # Stopped early is no failure: FINISHED, told apart by its tag and the epoch it stopped
+        # at (a column of the leaderboard view).
         resolved = apply_overrides(self.config, trial.config)
-        if last.get("raycl/skipped"):
-            status, ended = "KILLED", "skipped"
-        elif last.get(FAILED_KEY):
-            status, ended = "FAILED", "diverged"
-        elif (last.get("stage") == resolved.num_stages - 1
-              and last.get("phase", "train") == "train"
-              and last.get("epoch") == resolved.train.epochs):
-            status, ended = "FINISHED", "completed"
-        else:
-            status, ended = "FINISHED", "stopped_by_scheduler"
+        ended = trial_ending(last, resolved.num_stages, resolved.train.epochs)
+        status = {"skipped": "KILLED", "diverged": "FAILED"}.get(ended, "FINISHED")
+        if ended == "stopped_by_scheduler":
             epoch = last.get("global_epoch", self._logged_step.get(trial.trial_id))
             if isinstance(epoch, (int, float)):
                 self.client.log_metric(run_id, STOPPED_AT_METRIC, float(epoch), step=int(epoch))
