@@ -16,10 +16,14 @@ from raycl.config.section import Section
 
 
 class DataConfig(Section):
-    dataset: Literal["trifeature", "mnist_fashion", "digits", "folder", "pairs"] = Field(
+    dataset: Literal["trifeature", "mnist_fashion", "digits", "folder", "pairs", "cifar10",
+                     "cifar100", "stl10", "imagenet", "imagenet100"] = Field(
         "trifeature", description="Dataset: generated Trifeature, MNIST⊕Fashion-MNIST, sklearn "
-        "digits, an ImageFolder-style directory given by data.root, or image-caption pairs "
-        "listed in the CSV/TSV file data.root (no labels; split at random)."
+        "digits, an ImageFolder-style directory given by data.root, image-caption pairs "
+        "listed in the CSV/TSV file data.root (no labels; split at random), or a dataset read "
+        "by name from data.root in the format it is distributed in: cifar10 / cifar100 (the "
+        "python pickle batches), stl10 (the binary files), imagenet / imagenet100 (train/<wnid>/ "
+        "and val/<wnid>/; imagenet100 is CMC's 100-class subset)."
     )
     resolution: int = Field(32, ge=8, le=1024, description="Square image side in pixels.")
     samples_per_combination: int = Field(
@@ -59,6 +63,23 @@ class DataConfig(Section):
         "stratified data.val_fraction share of train/, class indices the sorted class names of "
         "both (a class only in test/ is an error). auto: train_test when root/train/ and "
         "root/test/ both hold class folders, else flat."
+    )
+    download: bool = Field(
+        False, description="cifar10, cifar100, stl10: let torchvision download the dataset into "
+        "data.root when it is not there (needs internet access on every node that reads it)."
+    )
+    pretrain_unlabeled: bool = Field(
+        True, description="stl10: pretrain on the unlabeled split (100 000 images) besides train, "
+        "as the papers do; probes are fit on train only and scored on test."
+    )
+    on_device: bool | Literal["auto"] = Field(
+        "auto", description="Keep the decoded training images on the GPU for the whole trial, so "
+        "an epoch never touches host memory. auto: on when the set takes at most a quarter of "
+        "the device's memory; ignored on CPU."
+    )
+    decode_workers: int = Field(
+        0, ge=0, description="Threads that decode image files when the cache is first built "
+        "(0: every core of the node)."
     )
     cache_dir: str | None = Field(
         None, description="Where generated datasets are cached (None: $RAYCL_CACHE or "

@@ -25,15 +25,24 @@ class Source:
             unlabelled set (nothing to stratify or probe).
         channels: image channels (what the encoder's first layer takes).
         reader: ``"module:NAME"`` of its :class:`~raycl.data.types.Reader`.
-        num_classes: classes of every attribute when the source fixes them, so a small sample
-            missing a class does not shrink them; None: counted from the labels.
+        num_classes: classes of every attribute when the source fixes them (one number for
+            all, or per attribute), so a small sample missing a class does not shrink them;
+            None: counted from the labels.
     """
 
     description: str
     attributes: tuple[str, ...]
     channels: int
     reader: str
-    num_classes: int | None = None
+    num_classes: int | dict[str, int] | None = None
+
+    def fixed_num_classes(self) -> dict[str, int] | None:
+        """Classes per attribute when the source fixes them, else None."""
+        if self.num_classes is None:
+            return None
+        if isinstance(self.num_classes, int):
+            return dict.fromkeys(self.attributes, self.num_classes)
+        return dict(self.num_classes)
 
 
 SOURCES: dict[str, Source] = {
@@ -57,6 +66,29 @@ SOURCES: dict[str, Source] = {
         "caption|title|text, image paths relative to the file), RGB; no labels, one caption "
         "per image; split at random",
         (), 3, "raycl.data.image_text:READER"),
+    "cifar10": Source(
+        "CIFAR-10 from its python pickle batches (root: cifar-10-batches-py/ or its parent), "
+        "32x32 RGB; attribute class; its test_batch is the test split",
+        ("class",), 3, "raycl.data.cifar:CIFAR10_READER", num_classes=10),
+    "cifar100": Source(
+        "CIFAR-100 from its python pickles (root: cifar-100-python/ or its parent), 32x32 RGB; "
+        "attributes fine (100 classes) and coarse (20 superclasses); its test file is the test "
+        "split",
+        ("fine", "coarse"), 3, "raycl.data.cifar:CIFAR100_READER",
+        num_classes={"fine": 100, "coarse": 20}),
+    "stl10": Source(
+        "STL-10 from its binary files (root: stl10_binary/ or its parent), 96x96 RGB; attribute "
+        "class; pretraining on unlabeled + train (data.pretrain_unlabeled), probes on train, "
+        "test on test",
+        ("class",), 3, "raycl.data.stl10:READER", num_classes=10),
+    "imagenet": Source(
+        "ImageNet in its wnid folders (root/train/<wnid>/*.JPEG, root/val/<wnid>/*.JPEG), RGB; "
+        "attribute class; val is the test split, validation is carved from train",
+        ("class",), 3, "raycl.data.imagenet:IMAGENET_READER"),
+    "imagenet100": Source(
+        "ImageNet-100, CMC's 100-class subset (the list solo-learn and All4One use, shipped with "
+        "raycl), read from an ImageNet root in its wnid folders; attribute class",
+        ("class",), 3, "raycl.data.imagenet:IMAGENET100_READER", num_classes=100),
 }
 
 # The registry by field, as the names raycl.data has always offered.
@@ -65,8 +97,8 @@ ATTRIBUTES: dict[str, tuple[str, ...]] = {
     name: source.attributes for name, source in SOURCES.items()}
 CHANNELS: dict[str, int] = {name: source.channels for name, source in SOURCES.items()}
 FIXED_NUM_CLASSES: dict[str, dict[str, int]] = {
-    name: dict.fromkeys(source.attributes, source.num_classes)
-    for name, source in SOURCES.items() if source.num_classes is not None}
+    name: fixed for name, source in SOURCES.items()
+    if (fixed := source.fixed_num_classes()) is not None}
 
 
 def describe_datasets() -> str:

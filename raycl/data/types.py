@@ -4,6 +4,7 @@ of one source provides (:class:`Reader`). Imports nothing of raycl, so every rea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -21,12 +22,32 @@ class ImageSet:
             or None when the test split is drawn by ``test_fraction``.
         captions: str array (N,), one caption per image (a pairs file's, or Trifeature's
             synthetic ones when data.captions is set); None for a set without text.
+        pretrain_only: bool array (N,) marking images without labels that only pretraining
+            uses (STL-10's unlabeled split; their label values are -1), or None.
     """
 
     images: np.ndarray
     labels: dict[str, np.ndarray]
     test_mask: np.ndarray | None = None
     captions: np.ndarray | None = None
+    pretrain_only: np.ndarray | None = None
+
+
+@dataclass
+class ImageFiles:
+    """An image set whose images are still files, as a reader of image files returns it: the
+    cache builder decodes them on all cores straight into the cache, never all in memory.
+
+    Attributes:
+        paths: one image file per row, in row order.
+        labels, test_mask, captions, pretrain_only: as :class:`ImageSet`'s, one per path.
+    """
+
+    paths: list[Path]
+    labels: dict[str, np.ndarray]
+    test_mask: np.ndarray | None = None
+    captions: np.ndarray | None = None
+    pretrain_only: np.ndarray | None = None
 
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
@@ -47,6 +68,9 @@ class DatasetSplits:
     num_classes: dict[str, int]
     channels: int
     resolution: int
+    # Unlabelled images that pretraining uses beside ``train`` (STL-10's unlabeled split);
+    # never probed, never scored. None: pretraining sees ``train`` only.
+    pretrain_extra: ImageSet | None = None
 
     def split(self, name: str) -> ImageSet:
         """The split called ``name`` (one of :data:`SPLITS`)."""
@@ -66,9 +90,15 @@ class Reader(Protocol):
         read (and nothing that does not): it names the cached copy."""
         ...
 
-    def read(self, cfg: Any, seed: int) -> ImageSet:
+    def read(self, cfg: Any, seed: int) -> ImageSet | ImageFiles:
         """The full image set, generated or read (no cache); a shipped test split marked by
-        ``test_mask``."""
+        ``test_mask``. A reader of image files returns :class:`ImageFiles`: the cache builder
+        decodes them."""
+        ...
+
+    def check(self, cfg: Any) -> None:
+        """Raise ValueError (or OSError) with one line naming what is missing or unreadable,
+        before anything is launched; cheap: no image is decoded."""
         ...
 
     def class_counts(self, cfg: Any) -> dict[str, list[int]]:
