@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,7 +86,7 @@ def plain_loop(config: Any, device: torch.device) -> list[float]:
     torch.manual_seed(0)
     configure_cuda_backends(device)
     data = load_dataset(config.data, config.seed)
-    images = torch.from_numpy(data.train.images)
+    images = torch.from_numpy(np.asarray(data.train.images))  # a split is a view: one copy here
     if device.type == "cuda":
         images = images.pin_memory()
     method = prefer_channels_last(build_method(config, data.channels).to(device), device)
@@ -229,7 +230,7 @@ def augmentation(args: argparse.Namespace, root: Path, repeats: int) -> dict[str
 
     class PerSample(Dataset):
         def __init__(self) -> None:
-            self.images = torch.from_numpy(images)
+            self.images = torch.from_numpy(np.asarray(images))
             side, channels = images.shape[-1], images.shape[1]
             self.transform = v2.Compose([
                 v2.RandomResizedCrop(side, scale=tuple(config.augment.crop_scale),

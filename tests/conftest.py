@@ -16,6 +16,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Every ray.init() of the suite (this process's and the sweeps it starts as subprocesses) starts
+# its own local Ray: a bare ray.init() would join any cluster already running on the machine —
+# the multi-node tests' own, or one of CI's — and fail or disturb it. Tests that mean to join a
+# cluster pass its address explicitly.
+os.environ.setdefault("RAY_ADDRESS", "local")
+
 
 @pytest.fixture(scope="session")
 def ray_session(data_cache: Path):

@@ -149,6 +149,18 @@ def test_mcl_budget_left_to_trials_when_searched(tmp_path: Path) -> None:
     assert config.mcl.clusters == 5
 
 
+def test_an_empty_validation_or_test_split_is_refused_before_launch(tmp_path: Path) -> None:
+    # 2 per combination: 200 images per shape; 0.001 of 200 rounds to no validation image.
+    message = error_of(tmp_path, BASE, ["data.val_fraction=0.001"])
+    assert message.endswith("data.val_fraction: leaves the val split empty (1600 train images; "
+                            "shares are rounded per class): raise it or use more data")
+    searched = BASE.replace("    simclr.temperature:",
+                            "    data.test_fraction: {choice: [0.2, 0.001]}\n"
+                            "    simclr.temperature:")
+    message = error_of(tmp_path, searched)
+    assert "data.test_fraction: with searched data.test_fraction=0.001: leaves the test" in message
+
+
 def test_stage_budget_formula() -> None:
     assert stage_budget_problem(2, 3, 1000, 100) is None  # 8 <= 10
     assert stage_budget_problem(5, 2, 1000, 100) is not None  # 25 > 10

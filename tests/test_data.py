@@ -15,13 +15,13 @@ from raycl.data import (
     DATASETS,
     class_counts,
     load_dataset,
+    load_image_set,
     split_sizes,
     split_sizes_for,
     stratified_split,
     stratified_subset,
     trifeature,
 )
-from raycl.data.folders import load_image_folder
 from raycl.data.pairs import (
     FASHION_MNIST_DIR,
     balanced_subset,
@@ -218,7 +218,7 @@ def test_cache_is_written_once_and_then_hit(tmp_path: Path, monkeypatch) -> None
     monkeypatch.setattr(trifeature, "generate_trifeature", counting)
     cfg = data_cfg(tmp_path, resolution=8)
     first = load_dataset(cfg, seed=0)
-    files = list(tmp_path.glob("*.npz"))
+    files = list(tmp_path.glob("*/images.npy"))
     assert len(calls) == 1 and len(files) == 1
     written = files[0].stat().st_mtime_ns
     second = load_dataset(cfg, seed=0)
@@ -229,26 +229,29 @@ def test_cache_is_written_once_and_then_hit(tmp_path: Path, monkeypatch) -> None
     # A parameter that changes the content gets its own file.
     load_dataset(cfg, seed=1)
     load_dataset(data_cfg(tmp_path, resolution=8, samples_per_combination=2), seed=0)
-    assert len(calls) == 3 and len(list(tmp_path.glob("*.npz"))) == 3
+    assert len(calls) == 3 and len(list(tmp_path.glob("*/images.npy"))) == 3
     # test_fraction does not change the cached arrays.
     load_dataset(data_cfg(tmp_path, resolution=8, test_fraction=0.5), seed=0)
     assert len(calls) == 3
-    assert not list(tmp_path.glob("*.tmp")), "no temporary files left behind"
+    assert not list(tmp_path.glob("*.tmp-*")), "no temporary directories left behind"
 
 
 def test_corrupt_cache_file_is_regenerated(tmp_path: Path) -> None:
     cfg = data_cfg(tmp_path, resolution=8)
-    expected = load_dataset(cfg, seed=0)
-    (cache_file,) = tmp_path.glob("*.npz")
-    cache_file.write_bytes(b"not a zip file")
+    expected = np.asarray(load_dataset(cfg, seed=0).train.images)
+    (images_file,) = tmp_path.glob("*/images.npy")
+    images_file.write_bytes(b"not an array")
     again = load_dataset(cfg, seed=0)
-    np.testing.assert_array_equal(again.train.images, expected.train.images)
+    np.testing.assert_array_equal(again.train.images, expected)
+    (meta_file,) = tmp_path.glob("*/meta.npz")
+    meta_file.unlink()
+    np.testing.assert_array_equal(load_dataset(cfg, seed=0).train.images, expected)
 
 
 def test_cache_dir_none_uses_raycl_cache_env(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("RAYCL_CACHE", str(tmp_path / "env-cache"))
     load_dataset(data_cfg(tmp_path, dataset="digits", resolution=8, cache_dir=None), seed=0)
-    assert len(list((tmp_path / "env-cache").glob("digits-*.npz"))) == 1
+    assert len(list((tmp_path / "env-cache").glob("digits-*/images.npy"))) == 1
 
 
 def test_unknown_dataset_and_folder_without_root_are_clear_errors(tmp_path: Path) -> None:
@@ -256,7 +259,8 @@ def test_unknown_dataset_and_folder_without_root_are_clear_errors(tmp_path: Path
         load_dataset(data_cfg(tmp_path, dataset="cifar"), seed=0)
     with pytest.raises(ValueError, match=r"needs data\.root"):
         load_dataset(data_cfg(tmp_path, dataset="folder"), seed=0)
-    assert set(DATASETS) == {"trifeature", "mnist_fashion", "digits", "folder", "pairs"}
+    assert set(DATASETS) == {"trifeature", "mnist_fashion", "digits", "folder", "pairs",
+                             "cifar10", "cifar100", "stl10", "imagenet", "imagenet100"}
 
 
 # --- MNIST + Fashion-MNIST, digits --------------------------------------------------------
@@ -361,7 +365,8 @@ def _make_folder(root: Path) -> None:
 
 def test_image_folder_loader(tmp_path: Path) -> None:
     _make_folder(tmp_path / "images")
-    data = load_image_folder(str(tmp_path / "images"), resolution=8)
+    data = load_image_set(data_cfg(tmp_path / "cache", dataset="folder",
+                                   root=str(tmp_path / "images"), resolution=8), seed=0)
     assert data.images.shape == (4, 3, 8, 8) and data.images.dtype == np.uint8
     np.testing.assert_array_equal(data.labels["class"], [0, 0, 0, 1])
     means = data.images.reshape(4, 3, -1).mean(axis=2)
@@ -384,16 +389,20 @@ def test_folder_dataset_cache_follows_the_files(tmp_path: Path) -> None:
 
 
 def test_image_folder_errors_name_the_path(tmp_path: Path) -> None:
-    missing = tmp_path / "nowhere"
+    def load(root: Path) -> Any:
+        cfg = data_cfg(tmp_path / "cache", dataset="folder", root=str(root), resolution=8)
+        return load_image_set(cfg, seed=0)
+
     with pytest.raises(FileNotFoundError, match="nowhere"):
-        load_image_folder(str(missing), resolution=8)
+        load(tmp_path / "nowhere")
     (tmp_path / "empty" / "cls").mkdir(parents=True)
     with pytest.raises(ValueError, match=r"no images in .*empty"):
-        load_image_folder(str(tmp_path / "empty"), resolution=8)
+        load(tmp_path / "empty")
     _write_image(tmp_path / "broken" / "cls" / "a.png", np.zeros((4, 4, 3)))
     (tmp_path / "broken" / "cls" / "b.png").write_bytes(b"garbage")
-    with pytest.raises(ValueError, match=r"cannot read image .*b\.png"):
-        load_image_folder(str(tmp_path / "broken"), resolution=8)
+    with pytest.raises(ValueError, match=r"cannot read image .*b\.png.*\(1 of 2 image files "
+                                         r"unreadable\)"):
+        load(tmp_path / "broken")
 
 
 # --- image folders in the train/test layout (CUB-200, Stanford Cars, FGVC-Aircraft) ----------
@@ -515,9 +524,9 @@ def test_train_test_cache_fingerprints_both_halves(tmp_path: Path, monkeypatch) 
     cfg = data_cfg(tmp_path / "cache", dataset="folder", root=str(root), resolution=8,
                    val_fraction=0.3)
     first = load_dataset(cfg, seed=0)
-    real = folders.load_image_folder
+    real = folders.image_folder_files
     calls = []
-    monkeypatch.setattr(folders, "load_image_folder",
+    monkeypatch.setattr(folders, "image_folder_files",
                         lambda *args, **kwargs: calls.append(args) or real(*args, **kwargs))
     again = load_dataset(cfg, seed=0)
     assert not calls, "an unchanged folder comes from the cache, test/ still marked"

@@ -259,7 +259,8 @@ def loop_spectral(z1: Tensor, z2: Tensor, mu: float) -> Tensor:
 def test_spectral_matches_loop_reference(mu: float) -> None:
     z1, z2 = tiny_pair(batch_size=4, dim=3, seed=7)
     z1[0] *= 0.1  # one row inside the ball, others (mostly) outside
-    torch.testing.assert_close(spectral_contrastive_loss(z1, z2, mu), loop_spectral(z1, z2, mu))
+    torch.testing.assert_close(spectral_contrastive_loss(z1, z2, mu, divide_by_mu=False),
+                               loop_spectral(z1, z2, mu))
 
 
 def test_spectral_known_value_and_rescaling_rule() -> None:
@@ -271,9 +272,25 @@ def test_spectral_known_value_and_rescaling_rule() -> None:
     # Rows inside the ball are left alone: alignment 0.25 each, cross terms 0.
     assert spectral_contrastive_loss(0.5 * identity, 0.5 * identity).item() == pytest.approx(-0.5)
     # mu sets the radius: norm-3 rows become norm-2 rows for mu = 4 -> -2 * 4.
+    assert spectral_contrastive_loss(3 * identity, 3 * identity, mu=4.0,
+                                     divide_by_mu=False).item() == pytest.approx(-8.0)
+
+
+def test_spectral_divide_by_mu_follows_the_authors_code() -> None:
+    identity = torch.eye(2, dtype=torch.float64)
+    # Norm-3 rows become norm-2 rows at mu = 4: the paper's formula gives -2 * 4 = -8, the
+    # authors' code (the default) returns that over mu: -2. At mu = 1 the two agree.
     assert spectral_contrastive_loss(3 * identity, 3 * identity, mu=4.0).item() == pytest.approx(
-        -8.0
-    )
+        -2.0)
+    z1, z2 = tiny_pair(batch_size=4, dim=3, seed=3)
+    torch.testing.assert_close(spectral_contrastive_loss(z1, z2, mu=1.0),
+                               spectral_contrastive_loss(z1, z2, mu=1.0, divide_by_mu=False))
+    # HSCL divides the same way, so p = 0 stays Spectral CL at any mu.
+    for divide in (True, False):
+        torch.testing.assert_close(hscl_loss(z1, z2, 0.0, mu=10.0, divide_by_mu=divide),
+                                   spectral_contrastive_loss(z1, z2, mu=10.0, divide_by_mu=divide))
+    torch.testing.assert_close(hscl_loss(z1, z2, 0.5, mu=10.0) * 10.0,
+                               hscl_loss(z1, z2, 0.5, mu=10.0, divide_by_mu=False))
 
 
 def test_spectral_validates_arguments() -> None:

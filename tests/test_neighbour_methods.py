@@ -26,7 +26,7 @@ from raycl.data import DatasetSplits, ImageSet
 from raycl.eval.retrieval import neighbour_retrieval_accuracy
 from raycl.losses import info_nce, redundancy_reduction_loss, sinusoidal_positional_encoding
 from raycl.methods import METHODS, Batch, build_method
-from raycl.methods.all4one import All4One, CentroidEncoder, shift
+from raycl.methods.all4one import All4One, CentroidEncoder, centroid_positions, shift
 from raycl.methods.nnclr import NNCLR
 from raycl.methods.simclr import SimCLR
 from raycl.models.momentum import momentum_coefficient
@@ -388,6 +388,50 @@ def test_centroid_encoder() -> None:
     assert not torch.allclose(centroid, unpositioned)  # the positions are added
     with pytest.raises(ValueError, match="heads must divide"):
         CentroidEncoder(dim=16, length=4, layers=1, heads=3, feedforward=32, dropout=0.0)
+
+
+def test_centroid_positions_sequence_and_feature_layouts() -> None:
+    """k = 2 neighbours of width D = 3, by hand. Sequence (the paper): row j encodes position j
+    over the 3 features (frequencies 1 and 10000^(-2/3)). Feature (the authors' code): column d
+    encodes position d over the k = 2 channels (frequency 1), so row 0 is sin(d), row 1 cos(d)."""
+    slow = 10_000.0 ** (-2 / 3)
+    sequence = torch.tensor([[0.0, 1.0, 0.0],
+                             [math.sin(1), math.cos(1), math.sin(slow)]])
+    feature = torch.tensor([[0.0, math.sin(1), math.sin(2)],
+                            [1.0, math.cos(1), math.cos(2)]])
+    torch.testing.assert_close(centroid_positions(2, 3, "sequence"), sequence)
+    torch.testing.assert_close(centroid_positions(2, 3, "feature"), feature)
+    # An odd k (the paper's 5) takes the frequencies of the even width above, the last cosine
+    # dropped: channel 4 is sin(d * 10000^(-4/6)).
+    odd = centroid_positions(5, 8, "feature")
+    assert odd.shape == (5, 8)
+    torch.testing.assert_close(odd[4], torch.sin(torch.arange(8.0) * 10_000.0 ** (-4 / 6)))
+    torch.testing.assert_close(centroid_positions(4, 6, "feature"),
+                               sinusoidal_positional_encoding(6, 4).T)
+    with pytest.raises(ValueError, match="sequence"):
+        centroid_positions(2, 3, "batch")
+
+
+@pytest.mark.parametrize("layout", ["sequence", "feature"])
+def test_all4one_position_encoding_from_config(layout: str) -> None:
+    """all4one.position_encoding reaches ψ; the positions are not in the state dict, so a
+    checkpoint of either layout loads into the other."""
+    raw = yaml.safe_load(PAPER)
+    raw["model"] = MODEL
+    raw["all4one"].update(queue_size=30, neighbours=3, predictor_hidden_dim=32,
+                          transformer_layers=1, transformer_heads=2, transformer_feedforward=32,
+                          position_encoding=layout)
+    method = build_method(search_config_class().model_validate(raw), in_channels=1)
+    assert isinstance(method, All4One)
+    dim = MODEL["projector_dim"]
+    torch.testing.assert_close(method.psi.positions, centroid_positions(3, dim, layout))
+    assert not any("positions" in key for key in method.state_dict())
+    with torch.no_grad():
+        sequence = torch.randn(2, 3, dim)
+        method.psi.eval()
+        torch.testing.assert_close(
+            method.psi(sequence),
+            method.psi.encoder(sequence + centroid_positions(3, dim, layout))[:, 0])
 
 
 # ---------------------------------------------------------------- momentum branch

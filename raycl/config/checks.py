@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ValidationError
@@ -139,10 +139,35 @@ def _dataset_problems(dataset: str, root: str | None, section: str,
                                                 f"{FASHION_MNIST_PACKAGE})")
 
 
+# Datasets whose files _dataset_problems checks itself; every other reader checks its own
+# files (Reader.check).
+_CHECKED_HERE = ("folder", "pairs", "mnist_fashion")
+
+
+def _reader_problems(data: Any, section: str) -> Iterator[Problem]:
+    """What the dataset's reader finds missing or unreadable (``Reader.check``), as a problem
+    of ``<section>.root``; readers without a check (generated sets) have nothing to find.
+    ``data``: the data section or a transfer entry (a reader reads only what its source uses).
+    """
+    from raycl.data.registry import SOURCES, reader
+
+    if data.dataset in _CHECKED_HERE or data.dataset not in SOURCES:
+        return
+    check = getattr(reader(data.dataset), "check", None)
+    if check is None:
+        return
+    try:
+        check(data)
+    except (OSError, ValueError) as exc:
+        yield Problem(f"{section}.root", str(exc))
+
+
 def check_data(config: CoreConfig) -> Iterator[Problem]:
-    """The files of the dataset, of a real MMVP-VLM copy and of every transfer dataset."""
+    """The files of the dataset (CIFAR's, STL-10's, ImageNet's by their readers' checks), of a
+    real MMVP-VLM copy and of every transfer dataset."""
     yield from _dataset_problems(config.data.dataset, config.data.root, "data",
                                  config.data.layout)
+    yield from _reader_problems(config.data, "data")
     mmvp = config.eval.mmvp
     if mmvp not in (None, "synthetic"):
         from raycl.eval.mmvp import load_mmvp_vlm
@@ -153,6 +178,43 @@ def check_data(config: CoreConfig) -> Iterator[Problem]:
             yield Problem("eval.mmvp", str(exc))
     for i, entry in enumerate(config.eval.transfer):
         yield from _dataset_problems(entry.dataset, entry.root, f"eval.transfer.{i}")
+        yield from _reader_problems(entry, f"eval.transfer.{i}")
+
+
+# Data keys that change the split sizes.
+_SPLIT_KEYS = ("data.val_fraction", "data.test_fraction", "data.samples_per_combination",
+               "data.num_samples")
+
+
+def check_splits(config: CoreConfig) -> Iterator[Problem]:
+    """Validation and test each get at least one image: probes are scored there, and an empty
+    split would end every trial at its first evaluation."""
+    from raycl.data import split_sizes_for
+
+    for chosen, candidate in searched_variants(config, _SPLIT_KEYS):
+        try:
+            sizes = split_sizes_for(candidate.data)
+        except (OSError, ValueError):
+            return  # unreadable data or bad fractions: check_data's and pydantic's messages
+        for split, key in (("val", "data.val_fraction"), ("test", "data.test_fraction")):
+            if sizes[split] == 0:
+                yield Problem(key, f"{searched_note(chosen)}leaves the {split} split empty "
+                                   f"({sizes['train']} train images; shares are rounded per "
+                                   f"class): raise it or use more data")
+                return
+
+
+def check_pretrain_unlabeled(config: CoreConfig) -> Iterator[Problem]:
+    """MCL on STL-10 needs ``data.pretrain_unlabeled: false``: its stages pretrain on the
+    images its pseudo labels cover, the labelled training images only."""
+    keys = ("method", "data.dataset", "data.pretrain_unlabeled")
+    for chosen, candidate in searched_variants(config, keys):
+        data = candidate.data
+        if candidate.method == "mcl" and data.dataset == "stl10" and data.pretrain_unlabeled:
+            yield Problem("data.pretrain_unlabeled",
+                          f"{searched_note(chosen)}MCL's pseudo labels cover the labelled "
+                          f"training images only; set data.pretrain_unlabeled: false")
+            return
 
 
 def check_metric(config: CoreConfig) -> Iterator[Problem]:
@@ -341,8 +403,9 @@ def check_tracking(config: CoreConfig) -> Iterator[Problem]:
 # The order is the order of the messages: names before data, data before the metric, single
 # values before combinations, the config before the environment.
 CONFIG_CHECKS: tuple[Check, ...] = (
-    check_method, check_method_settings, check_labels, check_data, check_metric,
-    check_search_space, check_pretrained, check_feasible, check_gpu_sharing, check_grid,
+    check_method, check_method_settings, check_labels, check_data, check_pretrain_unlabeled,
+    check_splits, check_metric, check_search_space, check_pretrained,
+    check_feasible, check_gpu_sharing, check_grid,
 )
 ENVIRONMENT_CHECKS: tuple[Check, ...] = (check_storage, check_tracking)
 ALL_CHECKS: tuple[Check, ...] = CONFIG_CHECKS + ENVIRONMENT_CHECKS
@@ -376,6 +439,7 @@ def run_checks(config: CoreConfig, source: str, checks: tuple[Check, ...] = ALL_
 __all__ = ["ALL_CHECKS", "CONFIG_CHECKS", "ENVIRONMENT_CHECKS", "PRETRAINED_KEYS",
            "TRACKING_TIMEOUT_S", "UNSEARCHABLE_KEYS", "UNSEARCHABLE_SECTIONS", "Check",
            "check_data", "check_feasible", "check_gpu_sharing", "check_grid", "check_labels",
-           "check_method", "check_method_settings", "check_metric", "check_pretrained",
-           "check_search_space", "check_storage", "check_tracking", "first_problem", "run_checks",
-           "storage_path_problem", "tracking_uri_problem"]
+           "check_method", "check_method_settings", "check_metric", "check_pretrain_unlabeled",
+           "check_pretrained", "check_search_space", "check_splits", "check_storage",
+           "check_tracking", "first_problem", "run_checks", "storage_path_problem",
+           "tracking_uri_problem"]

@@ -82,8 +82,10 @@ class DataConfig(Section):
         "(0: every core of the node)."
     )
     cache_dir: str | None = Field(
-        None, description="Where generated datasets are cached (None: $RAYCL_CACHE or "
-        "~/.cache/raycl). Must be shared storage on multi-node clusters, or each node generates."
+        None, description="Where decoded datasets are cached, one memory-mapped copy that every "
+        "process of a node shares (None: $RAYCL_CACHE or ~/.cache/raycl). A local disk per node "
+        "is best for a memory map (each node builds its copy once); shared storage works too "
+        "(built once for the cluster, read over the network)."
     )
 
     @field_validator("captions")
@@ -213,9 +215,11 @@ class MCLConfig(Section):
 class TransferConfig(Section):
     """A labelled dataset the frozen encoder is probed on after training (transfer)."""
 
-    dataset: Literal["trifeature", "mnist_fashion", "digits", "folder"] = Field(
+    dataset: Literal["trifeature", "mnist_fashion", "digits", "folder", "cifar10", "cifar100",
+                     "stl10"] = Field(
         ..., description="Dataset, as in data.dataset; converted to the pretraining set's "
-        "channels and resolution."
+        "channels and resolution. cifar10, cifar100 and stl10 are probed on their train "
+        "files and scored on their test files (test_fraction unused)."
     )
     name: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_.-]+$", description="Name in the metric keys "
@@ -225,7 +229,7 @@ class TransferConfig(Section):
                                          "combination.")
     num_samples: int | None = Field(None, ge=10, le=5000, description="mnist_fashion: pairs.")
     root: str | None = Field(None, description="folder: root directory with one folder per "
-                             "class.")
+                             "class; cifar10, cifar100, stl10: their directory, as data.root.")
     test_fraction: float = Field(
         0.3, gt=0.0, lt=1.0, description="Share of each class the transfer probe is scored on; "
         "it is fit on the rest."
@@ -237,8 +241,8 @@ class TransferConfig(Section):
 
     @model_validator(mode="after")
     def _folder_needs_root(self) -> TransferConfig:
-        if self.dataset == "folder" and not self.root:
-            raise ValueError("root is required when dataset is 'folder'")
+        if self.dataset in ("folder", "cifar10", "cifar100", "stl10") and not self.root:
+            raise ValueError(f"root is required when dataset is {self.dataset!r}")
         return self
 
 

@@ -4,17 +4,24 @@
 (:mod:`raycl.data.load`, whose docstring lists what it reads of ``cfg``). The package is layered
 one way; no module imports this face:
 
-- :mod:`~raycl.data.types`: :class:`ImageSet`, :class:`DatasetSplits`, the reader contract;
+- :mod:`~raycl.data.types`: :class:`ImageSet`, :class:`ImageFiles` (files a reader lists,
+  decoded by the builder), :class:`ImageRows` (a split: rows of the cached set, not a copy),
+  :class:`DatasetSplits`, the reader contract;
 - one reader per source (:mod:`~raycl.data.trifeature`, :mod:`~raycl.data.pairs`,
   :mod:`~raycl.data.folders`, :mod:`~raycl.data.image_text`), on types only;
 - :mod:`~raycl.data.registry`: every dataset name, what it is and its reader (imported when
   the source is read); a new dataset is one reader module and one entry there;
-- :mod:`~raycl.data.splits` (stratified, random, around a shipped test split; their sizes)
-  and :mod:`~raycl.data.cache` (one ``.npz`` per content);
+- :mod:`~raycl.data.splits` (stratified, random, around a shipped test split; their sizes),
+  :mod:`~raycl.data.cache` (one memory-mapped directory per content: one decoded copy per
+  node, shared by every process through the page cache) and :mod:`~raycl.data.build` (its
+  first build: atomic, locked against a second builder, decoded on every core with
+  :mod:`~raycl.data.progress`);
 - :mod:`~raycl.data.load`: loading by name, splitting, split sizes from the config alone.
 
-Beside them: :mod:`~raycl.data.augment` (batched, on device), :mod:`~raycl.data.samplers`
-(MCL's batches) and :mod:`~raycl.data.captions` (Trifeature's synthetic captions). This face
+Beside them: :mod:`~raycl.data.augment` (batched, on device), :mod:`~raycl.data.resident`
+(whether a trial keeps its training images on the GPU, ``data.on_device``),
+:mod:`~raycl.data.samplers` (MCL's batches) and :mod:`~raycl.data.captions` (Trifeature's
+synthetic captions). This face
 re-exports the names ``raycl.data`` has always offered.
 """
 
@@ -44,7 +51,7 @@ from raycl.data.splits import (
     stratified_subset,
     unlabelled_split_sizes,
 )
-from raycl.data.types import SPLITS, DatasetSplits, ImageSet, Reader
+from raycl.data.types import SPLITS, DatasetSplits, ImageFiles, ImageRows, ImageSet, Reader
 
 __all__ = [
     "ATTRIBUTES",
@@ -54,6 +61,8 @@ __all__ = [
     "SOURCES",
     "SPLITS",
     "DatasetSplits",
+    "ImageFiles",
+    "ImageRows",
     "ImageSet",
     "Reader",
     "Source",

@@ -1,6 +1,24 @@
-"""The on-disk cache of full image sets: one ``.npz`` per content, named by a hash of
-everything that changes it, written atomically so that Ray workers building the same set at
-once never read half a file.
+"""The on-disk cache of full image sets: one directory per content, memory-mapped when read.
+
+``<cache_dir>/<dataset>-<hash>/`` (the hash covers everything that changes the content) holds
+
+- ``images.npy``: the decoded uint8 set (N, C, H, W), uncompressed, written through
+  ``np.lib.format.open_memmap`` and read with ``np.load(..., mmap_mode="r")``;
+- ``meta.npz``: labels, attribute names, ``test_mask``, captions and ``pretrain_only``, plain
+  arrays only (read with ``allow_pickle=False``);
+- ``key.json``: the cache key in words, for a person wondering what a directory holds.
+
+Why a memory map rather than Ray's object store (issue 22): it works without Ray (the tests,
+``benchmarks/gpu.py`` on a bare GPU box); it persists across trials, sweeps and Ray sessions;
+the OS page cache holds one copy per node that every process mapping the file shares (Ray
+Train workers, DataLoader workers, later trials); and under memory pressure the kernel evicts
+clean pages and reads them again instead of killing a worker. Opening it costs a few page
+faults, not a read of the set, so loading from the cache takes the same time at any size. An
+``.npz`` cannot be mapped (it is a zip), which is why the images are a bare ``.npy``.
+
+A cache directory appears whole or not at all: :mod:`raycl.data.build` writes it under a
+temporary name in ``cache_dir`` and renames it into place, behind a lock file, so two processes
+building the same set at once neither both decode it nor read half of it.
 """
 
 from __future__ import annotations
@@ -8,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -17,8 +34,13 @@ import numpy as np
 
 from raycl.data.types import ImageSet
 
-# Bump when a generator changes its output, so stale caches are not reused.
-CACHE_VERSION = 1
+# Bump when a generator or the cache layout changes, so stale caches are not reused.
+# 2: a directory with a memory-mappable images.npy (1 was one .npz per set).
+CACHE_VERSION = 2
+
+IMAGES_FILE = "images.npy"
+META_FILE = "meta.npz"
+KEY_FILE = "key.json"
 
 
 def default_cache_dir() -> Path:
@@ -26,55 +48,71 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("RAYCL_CACHE") or Path.home() / ".cache" / "raycl")
 
 
-def cache_file(cfg: Any, content: dict[str, Any]) -> Path:
-    """Where the full image set of ``cfg`` is cached: ``<cache_dir>/<dataset>-<hash>.npz``.
+def cache_key(cfg: Any, content: dict[str, Any]) -> dict[str, Any]:
+    """Everything that names one cached set: version, dataset, resolution and ``content``."""
+    return {"version": CACHE_VERSION, "dataset": cfg.dataset, "resolution": int(cfg.resolution),
+            **content}
+
+
+def cache_path(cfg: Any, content: dict[str, Any]) -> Path:
+    """Where the full image set of ``cfg`` is cached: ``<cache_dir>/<dataset>-<hash>/``.
 
     Args:
         cfg: DataConfig-like object (dataset, resolution, cache_dir).
         content: the source's own part of the key (:meth:`Reader.content_key
             <raycl.data.types.Reader.content_key>`).
+
+    Returns:
+        The cache directory (it may not exist yet).
     """
-    key: dict[str, Any] = {"version": CACHE_VERSION, "dataset": cfg.dataset,
-                           "resolution": int(cfg.resolution), **content}
+    key = cache_key(cfg, content)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
-    return cache_dir / f"{cfg.dataset}-{digest}.npz"
+    return cache_dir / f"{cfg.dataset}-{digest}"
 
 
-def save_atomically(path: Path, image_set: ImageSet) -> None:
-    """Write to a temporary file in the same directory, then rename over `path`.
+def write_metadata(directory: Path, image_set: ImageSet | Any, key: dict[str, Any]) -> None:
+    """Write ``meta.npz`` (labels, masks, captions) and ``key.json`` of a set into ``directory``.
 
-    Several Ray workers may build the same set at once; os.replace is atomic, so a reader sees
-    either no file or a complete one, and the last writer wins with identical content.
+    Args:
+        directory: the (temporary) cache directory being built.
+        image_set: an :class:`ImageSet` or :class:`~raycl.data.types.ImageFiles`: its labels,
+            ``test_mask``, ``captions`` and ``pretrain_only`` are written, not its images.
+        key: the cache key (:func:`cache_key`).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    arrays = {f"label_{name}": values for name, values in image_set.labels.items()}
+    arrays = {f"label_{name}": np.asarray(values, dtype=np.int64)
+              for name, values in image_set.labels.items()}
     # dtype str: an unlabelled set's empty list would otherwise be saved as float64.
     arrays["attributes"] = np.array(list(image_set.labels), dtype=np.str_)
-    if image_set.test_mask is not None:
-        arrays["test_mask"] = image_set.test_mask
+    for name in ("test_mask", "pretrain_only"):
+        values = getattr(image_set, name)
+        if values is not None:
+            arrays[name] = np.asarray(values, dtype=bool)
     if image_set.captions is not None:
         # A fixed-width unicode array, so loading needs no pickle.
         arrays["captions"] = np.asarray(image_set.captions, dtype=np.str_)
-    handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as tmp_file:
-            np.savez(tmp_file, images=image_set.images, **arrays)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    np.savez(directory / META_FILE, **arrays)
+    (directory / KEY_FILE).write_text(json.dumps(key, sort_keys=True, indent=1) + "\n")
 
 
-def load_cached(path: Path) -> ImageSet | None:
-    """The cached set, or None when the file is missing or unreadable."""
+def open_cached(directory: Path) -> ImageSet | None:
+    """The cached set with its images memory-mapped read-only, or None when the directory is
+    missing, incomplete or unreadable (its rows disagreeing with its labels included).
+
+    Args:
+        directory: a cache directory (:func:`cache_path`).
+    """
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            attributes = [str(name) for name in archive["attributes"]]
-            labels = {name: archive[f"label_{name}"] for name in attributes}
-            test_mask = archive["test_mask"] if "test_mask" in archive.files else None
-            captions = archive["captions"] if "captions" in archive.files else None
-            return ImageSet(images=archive["images"], labels=labels, test_mask=test_mask,
-                            captions=captions)
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        images = np.load(directory / IMAGES_FILE, mmap_mode="r", allow_pickle=False)
+        with np.load(directory / META_FILE, allow_pickle=False) as meta:
+            attributes = [str(name) for name in meta["attributes"]]
+            labels = {name: meta[f"label_{name}"] for name in attributes}
+            optional = {name: meta[name] if name in meta.files else None
+                        for name in ("test_mask", "captions", "pretrain_only")}
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
         return None
+    rows = {len(values) for values in [*labels.values(), *optional.values()]
+            if values is not None}
+    if images.ndim != 4 or images.dtype != np.uint8 or rows - {len(images)}:
+        return None
+    return ImageSet(images=images, labels=labels, **optional)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from raycl.data.types import ImageSet
+from raycl.data.types import ImageFiles
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".webp"})
 LAYOUTS: tuple[str, ...] = ("auto", "flat", "train_test")
@@ -40,8 +40,13 @@ def _is_image(path: Path) -> bool:
     return path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES
 
 
-def list_image_files(root: str | Path) -> FileList:
+def list_image_files(root: str | Path, classes: list[str] | None = None) -> FileList:
     """All (image path, class name) pairs under root, sorted by class then file name.
+
+    Args:
+        root: a directory with one sub-folder per class.
+        classes: read only these class folders (ImageNet-100's subset of ImageNet's); one
+            that does not exist is skipped (its caller checks for it). None: every folder.
 
     Raises:
         FileNotFoundError: root does not exist or is not a directory.
@@ -50,9 +55,12 @@ def list_image_files(root: str | Path) -> FileList:
     root_path = Path(root)
     if not root_path.is_dir():
         raise FileNotFoundError(f"image folder {str(root_path)!r} does not exist")
+    class_dirs = (sorted(p for p in root_path.iterdir() if p.is_dir()) if classes is None
+                  else [root_path / name for name in sorted(classes)
+                        if (root_path / name).is_dir()])
     files = [
         (path, class_dir.name)
-        for class_dir in sorted(p for p in root_path.iterdir() if p.is_dir())
+        for class_dir in class_dirs
         for path in sorted(class_dir.iterdir())
         if _is_image(path)
     ]
@@ -141,15 +149,30 @@ def list_folder(root: str | Path, layout: str = "auto") -> dict[str, FileList]:
     if resolve_layout(root_path, layout) == "flat":
         return {"all": list_image_files(root_path)}
     parts = {half: list_image_files(root_path / half) for half in HALVES}
-    train_classes = {name for _, name in parts["train"]}
-    test_only = sorted({name for _, name in parts["test"]} - train_classes)
+    require_trained_classes(parts["train"], parts["test"], root_path / "train",
+                            root_path / "test")
+    return parts
+
+
+def require_trained_classes(train: FileList, test: FileList, train_dir: Path,
+                            test_dir: Path) -> None:
+    """Every class of the shipped test half has training images.
+
+    Args:
+        train, test: the halves' files (:func:`list_image_files`).
+        train_dir, test_dir: the halves' directories, for the message.
+
+    Raises:
+        ValueError: a class folder of ``test_dir`` has no images in ``train_dir``.
+    """
+    train_classes = {name for _, name in train}
+    test_only = sorted({name for _, name in test} - train_classes)
     if test_only:
         shown = ", ".join(repr(name) for name in test_only[:5])
         more = f" (+{len(test_only) - 5} more)" if len(test_only) > 5 else ""
         raise ValueError(
-            f"class folder(s) {shown}{more} of {root_path / 'test'} have no images in "
-            f"{root_path / 'train'}: a probe fit on train cannot predict them")
-    return parts
+            f"class folder(s) {shown}{more} of {test_dir} have no images in "
+            f"{train_dir}: a probe fit on train cannot predict them")
 
 
 def class_names(parts: dict[str, FileList]) -> list[str]:
@@ -168,7 +191,12 @@ def folder_class_counts(root: str | Path, layout: str = "auto") -> dict[str, lis
         ``{part: counts}`` with the parts of :func:`list_folder`; a class a part lacks counts 0.
     """
     parts = list_folder(root, layout)
-    index = {name: i for i, name in enumerate(class_names(parts))}
+    return count_classes(parts, {name: i for i, name in enumerate(class_names(parts))})
+
+
+def count_classes(parts: dict[str, FileList], index: dict[str, int]) -> dict[str, list[int]]:
+    """Images per class of each part, in the order of ``index`` (class name -> index); a class
+    a part lacks counts 0."""
     counts: dict[str, list[int]] = {}
     for part, files in parts.items():
         part_counts = [0] * len(index)
@@ -209,36 +237,34 @@ def load_square_rgb(path: Path, resolution: int) -> np.ndarray:
     return np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1)
 
 
-def load_image_folder(root: str, resolution: int, layout: str = "auto") -> ImageSet:
-    """Load every image of an ImageFolder tree as RGB uint8 squares.
+def image_folder_files(root: str | Path, layout: str = "auto") -> ImageFiles:
+    """Every image file of an ImageFolder tree with its class, for the cache builder to decode
+    (:mod:`raycl.data.build`: RGB squares, centre-cropped and resized by
+    :func:`load_square_rgb`).
 
     Args:
         root: directory with one sub-folder per class (flat), or train/ and test/ that each
             have one (train_test).
-        resolution: side length of the output images.
         layout: "auto", "flat" or "train_test" (see the module docstring).
 
     Returns:
-        ImageSet with images (N, 3, resolution, resolution) and label "class" (index into the
-        sorted class names). In the train_test layout the train/ images come first and
-        ``test_mask`` marks the test/ ones.
+        ImageFiles with label "class" (index into the sorted class names). In the train_test
+        layout the train/ images come first and ``test_mask`` marks the test/ ones.
 
     Raises:
         FileNotFoundError: root (or, for train_test, one of its halves) does not exist.
-        ValueError: no images found, an unreadable image, a test-only class, or resolution < 1.
+        ValueError: no images found, or a test-only class.
     """
-    if resolution < 1:
-        raise ValueError(f"resolution must be >= 1, got {resolution}")
     parts = list_folder(root, layout)
     class_index = {name: index for index, name in enumerate(class_names(parts))}
     files = [entry for part_files in parts.values() for entry in part_files]
-    images = np.stack([load_square_rgb(path, resolution) for path, _ in files])
     labels = np.array([class_index[class_name] for _, class_name in files], dtype=np.int64)
     test_mask = None
     if "test" in parts:
         test_mask = np.concatenate([np.full(len(part_files), part == "test")
                                     for part, part_files in parts.items()])
-    return ImageSet(images=images, labels={"class": labels}, test_mask=test_mask)
+    return ImageFiles(paths=[path for path, _ in files], labels={"class": labels},
+                      test_mask=test_mask)
 
 
 def _folder_root(cfg: Any) -> str:
@@ -265,8 +291,8 @@ class FolderReader:
             key.update(layout=layout)
         return key
 
-    def read(self, cfg: Any, seed: int) -> ImageSet:
-        return load_image_folder(_folder_root(cfg), cfg.resolution, _folder_layout(cfg))
+    def read(self, cfg: Any, seed: int) -> ImageFiles:
+        return image_folder_files(_folder_root(cfg), _folder_layout(cfg))
 
     def class_counts(self, cfg: Any) -> dict[str, list[int]]:
         return folder_class_counts(_folder_root(cfg), _folder_layout(cfg))

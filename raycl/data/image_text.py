@@ -6,9 +6,10 @@ exports use; matched without regard to case, the first present in that order win
 one pair. Image paths are relative to the file's directory (absolute paths are kept). The
 delimiter is a tab for ``.tsv``/``.tab``, a comma for ``.csv``, and sniffed otherwise.
 
-A corpus has no class labels: :func:`load_image_text_pairs` returns an ImageSet with
-``labels == {}`` and one caption per image. An image named by several rows (COCO has five
-captions per image) is decoded once and repeated, one copy per row.
+A corpus has no class labels: :func:`image_text_files` returns the rows' image files with
+``labels == {}`` and one caption per row; the cache builder (:mod:`raycl.data.build`) decodes
+them. An image named by several rows (COCO has five captions per image) is decoded once and
+copied to each of its rows.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from raycl.data.folders import load_square_rgb
-from raycl.data.types import ImageSet
+from raycl.data.types import ImageFiles
 
 IMAGE_COLUMNS: tuple[str, ...] = ("image", "filepath", "path")
 CAPTION_COLUMNS: tuple[str, ...] = ("caption", "title", "text")
@@ -170,36 +170,28 @@ def pairs_fingerprint(path: str | Path) -> list[list[str | int]]:
     return fingerprint
 
 
-def load_image_text_pairs(path: str | Path, resolution: int) -> ImageSet:
-    """Read every pair of a pairs file: RGB images, centre-cropped and resized as folders are.
+def image_text_files(path: str | Path) -> ImageFiles:
+    """Every pair of a pairs file: its image file and caption, for the cache builder to decode
+    (RGB, centre-cropped and resized as folders are; an image named by several rows is decoded
+    once and copied to each).
 
     Args:
         path: the CSV or TSV file (see the module docstring).
-        resolution: side length of the output images.
 
     Returns:
-        ImageSet with images uint8 (N, 3, resolution, resolution), ``labels == {}`` and
-        ``captions`` a (N,) str array, both in row order.
+        ImageFiles with one path per row (repeated when rows share an image), ``labels == {}``
+        and ``captions`` a (N,) str array, in row order.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: see :func:`read_pairs`; also a missing or unreadable image (the message
-            names the file, the row and the image) or resolution < 1.
+        ValueError: see :func:`read_pairs`; also a missing image (the message names the file,
+            the row and the image).
     """
-    if resolution < 1:
-        raise ValueError(f"resolution must be >= 1, got {resolution}")
     file = Path(path)
     pairs = read_pairs(file)
-    unique = _unique_images(file, pairs)
-    decoded: dict[Path, np.ndarray] = {}
-    for image, pair in unique.items():
-        try:
-            decoded[image] = load_square_rgb(image, resolution)
-        except ValueError as error:
-            raise ValueError(f"{_where(file, pair)}: {error}") from error
-    images = np.stack([decoded[pair.image] for pair in pairs])
+    _unique_images(file, pairs)  # a missing image is named with its row before any decoding
     captions = np.array([pair.caption for pair in pairs], dtype=np.str_)
-    return ImageSet(images=images, labels={}, captions=captions)
+    return ImageFiles(paths=[pair.image for pair in pairs], labels={}, captions=captions)
 
 
 def _pairs_file(cfg: Any) -> str:
@@ -217,8 +209,8 @@ class PairsReader:
         path = _pairs_file(cfg)
         return {"root": str(Path(path).resolve()), "files": pairs_fingerprint(path)}
 
-    def read(self, cfg: Any, seed: int) -> ImageSet:
-        return load_image_text_pairs(_pairs_file(cfg), cfg.resolution)
+    def read(self, cfg: Any, seed: int) -> ImageFiles:
+        return image_text_files(_pairs_file(cfg))
 
     def class_counts(self, cfg: Any) -> dict[str, list[int]]:
         return {"all": [count_pairs(_pairs_file(cfg))]}

@@ -15,11 +15,15 @@ attributes of `cfg` (a `DataConfig` or anything with the same field names):
   its test split (root/test/): test_fraction is ignored and validation is carved from train/.
   An unlabelled set (pairs) has no classes: its shares are drawn at random
   (:func:`raycl.data.splits.random_split`).
-- cache_dir: where the generated arrays are kept (None -> $RAYCL_CACHE or ~/.cache/raycl)
+- cache_dir: where the decoded arrays are kept (None -> $RAYCL_CACHE or ~/.cache/raycl)
+- decode_workers (may be absent: 0): threads that decode image files on the first build
 
-The full image set is cached as one .npz named by a hash of everything that changes its
-content (:mod:`raycl.data.cache`), so Ray workers and later trials load it instead of
-generating it again. The split is recomputed from the seed on every call (it is cheap).
+The full image set is cached once per content as an uncompressed memory-mapped array
+(:mod:`raycl.data.cache`), built once per node (:mod:`raycl.data.build`: atomic, locked, decoded
+on every core), so Ray workers and later trials map it instead of generating it again, and every
+process on a node reads the one copy in the page cache. The split is recomputed from the seed on
+every call (it is cheap) as index arrays: each split's images are an
+:class:`~raycl.data.types.ImageRows` view into the mapped set, never a copy.
 :func:`split_sizes_for` gives the exact split sizes from the config alone, so a search can be
 checked before anything is loaded.
 """
@@ -31,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from raycl.data.cache import cache_file, load_cached, save_atomically
+from raycl.data.build import build_cache
+from raycl.data.cache import cache_key, cache_path, open_cached
 from raycl.data.registry import FIXED_NUM_CLASSES, SOURCES, is_unlabelled, reader, unknown_dataset
 from raycl.data.splits import (
     class_split_counts,
@@ -39,7 +44,7 @@ from raycl.data.splits import (
     split_sizes,
     unlabelled_split_sizes,
 )
-from raycl.data.types import DatasetSplits, ImageSet
+from raycl.data.types import DatasetSplits, ImageRows, ImageSet
 
 # Keeps the synthetic captions' draws apart from the Trifeature generator's, which is seeded
 # with the same data seed: otherwise whether a caption names the colour would follow the
@@ -77,7 +82,12 @@ def load_image_set(cfg: Any, seed: int) -> ImageSet:
 
     Returns:
         ImageSet with all images of the dataset (both halves of a train/test folder, the test
-        ones marked by ``test_mask``), and captions for "pairs" or when data.captions is set.
+        ones marked by ``test_mask``), memory-mapped read-only from the cache, and captions
+        for "pairs" or when data.captions is set.
+
+    Raises:
+        ValueError: an unknown dataset, a bad resolution or caption setting, or what the
+            reader raises (an unreadable image file: named, with how many were unreadable).
     """
     if cfg.dataset not in SOURCES:
         raise unknown_dataset(cfg.dataset)
@@ -87,11 +97,13 @@ def load_image_set(cfg: Any, seed: int) -> ImageSet:
     source = reader(cfg.dataset)
     # data.captions is not part of the key: Trifeature's captions are drawn after the cache is
     # read (below), so every caption setting shares one copy of the images.
-    path = cache_file(cfg, source.content_key(cfg, seed))
-    image_set = load_cached(path) if path.exists() else None
+    content = source.content_key(cfg, seed)
+    directory = cache_path(cfg, content)
+    image_set = open_cached(directory)
     if image_set is None:
-        image_set = source.read(cfg, seed)
-        save_atomically(path, image_set)
+        image_set = build_cache(directory, lambda: source.read(cfg, seed),
+                                cache_key(cfg, content), int(cfg.resolution),
+                                int(getattr(cfg, "decode_workers", 0) or 0))
     if rates is not None:
         # Drawn here rather than cached: a cache keyed by the rates would store one copy of the
         # images per caption setting a sweep tries, and the captions take well under a second.
@@ -130,8 +142,9 @@ def split_sizes_for(cfg: Any) -> dict[str, int]:
 
 
 def _subset(image_set: ImageSet, indices: np.ndarray) -> ImageSet:
-    """The rows ``indices`` of ``image_set``, labels and captions along."""
-    return ImageSet(images=image_set.images[indices],
+    """The rows ``indices`` of ``image_set``: its images a view (nothing is read), labels and
+    captions small copies."""
+    return ImageSet(images=ImageRows(image_set.images, indices),
                     labels={name: values[indices] for name, values in image_set.labels.items()},
                     captions=None if image_set.captions is None
                     else image_set.captions[indices])
@@ -150,11 +163,13 @@ def load_dataset(cfg: Any, seed: int) -> DatasetSplits:
         from train/. An unlabelled set (pairs) is split at random
         (:func:`raycl.data.splits.random_split`) and has ``attributes == []`` and
         ``num_classes == {}``. Captions, when the set has them, follow their images into every
-        split.
+        split. Each split's images are an :class:`~raycl.data.types.ImageRows` view into the
+        memory-mapped set. Images marked ``pretrain_only`` are in no split but in
+        ``pretrain_extra`` (None when there are none).
     """
     image_set = load_image_set(cfg, seed)
     attributes = list(image_set.labels)
-    train_indices, val_indices, test_indices = split_indices(
+    train_indices, val_indices, test_indices, extra_indices = split_indices(
         image_set, float(cfg.val_fraction), float(cfg.test_fraction), seed)
     return DatasetSplits(
         name=cfg.dataset,
@@ -166,4 +181,5 @@ def load_dataset(cfg: Any, seed: int) -> DatasetSplits:
         or {name: int(values.max()) + 1 for name, values in image_set.labels.items()},
         channels=int(image_set.images.shape[1]),
         resolution=int(image_set.images.shape[2]),
+        pretrain_extra=_subset(image_set, extra_indices) if len(extra_indices) else None,
     )

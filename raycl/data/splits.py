@@ -198,20 +198,45 @@ def stratified_subset(labels: np.ndarray, count: int, seed: int) -> np.ndarray:
 
 def split_indices(
     image_set: ImageSet, val_fraction: float, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(train, val, test, pretrain_extra) indices of ``image_set``.
+
+    The rows marked ``pretrain_only`` (unlabelled images only pretraining uses) are
+    ``pretrain_extra`` and in no other split; the others are split by fractions (stratified on
+    the first attribute, at random when there is none), or around the test split the source
+    ships (``test_mask``; ``test_fraction`` unused, validation carved from the rest). Without
+    ``pretrain_only`` rows the split is what it always was for the same seed.
+    """
+    count = len(image_set.images)
+    extra = (np.flatnonzero(image_set.pretrain_only).astype(np.int64)
+             if image_set.pretrain_only is not None else np.zeros(0, np.int64))
+    if not len(extra):
+        return (*_split_rows(image_set.labels, image_set.test_mask, count, val_fraction,
+                             test_fraction, seed), extra)
+    pool = np.flatnonzero(~np.asarray(image_set.pretrain_only, dtype=bool))
+    labels = {name: values[pool] for name, values in image_set.labels.items()}
+    test_mask = None if image_set.test_mask is None else image_set.test_mask[pool]
+    train, val, test = _split_rows(labels, test_mask, len(pool), val_fraction, test_fraction,
+                                   seed)
+    return pool[train], pool[val], pool[test], extra
+
+
+def _split_rows(
+    labels: dict[str, np.ndarray], test_mask: np.ndarray | None, count: int,
+    val_fraction: float, test_fraction: float, seed: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(train, val, test) indices of ``image_set``: by fractions (stratified on the first
-    attribute, at random when there is none), or around the test split the source ships
-    (``test_mask``; ``test_fraction`` unused, validation carved from the rest)."""
-    if image_set.labels:
-        stratify = next(iter(image_set.labels.values()))
-    elif image_set.test_mask is None:
-        return random_split(len(image_set.images), val_fraction, test_fraction, seed)
+    """(train, val, test) indices of ``count`` rows with these labels and shipped test mask
+    (see :func:`split_indices`)."""
+    if labels:
+        stratify = next(iter(labels.values()))
+    elif test_mask is None:
+        return random_split(count, val_fraction, test_fraction, seed)
     else:
         # Unlabelled with a shipped test split: validation is a random share of the rest.
-        stratify = np.zeros(len(image_set.images), dtype=np.int64)
-    if image_set.test_mask is None:
+        stratify = np.zeros(count, dtype=np.int64)
+    if test_mask is None:
         return stratified_split(stratify, test_fraction, seed, val_fraction=val_fraction)
-    pool = np.flatnonzero(~image_set.test_mask)
+    pool = np.flatnonzero(~test_mask)
     train_of_pool, val_of_pool = carve_validation(stratify[pool], val_fraction, seed)
     return (pool[train_of_pool], pool[val_of_pool],
-            np.flatnonzero(image_set.test_mask).astype(np.int64))
+            np.flatnonzero(test_mask).astype(np.int64))

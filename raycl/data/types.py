@@ -3,11 +3,117 @@ of one source provides (:class:`Reader`). Imports nothing of raycl, so every rea
 
 from __future__ import annotations
 
+import mmap
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+
+# An integer, a slice, an index array or a boolean mask: the row keys of an ImageRows.
+RowKey = int | np.integer | slice | np.ndarray | list[int]
+
+
+class ImageRows:
+    """Some rows of a base image array (a memory-mapped cache), read only when indexed.
+
+    A split is an index array into the full set, never a copy: reading ``view[i]``,
+    ``view[a:b]`` or ``view[indices]`` copies just those rows out of ``base``, so every process
+    of a node reads the one decoded copy in the OS page cache. ``np.asarray(view)`` copies all
+    rows (for the rare consumer that needs the whole array).
+
+    Args:
+        base: uint8 array (M, C, H, W), typically ``np.load(..., mmap_mode="r")``.
+        rows: int array (N,) of rows of ``base``, in the view's order.
+    """
+
+    def __init__(self, base: np.ndarray, rows: np.ndarray) -> None:
+        self.base = base
+        self.rows = np.asarray(rows, dtype=np.int64)
+        if self.rows.ndim != 1:
+            raise ValueError(f"rows must be one-dimensional, got shape {self.rows.shape}")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.rows), *self.base.shape[1:])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.base.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.base.ndim
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rows this view names (what a full copy would take)."""
+        return len(self.rows) * int(np.prod(self.base.shape[1:])) * self.base.dtype.itemsize
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, key: RowKey | tuple[Any, ...]) -> np.ndarray:
+        """The rows ``key`` names (int, slice, index array or boolean mask), as a fresh array;
+        a tuple indexes the rows by its first entry and the result by the rest."""
+        if isinstance(key, tuple):
+            first, rest = (key[0], key[1:]) if key else (slice(None), ())
+            picked = self[first]
+            lead = () if isinstance(first, int | np.integer) else (slice(None),)
+            return picked[(*lead, *rest)]
+        if isinstance(key, int | np.integer):
+            return np.array(self.base[self.rows[key]])
+        return self._take(self.rows[key])
+
+    def _take(self, rows: np.ndarray) -> np.ndarray:
+        """Rows of ``base``: one slice read when they are consecutive, else a gather."""
+        if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and (np.diff(rows) == 1).all():
+            return np.array(self.base[int(rows[0]):int(rows[-1]) + 1])
+        return np.asarray(self.base[rows])
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        chunk = 256  # rows per read: one gather per chunk rather than one per row
+        for start in range(0, len(self.rows), chunk):
+            yield from self._take(self.rows[start:start + chunk])
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        rows = self._take(self.rows)
+        return rows if dtype is None else rows.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        return f"ImageRows(shape={self.shape}, dtype={self.dtype})"
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled by file name when ``base`` is a whole memory-mapped file (a DataLoader
+        worker, a Ray task), so the receiver maps the same pages instead of getting a copy."""
+        base = self.base
+        if isinstance(base, np.memmap) and isinstance(base.base, mmap.mmap) and base.filename:
+            return _mapped_rows, (base.filename, base.offset, base.dtype.str, base.shape,
+                                  self.rows)
+        return ImageRows, (np.asarray(base), self.rows)
+
+    def subset(self, key: RowKey) -> ImageRows:
+        """The rows ``key`` of this view as a view (nothing is read)."""
+        return ImageRows(self.base, self.rows[key])
+
+    def concat(self, other: ImageRows) -> ImageRows:
+        """This view's rows followed by ``other``'s, both of the same base, as one view.
+
+        Raises:
+            ValueError: the views have different bases.
+        """
+        if other.base is not self.base:
+            raise ValueError("ImageRows.concat needs views of the same base array")
+        return ImageRows(self.base, np.concatenate([self.rows, other.rows]))
+
+
+def _mapped_rows(
+    filename: str, offset: int, dtype: str, shape: tuple[int, ...], rows: np.ndarray
+) -> ImageRows:
+    """An :class:`ImageRows` of a memory-mapped file, mapped again (unpickling)."""
+    base = np.memmap(filename, dtype=np.dtype(dtype), mode="r", offset=offset, shape=shape)
+    return ImageRows(base, rows)
 
 
 @dataclass
@@ -15,7 +121,10 @@ class ImageSet:
     """Images and their labels.
 
     Attributes:
-        images: uint8 array (N, C, H, W).
+        images: uint8 array (N, C, H, W): a reader's array, the cache's memory map, or (a
+            split of :class:`DatasetSplits`) an :class:`ImageRows` view into the latter. A
+            reader may return a lazy array-like instead (``shape``, ``dtype``, ``ndim``, row
+            slices; CIFAR's and STL-10's resize rows as the cache builder copies them).
         labels: attribute name -> int64 array (N,), e.g. {"shape", "texture", "color"}; empty
             for an unlabelled set (an image-text corpus).
         test_mask: bool array (N,) marking a test split the source ships (a folder's test/),
@@ -26,7 +135,7 @@ class ImageSet:
             uses (STL-10's unlabeled split; their label values are -1), or None.
     """
 
-    images: np.ndarray
+    images: np.ndarray | ImageRows
     labels: dict[str, np.ndarray]
     test_mask: np.ndarray | None = None
     captions: np.ndarray | None = None
@@ -58,6 +167,8 @@ class DatasetSplits:
     """A dataset split into train, validation and test, with what a model needs to know.
 
     Probes are fit on ``train``; a sweep selects on ``val``; ``test`` is scored once per trial.
+    The splits' images are :class:`ImageRows` views into one full set (labels and captions are
+    small copies), so a split costs its index array, not its pixels.
     """
 
     name: str

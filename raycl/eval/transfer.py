@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from raycl.data import ImageSet, load_dataset
+from raycl.data import ImageRows, ImageSet, load_dataset
 
 if TYPE_CHECKING:
     from raycl.config.schema import CoreConfig
@@ -42,7 +42,7 @@ class TransferSet:
         return f"{FEATURE_PREFIX}{self.name}:test"
 
 
-def match_channels(images: np.ndarray, channels: int) -> np.ndarray:
+def match_channels(images: np.ndarray | ImageRows, channels: int) -> np.ndarray | ImageRows:
     """Convert uint8 (N, C, H, W) images to ``channels`` channels.
 
     One channel is repeated; several are averaged to grey first when the counts differ (so an
@@ -50,11 +50,12 @@ def match_channels(images: np.ndarray, channels: int) -> np.ndarray:
     luminance rather than an arbitrary channel).
 
     Args:
-        images: uint8 (N, C, H, W).
+        images: uint8 (N, C, H, W): an array or a split's view into the cached set.
         channels: the encoder's input channels, >= 1.
 
     Returns:
-        uint8 (N, channels, H, W); ``images`` itself when C == channels.
+        uint8 (N, channels, H, W); ``images`` itself when C == channels (a view stays a view:
+        nothing is copied), else a converted copy.
     """
     if images.ndim != 4:
         raise ValueError(f"images must be (N, C, H, W), got shape {images.shape}")
@@ -63,6 +64,7 @@ def match_channels(images: np.ndarray, channels: int) -> np.ndarray:
     have = images.shape[1]
     if have == channels:
         return images
+    images = np.asarray(images)  # converting needs every pixel: the one full copy
     grey = images if have == 1 else np.round(images.mean(axis=1, keepdims=True)).astype(np.uint8)
     return np.repeat(grey, channels, axis=1)
 
@@ -84,7 +86,9 @@ def load_transfer_sets(config: CoreConfig, channels: int) -> list[TransferSet]:
             dataset=entry.dataset, resolution=config.data.resolution,
             samples_per_combination=entry.samples_per_combination,
             num_samples=entry.num_samples, root=entry.root, val_fraction=0.0,
-            test_fraction=entry.test_fraction, cache_dir=config.data.cache_dir)
+            test_fraction=entry.test_fraction, cache_dir=config.data.cache_dir,
+            decode_workers=config.data.decode_workers, download=False,
+            pretrain_unlabeled=False)  # a probe fits on labels: no unlabelled images
         splits = load_dataset(data_config, config.seed)
         converted = [ImageSet(match_channels(part.images, channels), part.labels)
                      for part in (splits.train, splits.test)]

@@ -75,6 +75,7 @@ def _spectral_family_loss(
     gather: bool,
     filter_exponent: float,
     eigenvalue_floor: float,
+    divide_by_mu: bool,
 ) -> Tensor:
     """Spectral CL (``filter_exponent == 0``) or HSCL; see the two public functions."""
     check_pair(z1, z2)
@@ -117,7 +118,10 @@ def _spectral_family_loss(
     # 1/(N(N-1)) sum of the paper); an anchor with none contributes no uniformity term.
     uniformity = pair_terms.masked_fill(~allowed, 0.0).sum(dim=1) / partners.clamp_min(1)
     alignment = (z1 * z2).sum(dim=1)
-    return (-2.0 * alignment + uniformity).mean()
+    loss = (-2.0 * alignment + uniformity).mean()
+    # HaoChen et al.'s released code returns the loss over mu: same minimiser, but the gradient
+    # (so the effective learning rate) is mu times smaller than the paper's formula's.
+    return loss / mu if divide_by_mu else loss
 
 
 def spectral_contrastive_loss(
@@ -126,13 +130,17 @@ def spectral_contrastive_loss(
     mu: float = 1.0,
     negative_mask: Tensor | None = None,
     gather: bool = True,
+    divide_by_mu: bool = True,
 ) -> Tensor:
     """Spectral contrastive loss (HaoChen et al., 2021) on a batch of positive pairs.
 
     ``L = -2/N sum_i z_i^T z'_i + 1/(N(N-1)) sum_{i != j} (z_i^T z'_j)^2`` over the global batch
     of N pairs. Following the authors' public code (not spelled out in the paper), rows whose
     norm exceeds ``sqrt(mu)`` are first rescaled to norm ``sqrt(mu)``; the rescaling is
-    differentiable.
+    differentiable. With ``divide_by_mu`` (the default) the loss is then divided by ``mu``, as
+    the authors' released code does and the paper's formula does not: identical at ``mu = 1``,
+    a ``mu`` times smaller loss and gradient otherwise (their ImageNet runs use ``mu = 10``). The
+    default follows the code, which produced the reported numbers.
 
     Under DDP (``gather=True``) each rank's anchors ``z_i`` meet the gathered ``z'_j`` of every
     rank, and the returned loss is the mean over the local anchors, so the rank average is the
@@ -148,6 +156,7 @@ def spectral_contrastive_loss(
         negative_mask: optional bool (B_local, B_global), True where global sample j may be a
             partner of local anchor i, as for :func:`nt_xent`; the diagonal is ignored.
         gather: pair the local anchors with the batch gathered from all ranks when distributed.
+        divide_by_mu: divide the loss by ``mu`` (the authors' code); False: the paper's formula.
 
     Returns:
         Scalar loss (at least float32).
@@ -159,7 +168,7 @@ def spectral_contrastive_loss(
         >>> loss = spectral_contrastive_loss(projector(backbone(view1)),
         ...                                  projector(backbone(view2)), mu=1.0)
     """
-    return _spectral_family_loss(z1, z2, mu, negative_mask, gather, 0.0, 0.5)
+    return _spectral_family_loss(z1, z2, mu, negative_mask, gather, 0.0, 0.5, divide_by_mu)
 
 
 def hscl_loss(
@@ -170,6 +179,7 @@ def hscl_loss(
     eigenvalue_floor: float = 1e-5,
     negative_mask: Tensor | None = None,
     gather: bool = True,
+    divide_by_mu: bool = True,
 ) -> Tensor:
     """High-pass Spectral CL (HSCL, Algorithm 1 of the paper, appendix B.1).
 
@@ -179,10 +189,12 @@ def hscl_loss(
     ``L = -2/N sum_i z_i^T z'_i + 1/(N(N-1)) sum_{i != j} (z_i^T z'_j) ((W z_i)^T (W z'_j))``.
 
     ``p = 0`` is :func:`spectral_contrastive_loss` exactly. The embeddings are rescaled into
-    the ball of radius ``sqrt(mu)`` first, as for Spectral CL. ``Bmat`` is the paper's sum, not a
-    mean, so the filter's overall scale moves with the batch size as ``N^{-p/2}``. No gradient
-    flows through W (see the comment in the code). Gathering, the mask and the returned mean
-    follow :func:`spectral_contrastive_loss`; ``Bmat`` is all-reduced over ranks.
+    the ball of radius ``sqrt(mu)`` first and, with ``divide_by_mu``, the loss is divided by
+    ``mu``, both as for Spectral CL (HSCL builds on its code), so ``p = 0`` stays Spectral CL.
+    ``Bmat`` is the paper's sum, not a mean, so the filter's overall scale moves with the batch
+    size as ``N^{-p/2}``. No gradient flows through W (see the comment in the code). Gathering,
+    the mask and the returned mean follow :func:`spectral_contrastive_loss`; ``Bmat`` is
+    all-reduced over ranks.
 
     Args:
         z1: projections of the first view, (B_local, D).
@@ -192,6 +204,7 @@ def hscl_loss(
         eigenvalue_floor: eigenvalues of ``Bmat`` are floored at this fraction of the largest.
         negative_mask: optional bool (B_local, B_global) restricting the pairs ``i != j``.
         gather: use the global batch when distributed.
+        divide_by_mu: divide the loss by ``mu``, as :func:`spectral_contrastive_loss`.
 
     Returns:
         Scalar loss (at least float32).
@@ -204,4 +217,4 @@ def hscl_loss(
     """
     check_filter_args(filter_exponent, eigenvalue_floor)
     return _spectral_family_loss(z1, z2, mu, negative_mask, gather, filter_exponent,
-                                 eigenvalue_floor)
+                                 eigenvalue_floor, divide_by_mu)

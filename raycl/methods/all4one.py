@@ -20,11 +20,19 @@ is ``symmetric: true, temperature: 0.2, centroid_temperature: 0.1, eta: 2.5,
 redundancy_lambda: 1.0`` (its ``0.5 * 10 * (0.5 on + 0.5 off)``); see docs/methods.md. Where the
 paper is silent this file follows that code: the lookups of both views use momentum projections,
 ψ's feed-forward width is 512 with dropout 0.1, and view 1's momentum projections are enqueued.
+
+ψ's positional encoding: the paper adds sinusoidal positions along the sequence of k neighbours
+(``position_encoding: sequence``, the default, with the paper's other defaults). The authors' code
+adds them along the feature axis: solo-learn's ``Summer(PositionalEncodingPermute1D(5))`` on a
+(B, k, D) input treats the D features as the positions and the k neighbours as the encoding's
+channels, so entry (j, d) is channel j of position d (``position_encoding: feature``). The
+headline YAMLs (searches/papers/all4one_*.yaml) use it with the rest of the code's settings,
+which together produced the paper's Table 1.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +82,13 @@ class All4OneConfig(NNCLRConfig):
                                          "transformer_lr_scale. Same warmup-cosine schedule.")
     transformer_lr_scale: float = Field(1.0, gt=0.0, description="ψ's learning rate relative to "
                                         "train.lr, when transformer_lr is unset.")
+    position_encoding: Literal["sequence", "feature"] = Field(
+        "sequence", description="Axis of ψ's input the sinusoidal positions run along: sequence "
+        "(positions 0..k-1 of the neighbours, as the paper describes) or feature (positions "
+        "0..D-1 of the embedding, k channels: what the authors' code does and what produced "
+        "their reported numbers, with symmetric: true, temperature: 0.2, eta: 2.5, "
+        "redundancy_lambda: 1.0). Default sequence, like this section's other defaults (the "
+        "paper's); searches/papers/all4one_*.yaml set the code's five together.")
     momentum_start: float = Field(0.99, ge=0.0, le=1.0, description="EMA coefficient of the "
                                   "momentum branch at the first step ...")
     momentum_end: float = Field(1.0, ge=0.0, le=1.0, description="... rising to this at the last "
@@ -90,6 +105,33 @@ class All4OneConfig(NNCLRConfig):
         return self
 
 
+def centroid_positions(length: int, dim: int, layout: str = "sequence") -> Tensor:
+    """The (k, D) sinusoidal encoding ψ adds to its (B, k, D) input.
+
+    ``sequence``: row j is the encoding of position j at width D (Vaswani et al.; the paper).
+    ``feature``: entry (j, d) is channel j of position d at width k rounded up to even, as the
+    authors' code (a 1-D encoding over a (B, D, k) permutation of the input) computes it: the
+    transpose of :func:`sinusoidal_positional_encoding` ``(D, k)`` for an even k.
+
+    Args:
+        length: sequence length k, >= 1.
+        dim: embedding width D, >= 1.
+        layout: ``sequence`` or ``feature``.
+
+    Returns:
+        (k, D) float32 tensor.
+
+    Raises:
+        ValueError: on an unknown layout (or sizes below 1).
+    """
+    if layout == "sequence":
+        return sinusoidal_positional_encoding(length, dim)
+    if layout == "feature":
+        channels = length + length % 2  # the authors' encoder rounds the width up to even
+        return sinusoidal_positional_encoding(dim, channels)[:, :length].T.contiguous()
+    raise ValueError(f"position encoding layout must be 'sequence' or 'feature', got {layout!r}")
+
+
 class CentroidEncoder(nn.Module):
     """ψ: sinusoidal positions + a transformer encoder; element 0 of its output is the centroid.
 
@@ -100,19 +142,21 @@ class CentroidEncoder(nn.Module):
         heads: attention heads.
         feedforward: feed-forward width.
         dropout: dropout probability inside the encoder.
+        position_encoding: ``sequence`` or ``feature`` (:func:`centroid_positions`).
     """
 
     positions: Tensor
 
     def __init__(self, dim: int, length: int, layers: int, heads: int, feedforward: int,
-                 dropout: float) -> None:
+                 dropout: float, position_encoding: str = "sequence") -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"the transformer's {heads} heads must divide the embedding width "
                              f"{dim}")
         layer = nn.TransformerEncoderLayer(dim, heads, feedforward, dropout, batch_first=True)
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.register_buffer("positions", sinusoidal_positional_encoding(length, dim),
+        # not persistent: a function of the config, so checkpoints stay layout-free
+        self.register_buffer("positions", centroid_positions(length, dim, position_encoding),
                              persistent=False)
 
     def forward(self, sequence: Tensor) -> Tensor:
@@ -144,7 +188,8 @@ class All4One(NNCLR):
         weights: (σ, κ, η).
         redundancy_lambda: λ.
         centroid_temperature: τ of the centroid term.
-        transformer: ψ's ``layers``, ``heads``, ``feedforward``, ``dropout``.
+        transformer: ψ's ``layers``, ``heads``, ``feedforward``, ``dropout`` and
+            ``position_encoding``.
         transformer_lr: absolute lr of ψ, or None for ``train.lr * transformer_lr_scale``.
         transformer_lr_scale: ψ's lr relative to the base lr.
         momentum: (start, end) of the EMA coefficient's schedule.
@@ -165,7 +210,7 @@ class All4One(NNCLR):
         super().__init__(**nnclr_kwargs)
         dim = nnclr_kwargs["projector_dim"]
         transformer = {"layers": 3, "heads": 8, "feedforward": 512, "dropout": 0.1,
-                       **(transformer or {})}
+                       "position_encoding": "sequence", **(transformer or {})}
         self.centroid_predictor = projection_mlp(dim, nnclr_kwargs["predictor_hidden_dim"], dim)
         self.psi = CentroidEncoder(dim, neighbours, **transformer)
         self.momentum_backbone = momentum_copy(self.backbone)
@@ -189,7 +234,8 @@ class All4One(NNCLR):
             centroid_temperature=section.centroid_temperature,
             transformer={"layers": section.transformer_layers, "heads": section.transformer_heads,
                          "feedforward": section.transformer_feedforward,
-                         "dropout": section.transformer_dropout},
+                         "dropout": section.transformer_dropout,
+                         "position_encoding": section.position_encoding},
             transformer_lr=section.transformer_lr,
             transformer_lr_scale=section.transformer_lr_scale,
             momentum=(section.momentum_start, section.momentum_end),

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 
 class HSCLConfig(SpectralConfig):
-    """Knobs of ``method: hscl``: Spectral CL's (``mu``) and the filter's."""
+    """Knobs of ``method: hscl``: Spectral CL's (``mu``, ``divide_by_mu``: HSCL builds on the
+    spectral loss's code, so p = 0 stays Spectral CL) and the filter's."""
 
     filter_exponent: float = Field(
         0.5, ge=0.0, le=2.0, description="p of the high-pass filter g(λ) = λ^-p (the paper: "
@@ -50,6 +51,7 @@ class HSCL(SpectralCL):
         mu: squared radius of the embedding ball, > 0.
         filter_exponent: p >= 0.
         eigenvalue_floor: relative eigenvalue floor in (0, 1).
+        divide_by_mu: divide the loss by ``mu``, as Spectral CL.
     """
 
     def __init__(
@@ -61,8 +63,10 @@ class HSCL(SpectralCL):
         mu: float,
         filter_exponent: float,
         eigenvalue_floor: float,
+        divide_by_mu: bool = True,
     ) -> None:
-        super().__init__(backbone, feature_dim, projector_hidden_dim, projector_dim, mu)
+        super().__init__(backbone, feature_dim, projector_hidden_dim, projector_dim, mu,
+                         divide_by_mu)
         check_filter_args(filter_exponent, eigenvalue_floor)
         self.filter_exponent = filter_exponent
         self.eigenvalue_floor = eigenvalue_floor
@@ -72,8 +76,9 @@ class HSCL(SpectralCL):
         section = cfg.section(HSCLConfig)
         return cls(**encoder_kwargs(cfg, in_channels), mu=section.mu,
                    filter_exponent=section.filter_exponent,
-                   eigenvalue_floor=section.eigenvalue_floor)
+                   eigenvalue_floor=section.eigenvalue_floor,
+                   divide_by_mu=section.divide_by_mu)
 
     def loss(self, z1: Tensor, z2: Tensor, negative_mask: Tensor | None) -> Tensor:
         return hscl_loss(z1, z2, self.filter_exponent, self.mu, self.eigenvalue_floor,
-                         negative_mask=negative_mask)
+                         negative_mask=negative_mask, divide_by_mu=self.divide_by_mu)

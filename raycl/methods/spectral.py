@@ -31,6 +31,11 @@ class SpectralConfig(Section):
         "to (rows longer than √μ are rescaled), as in the authors' code.",
         json_schema_extra={"symbol": "μ"}
     )
+    divide_by_mu: bool = Field(
+        True, description="Divide the loss by μ, as the authors' released code does (it produced "
+        "the reported numbers; the paper's formula does not): the same at μ = 1, a μ times "
+        "smaller loss and gradient otherwise (their ImageNet runs use μ = 10)."
+    )
 
 
 @register("spectral", section=SpectralConfig)
@@ -43,6 +48,7 @@ class SpectralCL(TwoViewMethod):
         projector_hidden_dim: hidden width of the projector.
         projector_dim: output dimension of the projector (the paper uses 128).
         mu: squared radius of the embedding ball, > 0.
+        divide_by_mu: divide the loss by ``mu`` (the authors' code).
     """
 
     def __init__(
@@ -52,15 +58,20 @@ class SpectralCL(TwoViewMethod):
         projector_hidden_dim: int,
         projector_dim: int,
         mu: float,
+        divide_by_mu: bool = True,
     ) -> None:
         super().__init__(backbone, feature_dim, projector_hidden_dim, projector_dim)
         if not mu > 0:
             raise ValueError(f"mu must be > 0, got {mu}")
         self.mu = mu
+        self.divide_by_mu = divide_by_mu
 
     @classmethod
     def from_config(cls, cfg: CoreConfig, in_channels: int) -> SpectralCL:
-        return cls(**encoder_kwargs(cfg, in_channels), mu=cfg.section(SpectralConfig).mu)
+        section = cfg.section(SpectralConfig)
+        return cls(**encoder_kwargs(cfg, in_channels), mu=section.mu,
+                   divide_by_mu=section.divide_by_mu)
 
     def loss(self, z1: Tensor, z2: Tensor, negative_mask: Tensor | None) -> Tensor:
-        return spectral_contrastive_loss(z1, z2, self.mu, negative_mask=negative_mask)
+        return spectral_contrastive_loss(z1, z2, self.mu, negative_mask=negative_mask,
+                                         divide_by_mu=self.divide_by_mu)

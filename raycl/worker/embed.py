@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from raycl.config.schema import CoreConfig
-from raycl.data import DatasetSplits
+from raycl.data import DatasetSplits, ImageRows
 from raycl.data.augment import to_float
 from raycl.distributed import gather_no_grad
 from raycl.eval.multimodal import EvalSets
@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # the embedding pass itself needs no Ray (benchmarks/gpu.py r
 @torch.no_grad()
 def embed_images(
     method: Method,
-    images: np.ndarray,
+    images: np.ndarray | ImageRows,
     session: Session,
     batch_size: int = 512,
     embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -40,11 +40,12 @@ def embed_images(
 ) -> np.ndarray:
     """Backbone features of every image, computed across all workers and gathered.
 
-    Each rank embeds a contiguous shard (padded to equal length, as all_gather requires); every
-    rank returns the full (N, D) array in dataset order. ``embed`` replaces ``method.embed``
-    (e.g. ``method.project`` for the projection spectrum). ``autocast``: the forward's
-    precision (:func:`raycl.worker.optim.inference_autocast`: the trial's on CUDA, none on CPU);
-    the features are float32 either way.
+    Each rank embeds a contiguous shard (padded to equal length, as all_gather requires), read
+    a batch of rows at a time (a split is a view into the memory-mapped set: only the shard's
+    rows are read); every rank returns the full (N, D) array in dataset order. ``embed``
+    replaces ``method.embed`` (e.g. ``method.project`` for the projection spectrum).
+    ``autocast``: the forward's precision (:func:`raycl.worker.optim.inference_autocast`: the
+    trial's on CUDA, none on CPU); the features are float32 either way.
     """
     rank, world, device = session.rank, session.world_size, session.device
     embed = embed or method.embed
@@ -84,7 +85,7 @@ def embed_splits(
     the transfer sets (``transfer:<name>:train|test``); the MMVP-style pairs of the evaluated
     splits (``mmvp:<split>``), so stages integrate them like splits. ``autocast``: see
     :func:`embed_images`."""
-    def embed(images: np.ndarray) -> np.ndarray:
+    def embed(images: np.ndarray | ImageRows) -> np.ndarray:
         return embed_images(model, images, session, autocast=autocast)
 
     embedded = {split: embed(data.split(split).images) for split in splits}

@@ -1,34 +1,79 @@
 """Which training images each rank sees, batch by batch: the sampler and the data loader.
 
-Batches index the in-memory uint8 images (no per-sample Python); MCL's pseudo labels group a
-stage's batches with :class:`PseudoLabelBatchSampler` (``mcl.negatives: sampler``), otherwise
-a shuffled (distributed) sampler splits the global batch over the ranks.
+Batches index the uint8 training images (no per-sample Python): a view into the node's
+memory-mapped cache, read a batch's rows at a time, or (``data.on_device``) one tensor on the
+GPU that batches are gathered from there. The training images are ``train`` followed by
+``pretrain_extra`` when the dataset has unlabelled pretraining images (STL-10's unlabeled
+split). MCL's pseudo labels group a stage's batches with :class:`PseudoLabelBatchSampler`
+(``mcl.negatives: sampler``), otherwise a shuffled (distributed) sampler splits the global batch
+over the ranks.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 
 from raycl.config.schema import CoreConfig
+from raycl.data import DatasetSplits, ImageRows
+from raycl.data.resident import training_images
 from raycl.data.samplers import PseudoLabelBatchSampler
-from raycl.worker.session import Session
+from raycl.methods import method_class
 from raycl.worker.stages import StageInputs
+
+if TYPE_CHECKING:  # the loader itself needs no Ray
+    from raycl.worker.session import Session
+
+# What a loader indexes: host rows (an array or a view into the memory-mapped cache) or one
+# tensor on the device.
+TrainImages = np.ndarray | ImageRows | torch.Tensor
 
 
 class IndexedImages(torch.utils.data.Dataset):
-    """Batched indexing into the in-memory uint8 image tensor (no per-sample Python)."""
+    """Batched indexing into the uint8 training images (no per-sample Python): a batch reads
+    only its rows, from the memory map on the host or from a tensor on the device."""
 
-    def __init__(self, images: torch.Tensor) -> None:
+    def __init__(self, images: TrainImages) -> None:
         self.images = images
 
     def __len__(self) -> int:
         return len(self.images)
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.as_tensor(indices, dtype=torch.long)
-        return self.images[index], index
+        if isinstance(self.images, torch.Tensor):
+            index = torch.as_tensor(indices, dtype=torch.long, device=self.images.device)
+            return self.images[index], index
+        rows = np.asarray(indices, dtype=np.int64)
+        return torch.from_numpy(np.asarray(self.images[rows])), torch.from_numpy(rows)
+
+
+def trial_training_images(
+    config: CoreConfig, data: DatasetSplits, device: torch.device
+) -> TrainImages:
+    """The images this trial pretrains on (train, then ``pretrain_extra``), on ``device`` when
+    ``data.on_device`` says so (:mod:`raycl.data.resident`); built once per trial.
+
+    Raises:
+        ValueError: the dataset has pretraining-only images and the trial cannot use them:
+            stages' pseudo labels (MCL) and captions cover ``train`` only.
+    """
+    if data.pretrain_extra is not None:
+        # Checked before launch too (config.checks.check_pretrain_unlabeled); here for a
+        # config that bypassed the checks.
+        if config.num_stages > 1:
+            raise ValueError(
+                f"data.pretrain_unlabeled: the stages' pseudo labels cover only the labelled "
+                f"training images of {data.name}, not its unlabelled pretraining ones; set "
+                f"data.pretrain_unlabeled: false")
+        if method_class(config).multimodal and data.train.captions is not None:
+            raise ValueError(
+                f"data.pretrain_unlabeled: the unlabelled pretraining images of {data.name} "
+                f"have no captions for method {config.method}; set "
+                f"data.pretrain_unlabeled: false")
+    return training_images(data, config.data.on_device, device)
 
 
 def batch_sampler(
@@ -55,17 +100,20 @@ def _as_is(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torc
 
 
 def build_loader(
-    config: CoreConfig, images: np.ndarray, inputs: StageInputs, session: Session
+    config: CoreConfig, images: TrainImages, inputs: StageInputs, session: Session
 ) -> DataLoader:
-    """The loader of one stage over the training ``images``: ``(uint8 images, index)`` batches.
+    """The loader of one stage over the training ``images`` (:func:`trial_training_images`):
+    ``(uint8 images, index)`` batches. Images on the device are gathered there, in the
+    training process (no worker processes, nothing to pin).
 
     Raises:
         ValueError: if no full batch fits in an epoch.
     """
     sampler = batch_sampler(config, inputs, len(images), session.rank, session.world_size)
-    loader = DataLoader(IndexedImages(torch.from_numpy(images)), batch_sampler=sampler,
-                        collate_fn=_as_is, num_workers=config.train.loader_workers,
-                        pin_memory=session.device.type == "cuda")
+    on_device = isinstance(images, torch.Tensor) and images.device.type != "cpu"
+    loader = DataLoader(IndexedImages(images), batch_sampler=sampler, collate_fn=_as_is,
+                        num_workers=0 if on_device else config.train.loader_workers,
+                        pin_memory=session.device.type == "cuda" and not on_device)
     if len(loader) == 0:
         raise ValueError("no full batch per epoch: lower train.batch_size")
     return loader
@@ -90,5 +138,5 @@ def sampler_metrics(loader: DataLoader) -> dict[str, float]:
     return {f"train/sampler_{key}": float(value) for key, value in sampler.stats().items()}
 
 
-__all__ = ["IndexedImages", "batch_sampler", "build_loader", "sampler_metrics",
-           "set_sampler_epoch"]
+__all__ = ["IndexedImages", "TrainImages", "batch_sampler", "build_loader", "sampler_metrics",
+           "set_sampler_epoch", "trial_training_images"]

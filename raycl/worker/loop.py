@@ -31,6 +31,7 @@ from raycl.eval.transfer import load_transfer_sets
 from raycl.methods import method_class
 from raycl.worker.checkpoints import Restored, restore
 from raycl.worker.cuda import configure_cuda_backends
+from raycl.worker.loader import trial_training_images
 from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY, NonFiniteLossError
 from raycl.worker.perf import Clock
 from raycl.worker.session import RayTrainSession, Session
@@ -66,6 +67,8 @@ def run_trial_loop(loop_config: dict[str, Any], session: Session) -> None:
     torch.set_num_threads(max(1, int(config.scaling.cpus_per_worker)))
     configure_cuda_backends(session.device)  # TF32, cuDNN autotuning; nothing on CPU
     data, eval_sets = _load_data(config)
+    # Once per trial: on the device (data.on_device) every stage gathers its batches there.
+    train_images = trial_training_images(config, data, session.device)
     clock = Clock(loop_config.get("trial_started_at"))
     last_stage = config.num_stages - 1
 
@@ -80,8 +83,8 @@ def run_trial_loop(loop_config: dict[str, Any], session: Session) -> None:
         inputs, resume = _resume_point(config, restored, session, clock)
     try:
         while True:
-            result = train_stage(config, data, eval_sets, inputs, session, resume, clock,
-                                 loop_config)
+            result = train_stage(config, data, train_images, eval_sets, inputs, session,
+                                 resume, clock, loop_config)
             resume = None
             if inputs.stage == last_stage:
                 return

@@ -34,7 +34,7 @@ from raycl.worker.cuda import prefer_channels_last
 from raycl.worker.epoch import EpochStats, StepParts, run_epoch, seed_epoch
 from raycl.worker.evaluate import evaluate_epoch
 from raycl.worker.faults import maybe_inject_fault
-from raycl.worker.loader import build_loader, sampler_metrics, set_sampler_epoch
+from raycl.worker.loader import TrainImages, build_loader, sampler_metrics, set_sampler_epoch
 from raycl.worker.optim import (
     LrSchedule,
     autocast_and_scaler,
@@ -88,6 +88,7 @@ class _PhaseRun:
 def train_stage(
     config: CoreConfig,
     data: DatasetSplits,
+    train_images: TrainImages,
     eval_sets: EvalSets,
     inputs: StageInputs,
     session: Session,
@@ -96,11 +97,12 @@ def train_stage(
     loop_config: dict[str, Any],
 ) -> StageResult:
     """Train stage ``inputs.stage`` with a fresh encoder (or the one ``resume`` holds), every
-    phase and epoch of it, reporting each epoch."""
+    phase and epoch of it, reporting each epoch. ``train_images``: what the trial pretrains on
+    (:func:`~raycl.worker.loader.trial_training_images`, built once per trial)."""
     torch.manual_seed(config.seed + 1000 * inputs.stage)
     np.random.seed(config.seed + 1000 * inputs.stage + session.rank)
     stage = _Stage(config, data, eval_sets, inputs, session, loop_config,
-                   _build_parts(config, data, inputs, session, resume, clock),
+                   _build_parts(config, data, train_images, inputs, session, resume, clock),
                    stage_phases(config), stage_epochs(config))
     first_phase, start_epoch = _resume_position(stage.phases, resume)
     result = StageResult()
@@ -120,6 +122,7 @@ def train_stage(
 def _build_parts(
     config: CoreConfig,
     data: DatasetSplits,
+    train_images: TrainImages,
     inputs: StageInputs,
     session: Session,
     resume: Restored | None,
@@ -130,7 +133,7 @@ def _build_parts(
     device = session.device
     feature_aware = inputs.pseudo_labels is not None and config.mcl.negatives != "none"
     pseudo_labels = torch.from_numpy(inputs.pseudo_labels).to(device) if feature_aware else None
-    loader = build_loader(config, data.train.images, inputs, session)
+    loader = build_loader(config, train_images, inputs, session)
     augment = BatchAugment(config.augment)
     method = build_stage_method(config, data.channels, inputs.stage, device, resume)
     # Every caption tokenised once; a batch takes its rows.

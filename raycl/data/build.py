@@ -1,0 +1,264 @@
+"""Building a cache directory (:mod:`raycl.data.cache`) once per node: atomic, locked, parallel.
+
+- Atomic: the set is written into a temporary directory beside the cache
+  (``<name>.tmp-XXXX``) and renamed into place, so a build that crashes halfway leaves no
+  half cache; the next build removes what dead builders left.
+- Once: a builder holds an exclusive ``fcntl.flock`` on ``<name>.lock``; another process
+  building the same set waits on it, then memory-maps what the first one built. The lock dies
+  with its process, so a crashed builder never blocks the next one.
+- Parallel: image files (:class:`~raycl.data.types.ImageFiles`) are decoded by a pool of
+  ``data.decode_workers`` threads (0: every core this process may run on) straight into the
+  open memory map, chunk by chunk, never all in memory. Threads, not processes: Pillow
+  releases the GIL while it decodes and resizes, so threads scale with the cores and share the
+  memory map without pickling a row. A set generated in memory (Trifeature, digits, CIFAR) is
+  copied into the map.
+
+An unreadable image does not stop the others: every file is tried, then one ValueError names
+the first unreadable file and how many were unreadable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from raycl.data.cache import IMAGES_FILE, open_cached, write_metadata
+from raycl.data.folders import load_square_rgb
+from raycl.data.progress import Progress
+from raycl.data.types import ImageFiles, ImageSet
+
+# Images one decoding task handles: large enough to amortise the pool's overhead, small enough
+# that the progress line moves and every worker gets work to the end.
+DECODE_CHUNK = 64
+# Rows copied per step from an in-memory set into the map.
+COPY_CHUNK = 4096
+
+
+def decode_workers(setting: int | None) -> int:
+    """Threads that decode: ``setting`` (``data.decode_workers``), or every core this process
+    may run on when it is 0 or None."""
+    if setting:
+        return int(setting)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def build_cache(
+    directory: Path,
+    read: Callable[[], ImageSet | ImageFiles],
+    key: dict[str, Any],
+    resolution: int,
+    workers: int = 0,
+    stream: TextIO | None = None,
+) -> ImageSet:
+    """Build the cache directory ``directory`` unless another process has, and open it.
+
+    Args:
+        directory: the cache directory (:func:`raycl.data.cache.cache_path`).
+        read: returns the full set (a reader's ``read``); called only by the one process that
+            builds.
+        key: the cache key, written beside the set (:func:`raycl.data.cache.cache_key`).
+        resolution: image side of decoded files.
+        workers: decoding threads (:func:`decode_workers`: 0 is every core).
+        stream: where the decoding progress goes (default: stderr).
+
+    Returns:
+        The cached set, its images memory-mapped read-only.
+
+    Raises:
+        ValueError: unreadable images (the first named, with their count), or a reader whose
+            labels disagree with its images.
+    """
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with _build_lock(directory, stream):
+        cached = open_cached(directory)
+        if cached is not None:  # built by another process while this one waited
+            return cached
+        _remove_leftovers(directory)
+        temporary = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f"{directory.name}.tmp-"))
+        try:
+            write_set(temporary, read(), key, resolution, decode_workers(workers), stream)
+            os.rename(temporary, directory)
+        except BaseException:
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise
+    cached = open_cached(directory)
+    if cached is None:
+        raise OSError(f"the cache {directory} was written but cannot be read back")
+    return cached
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path, stream: TextIO | None) -> Iterator[None]:
+    """Hold the exclusive lock of ``directory``'s build; say so when waiting for another."""
+    lock_path = directory.with_name(directory.name + ".lock")
+    # The lock file stays: removing it would let a third process lock a new file while a
+    # second still waits on the old one.
+    with open(lock_path, "a+b") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            (stream or sys.stderr).write(
+                f"waiting for another process building the data cache {directory}\n")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """Remove an unreadable ``directory`` and the temporary directories of dead builders (with
+    the lock held, no live builder owns one)."""
+    for leftover in [directory, *directory.parent.glob(f"{directory.name}.tmp-*")]:
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def write_set(
+    directory: Path,
+    source: ImageSet | ImageFiles,
+    key: dict[str, Any],
+    resolution: int,
+    workers: int,
+    stream: TextIO | None = None,
+) -> None:
+    """Write ``source`` into ``directory`` (:mod:`raycl.data.cache`'s layout): its images into
+    a new memory map (decoded there when they are files), its labels beside them.
+
+    Args:
+        directory: an existing, empty directory (the build's temporary one).
+        source: what the reader returned: files to decode, or images as an array or any
+            array-like with ``shape``, ``dtype``, ``ndim`` and row slices (read
+            :data:`COPY_CHUNK` rows at a time, so a reader may decode lazily).
+        key: the cache key, written as ``key.json``.
+        resolution: image side of decoded files (an in-memory set keeps its own).
+        workers: decoding threads, >= 1.
+        stream: where the decoding progress goes (default: stderr).
+
+    Raises:
+        ValueError: unreadable images, or labels, masks or captions of another length than
+            the images.
+    """
+    count = len(source.paths) if isinstance(source, ImageFiles) else len(source.images)
+    _check_lengths(source, count)
+    if isinstance(source, ImageFiles):
+        shape: tuple[int, ...] = (count, 3, resolution, resolution)
+    else:
+        if source.images.dtype != np.uint8 or source.images.ndim != 4:
+            raise ValueError(f"a reader returned images of dtype {source.images.dtype} and "
+                             f"shape {source.images.shape}; expected uint8 (N, C, H, W)")
+        shape = tuple(source.images.shape)
+    images = np.lib.format.open_memmap(directory / IMAGES_FILE, mode="w+", dtype=np.uint8,
+                                       shape=shape)
+    try:
+        if isinstance(source, ImageFiles):
+            decode_files(source.paths, resolution, images, workers,
+                         Progress(f"decoding {directory.name.split('.tmp-')[0]}", count,
+                                  stream))
+        else:
+            for start in range(0, count, COPY_CHUNK):
+                images[start:start + COPY_CHUNK] = source.images[start:start + COPY_CHUNK]
+        images.flush()
+    finally:
+        del images  # unmapped before the directory is renamed or removed
+    write_metadata(directory, source, key)
+
+
+def _check_lengths(source: ImageSet | ImageFiles, count: int) -> None:
+    """Raise ValueError when a per-image array of ``source`` does not have ``count`` rows."""
+    arrays = {**{f"labels[{name!r}]": values for name, values in source.labels.items()},
+              "test_mask": source.test_mask, "captions": source.captions,
+              "pretrain_only": source.pretrain_only}
+    for name, values in arrays.items():
+        if values is not None and len(values) != count:
+            raise ValueError(f"a reader returned {len(values)} {name} for {count} images")
+
+
+def decode_files(
+    paths: list[Path], resolution: int, out: np.ndarray, workers: int, progress: Progress
+) -> None:
+    """Decode ``paths[i]`` into ``out[i]`` on ``workers`` threads; a file named by several rows
+    is decoded once and copied to the others.
+
+    Args:
+        paths: one image file per row.
+        resolution: side of the decoded squares (:func:`~raycl.data.folders.load_square_rgb`).
+        out: uint8 (len(paths), 3, resolution, resolution), typically a writable memory map.
+        workers: threads, >= 1.
+        progress: counts the decoded files.
+
+    Raises:
+        ValueError: one or more files cannot be read: the first (in row order) is named, with
+            how many were unreadable.
+    """
+    first_row: dict[Path, int] = {}
+    copies: list[tuple[int, int]] = []  # (row, the earlier row holding its file)
+    for row, path in enumerate(paths):
+        if path in first_row:
+            copies.append((row, first_row[path]))
+        else:
+            first_row[path] = row
+    unique = list(first_row.values())
+    chunks = [unique[start:start + DECODE_CHUNK] for start in range(0, len(unique), DECODE_CHUNK)]
+    errors = _run_chunks(chunks, workers, progress,
+                         lambda rows: _decode_chunk(paths, rows, resolution, out))
+    progress.close()
+    if errors:
+        _, first = min(errors)
+        raise ValueError(f"{first} ({len(errors)} of {len(unique)} image files unreadable)")
+    for row, source_row in copies:
+        out[row] = out[source_row]
+
+
+def _run_chunks(
+    chunks: list[list[int]],
+    workers: int,
+    progress: Progress,
+    decode: Callable[[list[int]], list[tuple[int, str]]],
+) -> list[tuple[int, str]]:
+    """Run ``decode`` on every chunk on a pool of ``workers`` threads, counting progress as
+    chunks finish; the (row, message) of every unreadable file."""
+    errors: list[tuple[int, str]] = []
+    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="raycl-decode")
+    # At most a few chunks per thread in flight: an interrupted build stops soon, and the
+    # queue of futures stays small for a million files.
+    pending: dict[Future[list[tuple[int, str]]], int] = {}
+    queue = iter(chunks)
+    try:
+        while True:
+            while len(pending) < 4 * max(1, workers):
+                chunk = next(queue, None)
+                if chunk is None:
+                    break
+                pending[pool.submit(decode, chunk)] = len(chunk)
+            if not pending:
+                return errors
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                errors.extend(future.result())
+                progress.update(pending.pop(future))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _decode_chunk(
+    paths: list[Path], rows: list[int], resolution: int, out: np.ndarray
+) -> list[tuple[int, str]]:
+    """Decode the files of ``rows`` into ``out``; (row, message) of each one that fails."""
+    errors = []
+    for row in rows:
+        try:
+            out[row] = load_square_rgb(paths[row], resolution)
+        except ValueError as error:
+            errors.append((row, str(error)))
+    return errors

@@ -1,0 +1,161 @@
+"""ImageNet and ImageNet-100 read from the class folders ImageNet is used in:
+
+    root/train/<wnid>/*.JPEG    root/val/<wnid>/*.JPEG
+
+val/ is the test split (``test_mask``; the papers report on it); validation is carved from
+train/ by ``data.val_fraction``. Class indices follow the sorted wnids. ``imagenet100`` reads
+the 100 classes of CMC's list (``imagenet100.txt`` beside this module, the subset solo-learn and
+the All4One paper use) from a full ImageNet root, or from a root holding only those classes.
+
+The readers list files, never decode them: :meth:`read` returns :class:`ImageFiles` that the
+cache builder decodes (centre crop to a square, resize to ``data.resolution``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raycl.data.folders import (
+    FileList,
+    count_classes,
+    list_image_files,
+    require_trained_classes,
+)
+from raycl.data.types import ImageFiles
+
+# The halves of an ImageNet root, as read: val is the shipped test split.
+HALVES: tuple[str, ...] = ("train", "val")
+IMAGENET100_FILE = Path(__file__).with_name("imagenet100.txt")
+# Missing wnids named in a message before "(+N more)".
+SHOWN_MISSING = 5
+
+
+def imagenet100_class_list() -> list[str]:
+    """CMC's 100 wnids in the file's order (``#`` lines are comments)."""
+    lines = IMAGENET100_FILE.read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def _root(cfg: Any) -> Path:
+    if not getattr(cfg, "root", None):
+        raise ValueError(f"dataset {cfg.dataset!r} needs data.root (the ImageNet directory "
+                         f"holding train/<wnid>/ and val/<wnid>/)")
+    return Path(str(cfg.root)).expanduser()
+
+
+def _require_halves(root: Path) -> None:
+    """train/ and val/ exist and hold class folders (a flat val/ needs sorting first)."""
+    for half in HALVES:
+        folder = root / half
+        if not folder.is_dir():
+            raise ValueError(f"{root} has no {half}/: an ImageNet root holds train/<wnid>/ and "
+                             f"val/<wnid>/")
+        if half == "val" and not any(child.is_dir() for child in folder.iterdir()):
+            raise ValueError(f"{folder}/ holds no <wnid>/ folders: sort the validation images "
+                             f"into class folders (as ImageNet's valprep.sh does)")
+
+
+def _missing_classes(root: Path, parts: dict[str, FileList], wnids: list[str]) -> None:
+    """Every wnid of ``wnids`` has images in both halves.
+
+    Raises:
+        ValueError: one line with how many are missing per half and the first few.
+    """
+    problems = []
+    for half, files in zip(HALVES, parts.values(), strict=True):
+        present = {name for _, name in files}
+        missing = sorted(wnid for wnid in wnids if wnid not in present)
+        if missing:
+            more = (f" (+{len(missing) - SHOWN_MISSING} more)"
+                    if len(missing) > SHOWN_MISSING else "")
+            problems.append(f"{len(missing)} in {half}/: "
+                            f"{', '.join(missing[:SHOWN_MISSING])}{more}")
+    if problems:
+        raise ValueError(f"{root} lacks classes of ImageNet-100's list "
+                         f"({IMAGENET100_FILE.name}): {'; '.join(problems)}")
+
+
+def _list_half(folder: Path, wnids: list[str] | None) -> FileList:
+    """The images of one half; for a class list, none at all is an empty list (the missing
+    classes are then named, not the empty folder)."""
+    try:
+        return list_image_files(folder, wnids)
+    except ValueError:
+        if wnids is None:
+            raise
+        return []
+
+
+def list_imagenet(root: Path, wnids: list[str] | None) -> dict[str, FileList]:
+    """The images of each half, keyed "train" and "test" (val/), classes checked.
+
+    Args:
+        root: the ImageNet directory.
+        wnids: read only these classes (ImageNet-100), each required with images in both
+            halves; None: every class folder of train/.
+
+    Raises:
+        ValueError: a half is missing or empty, a listed class has no images in a half, or a
+            class of val/ has no training images.
+    """
+    _require_halves(root)
+    parts = {part: _list_half(root / half, wnids)
+             for part, half in zip(("train", "test"), HALVES, strict=True)}
+    if wnids is not None:
+        _missing_classes(root, parts, wnids)
+    require_trained_classes(parts["train"], parts["test"], root / "train", root / "val")
+    return parts
+
+
+class ImageNetReader:
+    """``data.dataset: imagenet`` (every class of train/) or ``imagenet100`` (CMC's list)."""
+
+    def __init__(self, subset: bool) -> None:
+        self.subset = subset
+
+    def _list(self, cfg: Any) -> dict[str, FileList]:
+        return list_imagenet(_root(cfg), imagenet100_class_list() if self.subset else None)
+
+    def _class_index(self, parts: dict[str, FileList]) -> dict[str, int]:
+        """wnid -> class index: position among the sorted wnids (of the list for a subset)."""
+        names = (imagenet100_class_list() if self.subset
+                 else {name for _, name in parts["train"]})
+        return {name: i for i, name in enumerate(sorted(names))}
+
+    def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
+        root = _root(cfg)
+        # One digest of every file's (path, size, mtime): a 1.3 M-file list would make the
+        # key (hashed as JSON on every load) tens of MB.
+        digest = hashlib.sha256()
+        for files in self._list(cfg).values():
+            for path, _ in files:
+                stat = path.stat()
+                digest.update(json.dumps([path.relative_to(root).as_posix(), stat.st_size,
+                                          stat.st_mtime_ns]).encode())
+        return {"root": str(root.resolve()), "files": digest.hexdigest()}
+
+    def read(self, cfg: Any, seed: int) -> ImageFiles:
+        parts = self._list(cfg)
+        index = self._class_index(parts)
+        files = parts["train"] + parts["test"]
+        labels = np.array([index[name] for _, name in files], dtype=np.int64)
+        test_mask = np.zeros(len(files), dtype=bool)
+        test_mask[len(parts["train"]):] = True
+        return ImageFiles(paths=[path for path, _ in files], labels={"class": labels},
+                          test_mask=test_mask)
+
+    def check(self, cfg: Any) -> None:
+        self._list(cfg)
+
+    def class_counts(self, cfg: Any) -> dict[str, list[int]]:
+        parts = self._list(cfg)
+        return count_classes(parts, self._class_index(parts))
+
+
+IMAGENET_READER = ImageNetReader(subset=False)
+IMAGENET100_READER = ImageNetReader(subset=True)

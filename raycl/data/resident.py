@@ -1,0 +1,80 @@
+"""The images a trial pretrains on, and whether they stay on the GPU for the whole trial.
+
+``data.on_device`` keeps the decoded training images (train, then ``pretrain_extra``) on the
+trial's CUDA device as one uint8 tensor, copied once per trial, so an epoch's batches are
+gathered on the device and never touch host memory or a DataLoader worker (a CIFAR or STL
+epoch). ``auto`` does so when they take at most a quarter of the device's memory, leaving the
+rest to the model, its activations and the optimizer. On CPU the setting is ignored: host
+memory is where the images are anyway (the memory-mapped cache).
+
+Imports no Ray: ``benchmarks/gpu.py`` and the tests use it bare.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from raycl.data.types import DatasetSplits, ImageRows
+
+# "auto" keeps the images on the device when they take at most 1/AUTO_SHARE of its memory.
+AUTO_SHARE = 4
+# Rows copied to the device per transfer: the host never holds more than this many at once.
+COPY_ROWS = 4096
+
+
+def keep_on_device(setting: bool | str, nbytes: int, device: torch.device) -> bool:
+    """Whether training images of ``nbytes`` bytes stay on ``device`` for the trial.
+
+    Args:
+        setting: ``data.on_device``: True, False or "auto".
+        nbytes: bytes of the training images (uint8: one per pixel and channel).
+        device: the trial's (this rank's) device.
+
+    Returns:
+        False on a non-CUDA device whatever the setting; ``setting`` when it is a bool; for
+        "auto", whether ``nbytes`` is at most a quarter of the device's total memory.
+    """
+    if device.type != "cuda":
+        return False
+    if setting == "auto":
+        total = torch.cuda.get_device_properties(device).total_memory
+        return nbytes <= total // AUTO_SHARE
+    return bool(setting)
+
+
+def pretraining_images(data: DatasetSplits) -> np.ndarray | ImageRows:
+    """The images pretraining sees: ``train``, followed by ``pretrain_extra`` when the set has
+    one (pretraining index i < len(train) is train's row i, beyond it an extra row)."""
+    train = data.train.images
+    if data.pretrain_extra is None:
+        return train
+    extra = data.pretrain_extra.images
+    if isinstance(train, ImageRows) and isinstance(extra, ImageRows) and train.base is extra.base:
+        return train.concat(extra)
+    return np.concatenate([np.asarray(train), np.asarray(extra)])
+
+
+def copy_to_device(images: np.ndarray | ImageRows, device: torch.device) -> torch.Tensor:
+    """``images`` as one uint8 tensor on ``device``, copied :data:`COPY_ROWS` rows at a time
+    (never the whole set in host memory at once)."""
+    resident = torch.empty(tuple(images.shape), dtype=torch.uint8, device=device)
+    for start in range(0, len(images), COPY_ROWS):
+        rows = np.array(images[start:start + COPY_ROWS])  # a writable copy of a few rows
+        resident[start:start + len(rows)] = torch.from_numpy(rows).to(device)
+    return resident
+
+
+def training_images(
+    data: DatasetSplits, setting: bool | str, device: torch.device
+) -> np.ndarray | ImageRows | torch.Tensor:
+    """The pretraining images (:func:`pretraining_images`), on ``device`` when
+    :func:`keep_on_device` says so, else as they are (host memory: the memory map)."""
+    images = pretraining_images(data)
+    if keep_on_device(setting, int(images.nbytes), device):
+        return copy_to_device(images, device)
+    return images
+
+
+__all__ = ["AUTO_SHARE", "copy_to_device", "keep_on_device", "pretraining_images",
+           "training_images"]
