@@ -31,6 +31,7 @@ from ray.train.torch import TorchTrainer
 
 from raycl.cluster import ami_matrix, group_size_histogram, pseudo_label_codes
 from raycl.config.feasibility import trial_problem
+from raycl.config.placement import worker_resources
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides, search_config_class
 from raycl.data import ATTRIBUTES, split_sizes_for
@@ -106,10 +107,8 @@ def fit_trial(
         scaling_config=ScalingConfig(
             num_workers=config.scaling.num_workers,
             use_gpu=config.scaling.use_gpu,
-            resources_per_worker={
-                "CPU": config.scaling.cpus_per_worker,
-                **({"GPU": config.scaling.gpus_per_worker} if config.scaling.use_gpu else {}),
-            },
+            # CPU, GPU and scaling.resources_per_worker (a node type's resource)
+            resources_per_worker=worker_resources(config),
         ),
         run_config=RunConfig(
             name=f"{config.name}-{_trial_id()}",

@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 # Reported by raycl.pipeline for a trial that cannot train (MCL's K^N > M/b).
 SUMMARY_INTERVAL_S = 30.0
+RUNNING_SHOWN = 4  # running trials whose position the summary names
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -247,7 +248,8 @@ class ProgressDisplay(Callback):
 
     def summary(self, trials: list[Trial]) -> str:
         """``2 done, 1 running, 3 pending of 6 · best val/linear/mean 0.5123 (t02 τ=0.31) ·
-        elapsed 4m10s · about 6m left``."""
+        elapsed 4m10s · about 6m left · now t03 τ=0.2 epoch 3/8``: the last part says where each
+        running trial is (its last report's stage and epoch; the first few of many)."""
         done = [trial for trial in trials if self._is_done(trial)]
         running = [trial for trial in trials
                    if not self._is_done(trial) and getattr(trial, "status", "") == "RUNNING"]
@@ -264,7 +266,19 @@ class ProgressDisplay(Callback):
         left = self.estimate_left(done, running, pending)
         if left is not None and (running or pending):
             parts.append(f"about {fmt_duration(left)} left")
+        if running:
+            parts.append(self._positions(running))
         return " · ".join(parts)
+
+    def _positions(self, running: list[Trial]) -> str:
+        """``now t03 τ=0.2 epoch 3/8, t04 τ=0.4 starting (+2 more)``."""
+        shown = []
+        for trial in running[:RUNNING_SHOWN]:
+            last = trial.last_result or {}
+            where = self._where(trial, last) if "training_iteration" in last else "starting"
+            shown.append(f"{self.name(trial)} {where}")
+        more = len(running) - RUNNING_SHOWN
+        return "now " + ", ".join(shown) + (f" (+{more} more)" if more > 0 else "")
 
     def _reports(self, trial: Trial) -> int:
         """The reports (epochs over all stages and phases) the trial makes if never stopped."""

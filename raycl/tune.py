@@ -92,6 +92,13 @@ def _storage_path(path: str) -> str:
     return path if "://" in path else str(Path(path).expanduser().resolve())
 
 
+def storage_child(storage: str, name: str) -> str:
+    """``storage``/``name``, before a URI's query: ``s3://b/raycl?endpoint_override=h:9000`` gives
+    ``s3://b/raycl/NAME?endpoint_override=h:9000`` (pyarrow reads the options from the query)."""
+    path, mark, query = storage.partition("?")
+    return f"{path.rstrip('/')}/{name}{mark}{query}"
+
+
 def _set_aside(experiment_path: str) -> None:
     """--fresh keeps the old sweep's state (nothing a user ran is lost): it is renamed."""
     if "://" in experiment_path:
@@ -105,6 +112,28 @@ def _set_aside(experiment_path: str) -> None:
 def _print_notice(notice: str | None) -> None:
     if notice:
         print(f"raycl: {notice}", flush=True)
+
+
+def _keep_train_coordinator_on_this_node() -> None:
+    """Create Ray Train's detached ``AutoscalingCoordinator`` actor here, on the driver's node
+    (the head on a cluster), before any trial does.
+
+    Works around ray-project/ray#58481 (Ray 2.60; the fix proposed for Ray Data's actors,
+    ray-project/ray#62260, was not merged): each trial's Train controller gets-or-creates this
+    detached actor pinned to the controller's own node, which with a head of ``CPU: 0`` is a
+    GPU worker; the actor then keeps that node from ever counting as idle, so the autoscaler
+    never removes it. Created first by the driver, it lives on the head and controllers reuse
+    it (it is looked up by name). Best effort: a private API that may move.
+    """
+    try:
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+            get_or_create_autoscaling_coordinator,
+        )
+
+        get_or_create_autoscaling_coordinator()
+    except Exception:  # a later Ray moved or fixed it: nothing to pin
+        logging.getLogger(__name__).debug("Ray Train's autoscaling coordinator not pinned",
+                                          exc_info=True)
 
 
 def build_tuner(
@@ -131,12 +160,14 @@ def build_tuner(
     from raycl.tracking.relay import start_relay
 
     start_relay()  # trials on other nodes log to MLflow through this one
+    _keep_train_coordinator_on_this_node()
 
     # Trials run in directories of their own: every path they get must be absolute.
     config = with_absolute_paths(config)
     storage = _storage_path(config.tune.storage_path)
     trainable = tune.with_parameters(run_trial, base_config=config.to_dict(),
-                                     storage_path=f"{storage}/{config.name}-train", fault=fault)
+                                     storage_path=storage_child(storage, f"{config.name}-train"),
+                                     fault=fault)
     trainable = tune.with_resources(trainable, trial_resources(config))
 
     if config.tune.search_space:
@@ -164,7 +195,7 @@ def build_tuner(
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         verbose=1 if verbose else 0,  # 0: raycl.progress prints the sweep
     )
-    experiment_path = f"{storage}/{config.name}"
+    experiment_path = storage_child(storage, config.name)
     if tune.Tuner.can_restore(experiment_path) and fresh:
         _set_aside(experiment_path)
     elif tune.Tuner.can_restore(experiment_path):

@@ -64,12 +64,17 @@ RAY_GROUP = "ray-session"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests on the shared Ray session: one xdist group, run first (see the module docstring)."""
+    """Tests on the shared Ray session: one xdist group, run first (see the module docstring);
+    then the other groups (tests/test_cloud_local.py's clusters), so that the scheduler hands
+    them to the other worker rather than queueing them behind the Ray session's."""
     on_ray = [item for item in items if "ray_session" in getattr(item, "fixturenames", ())]
     for item in on_ray:
         item.add_marker(pytest.mark.xdist_group(RAY_GROUP))
     chosen = set(on_ray)
-    items[:] = on_ray + [item for item in items if item not in chosen]
+    grouped = [item for item in items
+               if item not in chosen and item.get_closest_marker("xdist_group") is not None]
+    chosen.update(grouped)
+    items[:] = on_ray + grouped + [item for item in items if item not in chosen]
 
 
 def pytest_configure(config: pytest.Config) -> None:

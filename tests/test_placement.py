@@ -215,3 +215,96 @@ def test_an_autoscalers_cluster_config_decides(monkeypatch: pytest.MonkeyPatch) 
     assert placement._autoscaling(9) == (False, "its autoscaler's node groups are all at their "
                                                 "maximum")
     assert placement._autoscaling(8)[0] is None  # one node may still be starting
+
+
+# ---------------------------------------------------------------------------------------------
+# scaling.resources_per_worker: a node type's custom resource (e.g. only GPU nodes declare it).
+
+
+def test_custom_resources_go_into_every_worker_bundle() -> None:
+    from raycl.config.placement import trial_demand, trial_resources, worker_resources
+
+    workers = config({"num_workers": 2, "cpus_per_worker": 1,
+                      "resources_per_worker": {"gpu_node": 1}})
+    assert worker_resources(workers) == {"CPU": 1.0, "gpu_node": 1.0}
+    assert trial_resources(workers) == {"CPU": 0.01}  # the trial process runs anywhere
+    assert trial_demand(workers) == {"CPU": 2.01, "gpu_node": 2.0}
+    in_process = config({"num_workers": 0, "resources_per_worker": {"gpu_node": 0.5}})
+    assert trial_resources(in_process) == {"CPU": 1.0, "gpu_node": 0.5}
+
+
+def test_workers_are_placed_only_on_nodes_with_the_resource() -> None:
+    head, worker = {"CPU": 4.0}, {"CPU": 1.0, "gpu_node": 1.0}
+    bundle = {"CPU": 1.0, "gpu_node": 1.0}
+    assert fits((head, worker, worker), {"CPU": 0.01}, bundle, 2)
+    assert not fits((head, worker), {"CPU": 0.01}, bundle, 2)  # one node type slot only
+    assert not fits(({"CPU": 8.0, "gpu_node": 0.5},), {"CPU": 0.01}, bundle, 1)
+
+
+def test_a_resource_no_node_declares_is_named_in_one_line() -> None:
+    nodes = ({"CPU": 0.0, "memory": 1e9}, {"CPU": 2.0, "gpu_node": 1.0})
+    wanted = config({"num_workers": 1, "resources_per_worker": {"gpu_nod": 1}})
+    found = list(check_placement(wanted, Cluster(nodes, False, LOCAL)))
+    assert [(p.key, p.why) for p in found] == [(
+        "scaling.resources_per_worker",
+        f"a worker needs 1 'gpu_nod', a resource none of this Ray's 2 nodes declares, and "
+        f"nothing will add a node: {LOCAL}; ask for less, or run on a larger cluster (--address)")]
+    # An autoscaler may start a node type that declares it: a warning, not an error.
+    can_add = Cluster(nodes, True, "its autoscaler can add them")
+    assert list(check_placement(wanted, can_add)) == []
+    assert placement_warning(wanted, can_add).startswith(
+        "scaling.resources_per_worker: a worker needs 1 'gpu_nod'")
+
+
+def test_too_few_nodes_with_the_resource_names_the_workers() -> None:
+    nodes = ({"CPU": 2.0}, {"CPU": 2.0, "gpu_node": 1.0})
+    two = config({"num_workers": 2, "resources_per_worker": {"gpu_node": 1}})
+    (problem,) = check_placement(two, Cluster(nodes, False, LOCAL))
+    assert problem.key == "scaling.num_workers"
+    assert problem.why.startswith("one trial holds 2.01 CPU, 2 gpu_node at once (2 workers x "
+                                  "1 CPU, 1 gpu_node + 0.01 CPU for the trial process)")
+    assert placement_problem(config({"num_workers": 1, "resources_per_worker": {"gpu_node": 1}}),
+                             Cluster(nodes, False, LOCAL)) is None
+
+
+@pytest.mark.parametrize(("resources", "why"), [
+    ("{CPU: 1}", "'CPU' is set by scaling.cpus_per_worker, not here"),
+    ("{GPU: 1}", "'GPU' is set by scaling.gpus_per_worker, not here"),
+    ("{gpu_node: 0}", "'gpu_node': 0 must be above 0"),
+])
+def test_resources_per_worker_is_checked_at_load(tmp_path: Path, resources: str,
+                                                 why: str) -> None:
+    extra = f"scaling: {{resources_per_worker: {resources}}}\n"
+    assert load_error(tmp_path, extra) == f"scaling.resources_per_worker: {why}"
+
+
+def test_resources_per_worker_reach_ray_trains_scaling_config(monkeypatch) -> None:
+    """What the TorchTrainer is given: the same bundle the placement check reasons about."""
+    from raycl import pipeline
+
+    seen: dict[str, Any] = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_trainer(*args: Any, scaling_config: Any, **kwargs: Any) -> None:
+        seen["resources"] = scaling_config.resources_per_worker
+        raise Stop
+
+    monkeypatch.setattr(pipeline, "TorchTrainer", fake_trainer)
+    wanted = config({"num_workers": 2, "resources_per_worker": {"gpu_node": 1}})
+    with pytest.raises(Stop):
+        pipeline.fit_trial(wanted, "/tmp/unused")
+    assert seen["resources"] == {"CPU": 1.0, "gpu_node": 1.0}
+
+
+def test_a_storage_uri_keeps_its_options_after_the_sweeps_directory() -> None:
+    """``--storage s3://b/raycl?endpoint_override=...``: the sweep's and Ray Train's directories
+    go before the query, which pyarrow reads the S3 options from."""
+    from raycl.tune import storage_child
+
+    uri = "s3://b/raycl?endpoint_override=127.0.0.1:9000&scheme=http"
+    assert storage_child(uri, "sweep-train") == (
+        "s3://b/raycl/sweep-train?endpoint_override=127.0.0.1:9000&scheme=http")
+    assert storage_child("s3://b/raycl/", "sweep") == "s3://b/raycl/sweep"
+    assert storage_child("/data/ray_results", "sweep") == "/data/ray_results/sweep"

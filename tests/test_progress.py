@@ -119,10 +119,28 @@ def test_summary_counts_best_and_estimate() -> None:
     assert text.startswith("1 done, 1 running, 1 pending of 3 · best val/linear/mean 0.6 "
                            "(t02 τ=0.3 lr=0.001) · elapsed ")
     # Left: the running trial's 6 epochs, the pending trial's 4 (as the ended one): 100 s.
-    assert text.endswith("about 1m40s left")
+    assert text.endswith("about 1m40s left · now t02 τ=0.3 lr=0.001 epoch 2/8")
     assert display.estimate_left([done], [running], 1, elapsed=60) == pytest.approx(100.0)
     assert ProgressDisplay(_config()).estimate_left([], [], 3) is None  # nothing measured yet
     assert fmt_duration(3725) == "1h02m" and fmt_duration(59.6) == "1m00s"
+
+
+def test_summary_says_where_each_running_trial_is() -> None:
+    """What `ray job logs -f` shows every 30 s: each running trial's stage and epoch."""
+    display = ProgressDisplay(_config(num_samples=6))
+    trials = [_trial(n, 0.1 * n, 0.001) for n in range(1, 7)]
+    for trial in trials:
+        trial.status = "RUNNING"
+    display.on_trial_result(0, [], trials[0], _report(trials[0], 3, None, 30.0))
+    text = display.summary(trials)
+    assert text.startswith("0 done, 6 running, 0 pending of 6 · elapsed ")
+    assert text.endswith("· now t01 τ=0.1 lr=0.001 epoch 3/8, t02 τ=0.2 lr=0.001 starting, "
+                         "t03 τ=0.3 lr=0.001 starting, t04 τ=0.4 lr=0.001 starting (+2 more)")
+    mcl = ProgressDisplay(search_config_class().model_validate(
+        {"name": "m", "method": "mcl", "train": {"epochs": 4}, "mcl": {"stages": 3}}))
+    staged = FakeTrial("m1", {}, "1", status="RUNNING")
+    staged.last_result = {"epoch": 2, "stage": 1, "training_iteration": 6}
+    assert mcl.summary([staged]).endswith("· now t01 stage 2/3 epoch 2/4")
 
 
 def test_display_never_breaks_a_sweep(caplog: pytest.LogCaptureFixture, capsys) -> None:

@@ -62,3 +62,13 @@ def test_every_kind_of_import_counts_toward_a_circle(toy_package: Path) -> None:
 def test_long_functions_and_large_files_are_named(toy_package: Path) -> None:
     assert structure.long_functions(toy_package) == ["raycl/c.py:2 f (82 lines)"]
     assert structure.large_files(toy_package, limit=50) == ["raycl/c.py (83 lines)"]
+
+
+@pytest.mark.xdist_group("canary")
+def test_xdist_groups_reach_the_scheduler(request: pytest.FixtureRequest) -> None:
+    """`make test` keeps the Ray session's tests on one worker with --dist loadgroup; a pytest
+    or xdist upgrade that drops the groups (pytest-dev/pytest-xdist#1386) would start one Ray per
+    worker and run the cluster tests twice, silently."""
+    if not request.config.getvalue("loadgroup"):
+        pytest.skip("not run with --dist loadgroup")
+    assert request.node.nodeid.endswith("@canary")

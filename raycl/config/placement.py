@@ -31,7 +31,7 @@ Check = Callable[[CoreConfig], Iterator[Problem]]
 
 # The keys that decide what a trial reserves (tune.* is not searchable).
 SCALING_KEYS = ("scaling.num_workers", "scaling.use_gpu", "scaling.cpus_per_worker",
-                "scaling.gpus_per_worker")
+                "scaling.gpus_per_worker")  # scaling.resources_per_worker: fixed per sweep
 # Ray keeps resources in fixed point (1e-4); below that two amounts are equal.
 EPSILON = 1e-6
 
@@ -60,15 +60,16 @@ def trial_resources(config: CoreConfig) -> dict[str, float]:
     if scaling.num_workers > 0:
         return {"CPU": config.tune.trial_cpus}
     # Training runs inside the trial process: reserve the worker's resources for the trial.
-    return {"CPU": scaling.cpus_per_worker,
-            **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {})}
+    return worker_resources(config)
 
 
 def worker_resources(config: CoreConfig) -> dict[str, float]:
-    """What each Ray Train worker reserves (its bundle of the worker group's placement group)."""
+    """What each Ray Train worker reserves (its bundle of the worker group's placement group):
+    CPUs, GPUs with ``scaling.use_gpu``, and ``scaling.resources_per_worker``."""
     scaling = config.scaling
     return {"CPU": scaling.cpus_per_worker,
-            **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {})}
+            **({"GPU": scaling.gpus_per_worker} if scaling.use_gpu else {}),
+            **scaling.resources_per_worker}
 
 
 def trial_demand(config: CoreConfig) -> dict[str, float]:
@@ -80,6 +81,8 @@ def trial_demand(config: CoreConfig) -> dict[str, float]:
         demand["CPU"] += scaling.num_workers * scaling.cpus_per_worker
         if scaling.use_gpu:
             demand["GPU"] = scaling.num_workers * scaling.gpus_per_worker
+        for name, amount in scaling.resources_per_worker.items():
+            demand[name] = scaling.num_workers * amount
     return demand
 
 
@@ -106,8 +109,22 @@ def fits(nodes: tuple[dict[str, float], ...], trial: dict[str, float],
 
 
 def _amounts(resources: dict[str, float]) -> str:
-    return ", ".join(f"{resources.get(name, 0.0):g} {name}" for name in ("CPU", "GPU")
-                     if name in resources)
+    """``1 CPU, 1 GPU, 1 gpu_node``: CPUs and GPUs first, then custom resources by name."""
+    names = [name for name in ("CPU", "GPU") if name in resources]
+    names += sorted(name for name in resources if name not in ("CPU", "GPU"))
+    return ", ".join(f"{resources.get(name, 0.0):g} {name}" for name in names)
+
+
+def _missing_resource(config: CoreConfig, nodes: tuple[dict[str, float], ...]) -> Problem | None:
+    """A ``scaling.resources_per_worker`` resource that no node declares at all (a node type's
+    name mistyped, or a node type the cluster lacks)."""
+    for name, amount in config.scaling.resources_per_worker.items():
+        if not any(node.get(name, 0.0) > 0 for node in nodes):
+            count = len(nodes)
+            return Problem("scaling.resources_per_worker",
+                           f"a worker needs {amount:g} {name!r}, a resource none of this Ray's "
+                           f"{count} node{'s' if count != 1 else ''} declares")
+    return None
 
 
 def _short_key(bundle: dict[str, float], nodes: tuple[dict[str, float], ...],
@@ -132,6 +149,9 @@ def _shortfall(config: CoreConfig, nodes: tuple[dict[str, float], ...]) -> Probl
     workers = config.scaling.num_workers
     if fits(nodes, trial, worker, workers):
         return None
+    missing = _missing_resource(config, nodes)
+    if missing is not None:
+        return missing
     where = _where(nodes, config.scaling.use_gpu)
     per_worker = ("scaling.cpus_per_worker", "scaling.gpus_per_worker")
     if workers == 0:

@@ -22,7 +22,26 @@ class ScalingSection(Section):
         1.0, gt=0.0, description="GPUs per worker when use_gpu. Below 1 only with num_workers 0 "
         "or 1 (trials share a GPU): two ranks on one GPU fail in NCCL."
     )
-    max_failures: int = Field(2, ge=0, description="Worker-group restarts before a trial fails.")
+    resources_per_worker: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources each worker also reserves, e.g. "
+        "{'gpu_node': 1}: workers then run only on nodes declaring them (a node type of the "
+        "cluster config). CPUs and GPUs are set by the keys above."
+    )
+    max_failures: int = Field(
+        2, ge=0, description="Worker-group restarts before a trial fails (a preempted or lost "
+        "node counts as one)."
+    )
+
+    @field_validator("resources_per_worker")
+    @classmethod
+    def _custom_resources_only(cls, resources: dict[str, float]) -> dict[str, float]:
+        for name, amount in resources.items():
+            if name.upper() in ("CPU", "GPU"):
+                key = "cpus_per_worker" if name.upper() == "CPU" else "gpus_per_worker"
+                raise ValueError(f"{name!r} is set by scaling.{key}, not here")
+            if not amount > 0:
+                raise ValueError(f"{name!r}: {amount:g} must be above 0")
+        return resources
 
 
 class Domain(Section):

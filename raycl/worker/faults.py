@@ -2,7 +2,8 @@
 
 ``loop_config["fault"]`` (tests only; see :func:`raycl.pipeline.run_trial` and
 :func:`raycl.tune.build_tuner`): ``after_epoch``, ``marker`` (a file: the fault happens once),
-optional ``stage`` (default 0) and ``settle_seconds``.
+optional ``stage`` (default 0), ``settle_seconds`` and ``pause_seconds`` (instead of dying, the
+worker waits that long: a test then preempts or kills its node, tests/test_cloud_local.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ def maybe_inject_fault(
     if local_mode:
         raise RuntimeError("injected fault")
     time.sleep(float(fault.get("settle_seconds", 0)))
+    if fault.get("pause_seconds"):
+        # Not a crash: hold still (the marker says where) while the test takes the node away.
+        time.sleep(float(fault["pause_seconds"]))
+        return
     os._exit(1)  # a hard worker crash, not an exception Ray could see coming
 
 

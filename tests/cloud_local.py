@@ -1,0 +1,511 @@
+"""The cloud on one machine, run as a process of its own by tests/test_cloud_local.py.
+
+``python tests/cloud_local.py ROOT`` starts an S3-protocol server (moto) and a Ray cluster of a
+head with no CPUs for trials and two worker nodes that declare ``gpu_node`` (the stand-in for a
+GPU node type), then runs tiny sweeps as ``python -m raycl.tune`` does, through raycl's own
+functions (a driver in this process, connected to the cluster):
+
+- ``reference``: an uninterrupted sweep, checkpoints in the bucket; then the same sweep again,
+  which resumes from the bucket (and finds it done).
+- ``drained``: the trial's worker node is drained with the preemption reason, then removed.
+- ``killed``: the trial's worker node is killed abruptly (no drain).
+- ``postgres``: four trials at once log to an MLflow server (``python -m raycl.server``) whose
+  database is a PostgreSQL this process starts on loopback, in ``ROOT`` (PostgreSQL 15's
+  ``initdb``/``pg_ctl`` on the PATH or in /usr/lib/postgresql/15/bin; as root they run as the
+  ``postgres`` user, since PostgreSQL refuses root).
+
+``python tests/cloud_local.py ROOT autoscale`` instead starts a head of its own with Ray's fake
+multi-node autoscaler (``ray start --head --autoscaling-config`` with ``RAY_FAKE_CLUSTER=1``;
+not ``AutoscalingCluster``, whose ``start`` runs ``ray stop --force`` and reads an example config
+the wheel lacks): zero worker nodes, two concurrent trials that need ``gpu_node``, the nodes
+released after the idle timeout.
+
+Each outcome (what the driver returned, how long it took, where the trial ran) goes to
+``ROOT/outcome.json``; the test reads it and MLflow's database. Nothing here is shared with the
+test session's Ray: this process is the only driver of its cluster, and everything it started
+ends with it (``Cluster.shutdown``; the moto thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESOURCE = "gpu_node"  # what the worker nodes declare and trials ask for
+BUCKET = "raycl-test"
+PAUSE_S = 90.0  # the paused worker's wait: longer than taking its node away takes
+SHRUNK = {"data.samples_per_combination": 1, "data.resolution": 16, "train.batch_size": 64,
+          "model.width": 8, "model.projector_hidden_dim": 32, "model.projector_dim": 16,
+          "eval.linear_max_iter": 50, "train.epochs": 3, "eval.every_n_epochs": 3,
+          "scaling.num_workers": 1, "scaling.cpus_per_worker": 1,
+          "tune.num_samples": 1}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_bucket() -> tuple[Any, str, str]:
+    """moto's S3 server on loopback with one bucket: the server, its endpoint, and the storage
+    URI pointing at the bucket."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                      AWS_DEFAULT_REGION="us-east-1")
+    port = free_port()
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"127.0.0.1:{port}"
+    boto3.client("s3", endpoint_url=f"http://{endpoint}").create_bucket(Bucket=BUCKET)
+    # pyarrow's S3 URI options (pyarrow.fs.FileSystem.from_uri): endpoint, plain HTTP, region.
+    return server, endpoint, (f"s3://{BUCKET}/raycl?endpoint_override={endpoint}&scheme=http"
+                              f"&region=us-east-1")
+
+
+def node_ports() -> dict[str, int]:
+    """Ports of one node's own: the test session's Ray holds Ray's fixed defaults."""
+    return {name: free_port() for name in (
+        "dashboard_agent_listen_port", "metrics_export_port", "runtime_env_agent_port",
+        "node_manager_port", "object_manager_port")}
+
+
+def start_cluster(root: Path) -> Any:
+    """A head that runs no trials (CPU 0, as the shipped cluster configs) and two worker nodes
+    with 2 CPUs and one ``gpu_node`` each. Node deaths are noticed within ~3 s."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "temp_dir": str(root / "ray"), "include_dashboard": False,
+        "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
+                           "health_check_initial_delay_ms": 1000},
+        **node_ports()})
+    for _ in range(2):
+        add_worker_node(cluster)
+    cluster.wait_for_nodes()
+    return cluster
+
+
+def add_worker_node(cluster: Any) -> Any:
+    return cluster.add_node(num_cpus=2, resources={RESOURCE: 1}, **node_ports())
+
+
+def sweep_config(name: str, storage: str, tracking_uri: str, *extra: str) -> Any:
+    from raycl.config.load import load_search
+
+    overrides = [f"{key}={value}" for key, value in SHRUNK.items()]
+    overrides += [f"name={name}", f"tune.storage_path={storage}",
+                  f"mlflow.tracking_uri={tracking_uri}",
+                  f"scaling.resources_per_worker={{{RESOURCE}: 1}}", *extra]
+    return load_search(REPO / "searches" / "quickstart.yaml", overrides)
+
+
+def run_sweep(config: Any, fault: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What ``python -m raycl.tune`` does once Ray is up (raycl.tune._run), with a fault hook."""
+    from raycl.config.checks import run_checks
+    from raycl.config.placement import CLUSTER_CHECKS
+    from raycl.progress import quiet_ray
+    from raycl.tune import build_tuner
+
+    started = time.monotonic()
+    with quiet_ray():
+        run_checks(config, config.name, CLUSTER_CHECKS)
+        results = build_tuner(config, None, fault=fault).fit()
+    return {"seconds": round(time.monotonic() - started, 1),
+            "errors": [str(result.error)[:500] for result in results if result.error],
+            "metrics": [{key: value for key, value in (result.metrics or {}).items()
+                         if isinstance(value, (int, float))} for result in results]}
+
+
+def node_with_trial(cluster: Any) -> Any:
+    """The worker node whose ``gpu_node`` is taken: where the trial's Ray Train worker runs."""
+    from ray._private.state import available_resources_per_node
+
+    for node in cluster.worker_nodes:
+        # A resource all taken is left out of the node's available ones.
+        available = available_resources_per_node().get(node.node_id, {})
+        if available.get(RESOURCE, 0.0) < 1.0:
+            return node
+    raise RuntimeError("no worker node holds the trial's worker")
+
+
+def epoch_logged(tracking_uri: str, name: str) -> bool:
+    """Whether the sweep's trial run has its first epoch in MLflow: the report went through Ray
+    Train's controller (its checkpoint is registered) and Tune to the driver."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        return False
+    runs = client.search_runs([experiment.experiment_id], "tags.`raycl.role` = 'trial'")
+    return any(client.get_metric_history(run.info.run_id, "train/loss") for run in runs)
+
+
+def take_node_away(cluster: Any, marker: Path, preempt: bool, log: dict[str, Any],
+                   tracking_uri: str, name: str) -> None:
+    """Once the paused worker's epoch is reported (``marker``) and has reached MLflow: drain its
+    node as a cloud preemption notice does, then remove it; or kill it abruptly."""
+    import ray
+    from ray.core.generated import autoscaler_pb2
+
+    deadline = time.monotonic() + 300
+    while not (marker.exists() and epoch_logged(tracking_uri, name)):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the trial never reached its pause")
+        time.sleep(0.5)
+    node = node_with_trial(cluster)
+    log["node"] = node.node_id
+    if preempt:
+        # What the autoscaler and `ray drain-node` send the GCS (Ray's test_draining.py).
+        gcs = ray._raylet.GcsClient(address=cluster.address)
+        accepted, log["drain_refused"] = gcs.drain_node(
+            node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+            "spot instance reclaimed (test)", int(time.time() * 1000) + 5000)
+        log["drain_accepted"] = bool(accepted)
+        time.sleep(6)  # the notice's deadline: the instance goes after it
+    log["removed_at"] = time.monotonic()
+    cluster.remove_node(node, allow_graceful=preempt)
+
+
+def preempted_sweep(cluster: Any, name: str, storage: str, tracking_uri: str, root: Path,
+                    preempt: bool) -> dict[str, Any]:
+    """A sweep whose trial pauses after epoch 1 while its node is taken away."""
+    marker = root / f"{name}.paused"
+    log: dict[str, Any] = {}
+    taker = threading.Thread(target=take_node_away, daemon=True,
+                             args=(cluster, marker, preempt, log, tracking_uri, name))
+    taker.start()
+    fault = {"after_epoch": 1, "marker": str(marker), "settle_seconds": 2,
+             "pause_seconds": PAUSE_S}
+    outcome = run_sweep(sweep_config(name, storage, tracking_uri), fault)
+    taker.join(timeout=5)
+    outcome["node_taken"] = log.get("node")
+    outcome["drain_accepted"] = log.get("drain_accepted")
+    if "removed_at" in log:
+        outcome["ended_after_removal_s"] = round(time.monotonic() - log["removed_at"], 1)
+    outcome["diagnostics"] = trial_artifacts(tracking_uri, name, "diagnostics")
+    return outcome
+
+
+def trial_artifacts(tracking_uri: str, name: str, folder: str) -> list[str]:
+    """The artifacts under ``folder`` of sweep ``name``'s trial runs, listed here: the test reads
+    this process's outcome, not its (temporary) artifact store."""
+    from mlflow import MlflowClient
+
+    from raycl.tracking import ROLE_TAG
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        return []
+    return [item.path for run in client.search_runs([experiment.experiment_id])
+            if run.data.tags.get(ROLE_TAG) == "trial"
+            for item in client.list_artifacts(run.info.run_id, folder)]
+
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def postgres_command(name: str) -> list[str] | None:
+    """How to run PostgreSQL's ``name`` here (None: not installed, or root without a
+    ``postgres`` user to run it as)."""
+    found = shutil.which(name) or (str(PG_BIN / name) if (PG_BIN / name).exists() else None)
+    if found is None:
+        return None
+    if os.geteuid() != 0:
+        return [found]
+    runuser = shutil.which("runuser")
+    try:
+        import pwd
+
+        pwd.getpwnam("postgres")
+    except KeyError:
+        return None
+    return [runuser, "-u", "postgres", "--", found] if runuser else None
+
+
+def start_postgres() -> tuple[list[str], Path, str]:
+    """A PostgreSQL on loopback with its data and socket in a temp directory of its own (one the
+    ``postgres`` user can enter): ``pg_ctl`` (to stop it), the data directory, and the database
+    URI. Raises RuntimeError when it cannot run."""
+    initdb, pg_ctl = postgres_command("initdb"), postgres_command("pg_ctl")
+    if initdb is None or pg_ctl is None:
+        raise RuntimeError("PostgreSQL's initdb/pg_ctl are not available")
+    directory = Path(tempfile.mkdtemp(prefix="raycl-pg-", dir="/tmp"))
+    if os.geteuid() == 0:
+        shutil.chown(directory, "postgres", "postgres")
+    data, port = directory / "data", free_port()
+    options = f"-h 127.0.0.1 -p {port} -k {directory} -F"  # -F: no fsync (a throwaway)
+    steps = {"initdb": [*initdb, "-D", str(data), "-A", "trust", "-U", "raycl", "--no-sync"],
+             "pg_ctl start": [*pg_ctl, "-D", str(data), "-o", options, "-l",
+                              str(directory / "log"), "-w", "-t", "60", "start"]}
+    for step, command in steps.items():
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{step} failed: {(done.stderr or done.stdout).strip()[-300:]}")
+    # postgresql+psycopg2: SQLAlchemy 2.1 reads plain postgresql:// as psycopg (3).
+    return pg_ctl, data, f"postgresql+psycopg2://raycl@127.0.0.1:{port}/postgres"
+
+
+def start_mlflow(root: Path, backend: str) -> tuple[subprocess.Popen, str]:
+    """``python -m raycl.server`` on loopback with ``backend`` as its database."""
+    port = free_port()
+    log = (root / "mlflow-server.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "raycl.server", "--port", str(port), "--workers", "2",
+         "--backend-store-uri", backend, "--artifacts-destination", str(root / "artifacts")],
+        cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return server, f"http://127.0.0.1:{port}"
+
+
+def wait_for_mlflow(server: subprocess.Popen, uri: str, timeout_s: float = 180) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the MLflow server exited with {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"{uri} did not answer within {timeout_s:.0f} s")
+
+
+def four_trials(storage: str, tracking_uri: str) -> dict[str, Any]:
+    """Four trials at once, each training in its own trial process (0.5 CPU each: two per
+    worker node), logging to ``tracking_uri``."""
+    from raycl.config.load import load_search
+
+    overrides = [f"{key}={value}" for key, value in SHRUNK.items()]
+    overrides += ["name=four", f"tune.storage_path={storage}",
+                  f"mlflow.tracking_uri={tracking_uri}", "scaling.num_workers=0",
+                  "scaling.cpus_per_worker=0.5", "tune.num_samples=4",
+                  "tune.max_concurrent_trials=4", "tune.search_space={}"]
+    outcome = run_sweep(load_search(REPO / "searches" / "quickstart.yaml", overrides))
+    outcome["runs"] = logged_runs(tracking_uri, "four")
+    return outcome
+
+
+def logged_runs(tracking_uri: str, name: str) -> list[dict[str, Any]]:
+    """Each trial run of sweep ``name`` as MLflow has it: status, last metrics, and the steps of
+    each metric's history (a lost or doubled write shows there)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name(name)
+    runs = client.search_runs([experiment.experiment_id], "tags.`raycl.role` = 'trial'")
+    return [{"status": run.info.status, "metrics": run.data.metrics,
+             "steps": {key: sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
+                       for key in run.data.metrics}}
+            for run in runs]
+
+
+def stop_process_group(process: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+IDLE_TIMEOUT_MIN = 0.1  # 6 s
+
+
+def autoscaling_config(gcs_address: str) -> dict[str, Any]:
+    """Ray's fake multi-node provider (the shape of its example.yaml): a head that runs no
+    trials and a ``gpu`` node type, 0 to 2 nodes, each 2 CPUs and one ``gpu_node``."""
+    return {
+        "cluster_name": "raycl-fake", "max_workers": 2, "head_node_type": "ray.head.default",
+        "provider": {"type": "fake_multinode", "gcs_address": gcs_address,
+                     "use_node_id_as_ip": True, "disable_node_updaters": True,
+                     "disable_launch_config_check": True},
+        "available_node_types": {
+            "ray.head.default": {"resources": {"CPU": 0}, "node_config": {}, "max_workers": 0},
+            "gpu": {"resources": {"CPU": 2, RESOURCE: 1, "object_store_memory": 150 * 2**20},
+                    "node_config": {}, "min_workers": 0, "max_workers": 2}},
+        "idle_timeout_minutes": IDLE_TIMEOUT_MIN, "upscaling_speed": 1.0, "auth": {},
+        "docker": {}, "initialization_commands": [], "setup_commands": [],
+        "head_setup_commands": [], "worker_setup_commands": [], "head_start_ray_commands": [],
+        "worker_start_ray_commands": [], "file_mounts": {}, "cluster_synced_files": [],
+        "file_mounts_sync_continuously": False, "rsync_exclude": [], "rsync_filter": []}
+
+
+def start_autoscaling_head(root: Path) -> tuple[subprocess.Popen, str]:
+    """``ray start --head --block`` with the fake provider, in its own process group."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    config = root / "autoscaling.json"
+    config.write_text(json.dumps(autoscaling_config(address)))
+    ports = [f"--{name.replace('_', '-')}={value}" for name, value in
+             {**node_ports(), "ray_client_server_port": free_port()}.items()]
+    env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
+    head = subprocess.Popen(
+        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
+         "--node-ip-address=127.0.0.1", f"--port={port}", f"--autoscaling-config={config}",
+         "--num-cpus=0", "--include-dashboard=false", f"--temp-dir={root / 'ray'}",
+         "--disable-usage-stats", *ports],
+        env=env, cwd=root, start_new_session=True,
+        stdout=(root / "ray-head.log").open("w"), stderr=subprocess.STDOUT)
+    return head, address
+
+
+def alive_workers(address: str) -> int:
+    """Alive nodes with ``gpu_node``, asked of the GCS (with or without a driver connected)."""
+    from ray._raylet import GcsClient
+    from ray.core.generated.gcs_pb2 import GcsNodeInfo
+
+    nodes = GcsClient(address=address).get_all_node_info(
+        timeout=10, state_filter=GcsNodeInfo.GcsNodeState.ALIVE)
+    return sum(1 for node in nodes.values() if node.resources_total.get(RESOURCE))
+
+
+def first_epoch_at(tracking_uri: str, name: str, started: float, out: dict[str, Any],
+                   address: str) -> None:
+    """When the sweep's first epoch reached MLflow (seconds after ``started``)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and "first_epoch_s" not in out:
+        try:
+            if epoch_logged(tracking_uri, name):
+                out["first_epoch_s"] = round(time.monotonic() - started, 1)
+                return
+        except Exception:  # the experiment is being created
+            pass
+        out["most_workers"] = max(out.get("most_workers", 0), alive_workers(address))
+        time.sleep(0.5)
+
+
+def autoscale(root: Path, storage: str) -> dict[str, Any]:
+    """Two concurrent trials on a cluster with no worker node: measured from the sweep's start
+    to its first epoch, then until the idle nodes are gone."""
+    import ray
+
+    from raycl.tune import init_ray
+
+    head, address = start_autoscaling_head(root)
+    tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
+    outcome: dict[str, Any] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                init_ray(quiet=True, address=address, log_to_driver=True)
+                break
+            except Exception:  # the head is still starting
+                if time.monotonic() > deadline or head.poll() is not None:
+                    raise
+                time.sleep(1)
+        outcome["workers_at_start"] = alive_workers(address)
+        config = sweep_config("autoscale", storage, tracking_uri, "tune.num_samples=2",
+                              "tune.max_concurrent_trials=2")
+        started = time.monotonic()
+        watcher = threading.Thread(target=first_epoch_at, daemon=True,
+                                   args=(tracking_uri, "autoscale", started, outcome, address))
+        watcher.start()
+        outcome["sweep"] = run_sweep(config)
+        watcher.join(timeout=5)
+        outcome["most_workers"] = max(outcome.get("most_workers", 0), alive_workers(address))
+        from ray._private.state import actors
+
+        outcome["actors_left"] = [
+            (actor.get("ActorClassName"), actor.get("Address", {}).get("NodeID", "")[-5:])
+            for actor in actors().values() if actor.get("State") == "ALIVE"]
+        # The driver stays connected, as a job's does until its last line: the nodes must go
+        # anyway (a detached actor left on one keeps it: raycl.tune pins Ray Train's to the head).
+        ended = time.monotonic()
+        while alive_workers(address) and time.monotonic() < ended + 60:
+            time.sleep(1)
+        outcome["workers_after_idle"] = alive_workers(address)
+        outcome["released_after_s"] = round(time.monotonic() - ended, 1)
+    finally:
+        ray.shutdown()
+        stop_process_group(head)
+    return outcome
+
+
+def main(root: Path, scenarios: list[str]) -> None:
+    if scenarios == ["autoscale"]:
+        # Token authentication, as on the shipped clusters (`ray start` turns it on), with a
+        # token of this process's own for the head and this driver; nothing under ~/.ray is
+        # used. Set before Ray is imported: Ray reads its auth mode once.
+        os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    import ray
+
+    from raycl.tune import init_ray
+
+    server, endpoint, storage = start_bucket()
+    outcome: dict[str, Any] = {"storage": storage}
+    if scenarios == ["autoscale"]:
+        try:
+            outcome["autoscale"] = autoscale(root, storage)
+        finally:
+            (root / "outcome.json").write_text(json.dumps(outcome, indent=1))
+            server.stop()
+        return
+    postgres, mlflow = None, None
+    if "postgres" in scenarios:
+        # Started first: PostgreSQL and MLflow's migrations come up while the sweeps run.
+        try:
+            postgres = start_postgres()
+            mlflow = start_mlflow(root, postgres[2])
+        except (RuntimeError, subprocess.SubprocessError) as exc:
+            outcome["postgres_skipped"] = str(exc)
+    cluster = start_cluster(root)
+    tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
+    try:
+        init_ray(quiet=True, address=cluster.address, log_to_driver=True)
+        if "reference" in scenarios:
+            outcome["reference"] = run_sweep(sweep_config("reference", storage, tracking_uri))
+            outcome["rerun"] = run_sweep(sweep_config("reference", storage, tracking_uri))
+        if "drained" in scenarios:
+            outcome["drained"] = preempted_sweep(cluster, "drained", storage, tracking_uri,
+                                                 root, preempt=True)
+            add_worker_node(cluster)  # the autoscaler's replacement
+        if "killed" in scenarios:
+            outcome["killed"] = preempted_sweep(cluster, "killed", storage, tracking_uri, root,
+                                                preempt=False)
+        if mlflow is not None:
+            wait_for_mlflow(*mlflow)
+            outcome["postgres_uri"] = mlflow[1]
+            outcome["postgres"] = four_trials(storage, mlflow[1])
+        import boto3
+
+        listed = boto3.client("s3", endpoint_url=f"http://{endpoint}").list_objects_v2(
+            Bucket=BUCKET, Prefix="raycl/")
+        outcome["bucket_keys"] = [item["Key"] for item in listed.get("Contents", [])]
+    finally:
+        (root / "outcome.json").write_text(json.dumps(outcome, indent=1))
+        ray.shutdown()
+        cluster.shutdown()
+        server.stop()
+        if mlflow is not None:
+            stop_process_group(mlflow[0])
+        if postgres is not None:
+            subprocess.run([*postgres[0], "-D", str(postgres[1]), "-m", "fast", "stop"],
+                           check=False, capture_output=True, timeout=60)
+            shutil.rmtree(postgres[1].parent, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2:] or ["reference", "drained", "killed"])
