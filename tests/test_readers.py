@@ -451,3 +451,20 @@ def test_a_shipped_dataset_is_a_transfer_set_on_its_own_train_and_test_files(
     with pytest.raises(ConfigError, match=r"eval\.transfer\.0\.root: .* holds no CIFAR-10 python "
                                           r"batches"):
         load_search(missing)
+
+
+def test_unreadable_images_in_a_folder_are_named_and_counted_before_launch(
+        tmp_path: Path) -> None:
+    from PIL import Image
+
+    root = tmp_path / "shapes"
+    for name in ("circle", "square"):
+        (root / name).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(root / name / f"{i}.png")
+    (root / "circle" / "1.png").write_bytes(b"not a png")
+    (root / "square" / "2.png").write_bytes(b"")
+    message = search_error(tmp_path, f"{{dataset: folder, root: {root}}}")
+    assert message.startswith(f"{tmp_path / 'search.yaml'}: data.root: cannot read image "
+                              f"'{root / 'circle' / '1.png'}': ")
+    assert message.endswith("(2 of 6 image files unreadable)")

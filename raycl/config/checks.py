@@ -117,12 +117,17 @@ def _dataset_problems(dataset: str, root: str | None, section: str,
         if not path.is_dir():
             yield Problem(f"{section}.root", f"not a directory: {root}")
             return
-        from raycl.data.folders import list_folder
+        from raycl.data.folders import list_folder, unreadable_images_problem
 
         try:
-            list_folder(path, layout)
+            parts = list_folder(path, layout)
         except (OSError, ValueError) as exc:
             yield Problem(f"{section}.root", str(exc))
+            return
+        unreadable = unreadable_images_problem(
+            [file for files in parts.values() for file, _ in files])
+        if unreadable:
+            yield Problem(f"{section}.root", unreadable)
     if dataset == "pairs":
         from raycl.data.image_text import read_pairs
 

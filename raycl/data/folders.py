@@ -222,6 +222,26 @@ def folder_fingerprint(root: str | Path, layout: str = "auto") -> list[list[str 
     return fingerprint
 
 
+def unreadable_images_problem(paths: list[Path]) -> str | None:
+    """One line naming the first of ``paths`` that is not an image Pillow can open, and how many
+    are not; None when every file opens. Reads each file's header only (thousands of files a
+    second), so a folder is checked before launch; a file whose header is sound but whose data
+    is truncated is found when the cache is built (:mod:`raycl.data.build`), named the same way.
+    """
+    unreadable: list[tuple[Path, str]] = []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                image.size  # noqa: B018 -- the header is parsed on open; nothing more is read
+        except (OSError, ValueError) as error:  # includes PIL.UnidentifiedImageError
+            unreadable.append((path, str(error)))
+    if not unreadable:
+        return None
+    first, why = unreadable[0]
+    return (f"cannot read image {str(first)!r}: {why} ({len(unreadable)} of {len(paths)} image "
+            f"files unreadable)")
+
+
 def load_square_rgb(path: Path, resolution: int) -> np.ndarray:
     """Read one image, centre-crop it to a square, resize it; uint8 (3, resolution, resolution)."""
     try:
