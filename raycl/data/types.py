@@ -93,10 +93,6 @@ class ImageRows:
                                   self.rows)
         return ImageRows, (np.asarray(base), self.rows)
 
-    def subset(self, key: RowKey) -> ImageRows:
-        """The rows ``key`` of this view as a view (nothing is read)."""
-        return ImageRows(self.base, self.rows[key])
-
     def concat(self, other: ImageRows) -> ImageRows:
         """This view's rows followed by ``other``'s, both of the same base, as one view.
 
