@@ -17,13 +17,16 @@ from raycl.config.section import Section
 
 class DataConfig(Section):
     dataset: Literal["trifeature", "mnist_fashion", "digits", "folder", "pairs", "cifar10",
-                     "cifar100", "stl10", "imagenet", "imagenet100"] = Field(
+                     "cifar100", "stl10", "imagenet", "imagenet100", "webdataset",
+                     "parquet"] = Field(
         "trifeature", description="Dataset: generated Trifeature, MNIST⊕Fashion-MNIST, sklearn "
         "digits, an ImageFolder-style directory given by data.root, image-caption pairs "
         "listed in the CSV/TSV file data.root (no labels; split at random), or a dataset read "
         "by name from data.root in the format it is distributed in: cifar10 / cifar100 (the "
         "python pickle batches), stl10 (the binary files), imagenet / imagenet100 (train/<wnid>/ "
-        "and val/<wnid>/; imagenet100 is CMC's 100-class subset)."
+        "and val/<wnid>/; imagenet100 is CMC's 100-class subset). Streamed only "
+        "(data.loader: stream): webdataset (image-caption tar shards as img2dataset writes "
+        "them, e.g. CC12M) and parquet (files with an image-bytes column)."
     )
     resolution: int = Field(32, ge=8, le=1024, description="Square image side in pixels.")
     samples_per_combination: int = Field(
@@ -80,6 +83,35 @@ class DataConfig(Section):
     decode_workers: int = Field(
         0, ge=0, description="Threads that decode image files when the cache is first built "
         "(0: every core of the node)."
+    )
+    loader: Literal["memory", "stream", "auto"] = Field(
+        "auto", description="How training reads the images. memory: decoded once per node "
+        "into a memory-mapped cache that every process shares (fastest; the set must fit the "
+        "node's memory). stream: decoded batch by batch from the files or shards by Ray Data "
+        "tasks on the cluster's CPUs (data.stream_cpus per worker), for sets larger than "
+        "memory (ImageNet-1k, CC12M); image folders, pairs, imagenet, webdataset and parquet. "
+        "auto: memory when the decoded set takes at most data.memory_share of the smallest "
+        "node's memory, else stream; the choice is printed once at launch."
+    )
+    memory_share: float = Field(
+        0.5, gt=0.0, le=1.0, description="data.loader: auto picks memory when the decoded "
+        "set (images x 3 x resolution^2 bytes) takes at most this share of the smallest node's "
+        "memory."
+    )
+    stream_cpus: float = Field(
+        1.0, ge=0.0, description="Stream mode: CPUs each Ray Train worker reserves beside "
+        "scaling.cpus_per_worker for the Ray Data tasks that decode its batches (they run in "
+        "the trial's placement group, so concurrent trials never starve each other's readers). "
+        "0: no reservation; decoding then takes whatever CPUs the cluster has free."
+    )
+    shuffle_buffer: int = Field(
+        2048, ge=0, description="Stream mode, webdataset / parquet: samples in the seeded "
+        "shuffle buffer behind the per-epoch shard order (image folders need none: their "
+        "epochs are shuffled globally, as in memory mode)."
+    )
+    samples_per_shard: int | None = Field(
+        None, ge=1, description="webdataset: samples per shard when neither sizes.json nor "
+        "img2dataset's <shard>_stats.json gives the counts (img2dataset writes 10000)."
     )
     cache_dir: str | None = Field(
         None, description="Where decoded datasets are cached, one memory-mapped copy that every "

@@ -89,6 +89,16 @@ SOURCES: dict[str, Source] = {
         "ImageNet-100, CMC's 100-class subset (the list solo-learn and All4One use, shipped with "
         "raycl), read from an ImageNet root in its wnid folders; attribute class",
         ("class",), 3, "raycl.data.imagenet:IMAGENET100_READER", num_classes=100),
+    "webdataset": Source(
+        "WebDataset tar shards of image-caption samples as img2dataset writes them (root: a "
+        "directory, a .tar or dir/{00000..00099}.tar; local or s3:// / gs://), RGB; no labels; "
+        "validation and test are whole shards; streamed only (data.loader: stream)",
+        (), 3, "raycl.data.shard_sources:WEBDATASET_READER"),
+    "parquet": Source(
+        "Parquet files with an image-bytes column (image|jpg|png) and an optional caption "
+        "column (caption|txt|text) (root: a directory or a file; local or s3:// / gs://), RGB; "
+        "no labels; validation and test are whole files; streamed only (data.loader: stream)",
+        (), 3, "raycl.data.shard_sources:PARQUET_READER"),
 }
 
 # The registry by field, as the names raycl.data has always offered.
