@@ -31,7 +31,7 @@ from ray.train.torch import TorchTrainer
 
 from raycl.cluster import ami_matrix, group_size_histogram, pseudo_label_codes
 from raycl.config.feasibility import trial_problem
-from raycl.config.placement import worker_resources
+from raycl.config.placement import data_cpus, worker_resources
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides, search_config_class
 from raycl.data import ATTRIBUTES, split_sizes_for
@@ -89,7 +89,8 @@ def fit_trial(
     process (see :class:`raycl.worker.session.InProcessSession`), resuming from Tune's checkpoint.
     """
     loop_config = {"config": config.to_dict(), "fault": fault,
-                   "trial_started_at": trial_started_at or time.time()}
+                   "trial_started_at": trial_started_at or time.time(),
+                   "data_placement_group": _data_placement_group(config)}
     if config.scaling.num_workers == 0:
         session = InProcessSession(_device(config), tune.get_checkpoint() if _in_tune() else None)
         run_trial_loop(loop_config, session)
@@ -127,6 +128,17 @@ def fit_trial(
     if result.checkpoint is not None:
         directory = Path(result.checkpoint.to_directory(tempfile.mkdtemp(prefix="raycl-final-")))
     return TrialOutput(dict(result.metrics or {}), directory)
+
+
+def _data_placement_group(config: CoreConfig) -> str | None:
+    """Hex id of this trial's placement group when it holds stream mode's decoder bundles
+    (:func:`raycl.config.placement.trial_bundles`), for the workers' Ray Data tasks; else None."""
+    if data_cpus(config) <= 0:
+        return None
+    from ray.util.placement_group import get_current_placement_group
+
+    group = get_current_placement_group()
+    return group.id.hex() if group is not None else None
 
 
 def _train_loop(loop_config: dict[str, Any]) -> None:

@@ -24,9 +24,9 @@ from typing import Any
 from raycl.config.checks import ENVIRONMENT_CHECKS, run_checks
 from raycl.config.identity import check_same_sweep, store_settings
 from raycl.config.load import load_search, with_absolute_paths
-from raycl.config.placement import CLUSTER_CHECKS, placement_warning, trial_resources
+from raycl.config.placement import CLUSTER_CHECKS, placement_warning, trial_bundles
 from raycl.config.schema import ConfigError, CoreConfig
-from raycl.config.search_config import max_reports, schema_markdown
+from raycl.config.search_config import apply_overrides, max_reports, schema_markdown
 from raycl.dry_run import collapse_notices, print_dry_run
 
 EPILOG = """\
@@ -168,7 +168,9 @@ def build_tuner(
     trainable = tune.with_parameters(run_trial, base_config=config.to_dict(),
                                      storage_path=storage_child(storage, f"{config.name}-train"),
                                      fault=fault)
-    trainable = tune.with_resources(trainable, trial_resources(config))
+    bundles = trial_bundles(config)  # the trial process, and stream mode's decoders
+    trainable = tune.with_resources(
+        trainable, tune.PlacementGroupFactory(bundles) if len(bundles) > 1 else bundles[0])
 
     if config.tune.search_space:
         # The searcher owns the space (define-by-run, feasible combinations only).
@@ -214,6 +216,30 @@ def build_tuner(
             max_concurrent_trials=config.tune.max_concurrent_trials),
         run_config=run_config,
     )
+
+
+def smallest_node_memory() -> float:
+    """Bytes of memory of the smallest alive node of the running Ray (its ``memory``
+    resource), or this machine's when Ray reports none."""
+    import ray
+
+    sizes = [float(node["Resources"].get("memory", 0.0)) for node in ray.nodes()
+             if node.get("Alive") and node["Resources"].get("memory")]
+    if sizes:
+        return min(sizes)
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def settle_loader(config: CoreConfig) -> CoreConfig:
+    """``data.loader: auto`` settled once for the sweep, and the choice printed: every trial
+    then reads the data the same way (:func:`raycl.data.stream_load.choose_loader`)."""
+    from raycl.data.stream_load import choose_loader
+
+    if config.data.loader != "auto":
+        return config
+    choice, why = choose_loader(config.data, smallest_node_memory())
+    print(f"raycl: data.loader auto -> {choice} ({why})", flush=True)
+    return apply_overrides(config, {"data.loader": choice})
 
 
 def _warn_if_trials_wait(config: CoreConfig) -> None:
@@ -273,6 +299,7 @@ def _run(config: CoreConfig, search_file: str | None, fresh: bool, address: str 
     init_ray(quiet=not verbose, address=address, log_to_driver=True)
     # A trial no node set can hold would wait forever where nothing adds nodes: refused here,
     # before any trial (ConfigError: exit 2); a warning where an autoscaler can add them.
+    config = settle_loader(config)  # before the placement check: streaming reserves CPUs
     run_checks(config, search_file or config.name, CLUSTER_CHECKS)
     _warn_if_trials_wait(config)
     tuner = build_tuner(config, search_file, fresh=fresh, verbose=verbose)

@@ -246,3 +246,107 @@ def imagenet100_wnids() -> list[str]:
     from raycl.data.imagenet import imagenet100_class_list
 
     return imagenet100_class_list()
+
+
+def sample_colour(index: int) -> np.ndarray:
+    """uint8 (3,) colour of shard sample ``index`` (its index over all shards): tests tell which
+    sample a decoded row is by it."""
+    return class_colour(index).round().astype(np.uint8)
+
+
+def _jpeg_bytes(index: int, size: int) -> bytes:
+    import io
+
+    image = np.broadcast_to(sample_colour(index), (size, size, 3)).copy()
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="JPEG", quality=95)
+    return buffer.getvalue()
+
+
+def _add_member(archive: Any, name: str, data: bytes) -> None:
+    import io
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), 0, 0o644
+    archive.addfile(info, io.BytesIO(data))
+
+
+def write_webdataset(root: Path, shards: int, per_shard: int, size: int = 12,
+                     bad: dict[int, list[int]] | None = None, sizes: str = "sizes.json",
+                     captions: bool = True,
+                     no_caption: dict[int, list[int]] | None = None) -> list[Path]:
+    """``root/00000.tar`` ... as img2dataset writes them: per sample ``<key>.jpg`` (a JPEG of
+    one colour, :func:`sample_colour` of its index over all shards), ``<key>.txt`` (caption
+    ``"sample <index>"``) and ``<key>.json`` (``caption``, ``key``, ``status``), key
+    ``<shard:05d><position:04d>``.
+
+    Args:
+        bad: shard -> positions whose ``.jpg`` holds bytes that are not an image.
+        sizes: ``"sizes.json"`` (``root/sizes.json``), ``"stats"`` (img2dataset's
+            ``00000_stats.json`` with ``successes``) or ``"none"`` (no count anywhere).
+        captions: write captions (``.txt`` and the json's ``caption``).
+        no_caption: shard -> positions written without a caption.
+
+    Returns:
+        The shard files in order.
+    """
+    import json
+    import tarfile
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for shard in range(shards):
+        path = root / f"{shard:05d}.tar"
+        with tarfile.open(path, "w") as archive:
+            for position in range(per_shard):
+                index, key = shard * per_shard + position, f"{shard:05d}{position:04d}"
+                broken = position in (bad or {}).get(shard, [])
+                image = b"not a jpeg" + bytes(40) if broken else _jpeg_bytes(index, size)
+                _add_member(archive, f"{key}.jpg", image)
+                meta: dict[str, Any] = {"key": key, "status": "success",
+                                        "url": f"http://example.com/{index}.jpg"}
+                if captions and position not in (no_caption or {}).get(shard, []):
+                    _add_member(archive, f"{key}.txt", f"sample {index}".encode())
+                    meta["caption"] = f"sample {index}"
+                _add_member(archive, f"{key}.json", json.dumps(meta).encode())
+        if sizes == "stats":
+            (root / f"{shard:05d}_stats.json").write_text(json.dumps(
+                {"count": per_shard, "successes": per_shard, "failed_to_download": 0}))
+        paths.append(path)
+    if sizes == "sizes.json":
+        (root / "sizes.json").write_text(json.dumps({path.name: per_shard for path in paths}))
+    return paths
+
+
+def write_parquet_images(root: Path, files: int, per_file: int, size: int = 12,
+                         struct: bool = False, captions: bool = True,
+                         row_group_size: int = 5) -> list[Path]:
+    """``root/00000.parquet`` ... with an ``image`` column (JPEG bytes of
+    :func:`sample_colour` of the row's index over all files; with ``struct``, Hugging Face's
+    ``{"bytes", "path"}`` struct) and, with ``captions``, a ``caption`` column
+    (``"sample <index>"``); row groups of ``row_group_size`` rows.
+
+    Returns:
+        The files in order.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for number in range(files):
+        indices = range(number * per_file, (number + 1) * per_file)
+        images = [_jpeg_bytes(index, size) for index in indices]
+        column = (pa.array([{"bytes": data, "path": f"{index}.jpg"}
+                            for data, index in zip(images, indices, strict=True)])
+                  if struct else pa.array(images, type=pa.binary()))
+        table = {"image": column}
+        if captions:
+            table["caption"] = pa.array([f"sample {index}" for index in indices])
+        path = root / f"{number:05d}.parquet"
+        pq.write_table(pa.table(table), path, row_group_size=row_group_size)
+        paths.append(path)
+    return paths

@@ -109,12 +109,17 @@ def check_labels(config: CoreConfig) -> Iterator[Problem]:
 
 
 def _dataset_problems(dataset: str, root: str | None, section: str,
-                      layout: str = "auto") -> Iterator[Problem]:
+                      layout: str = "auto", streamed: bool = False) -> Iterator[Problem]:
     """The dataset's files exist: a folder's images (both halves of a train/test layout, with
-    their classes aligned), the pairs file, Fashion-MNIST's package."""
+    their classes aligned), the pairs file, Fashion-MNIST's package. ``streamed`` (stream mode):
+    a folder is listed but its files' headers are not read (a bucket of a million images);
+    training skips and counts an undecodable one instead."""
     if dataset == "folder":
-        path = Path(str(root)).expanduser()
-        if not path.is_dir():
+        from raycl.data.streamed import is_remote
+
+        remote = is_remote(str(root))
+        path: Path | str = str(root) if remote else Path(str(root)).expanduser()
+        if not remote and not Path(path).is_dir():
             yield Problem(f"{section}.root", f"not a directory: {root}")
             return
         from raycl.data.folders import list_folder, unreadable_images_problem
@@ -123,6 +128,8 @@ def _dataset_problems(dataset: str, root: str | None, section: str,
             parts = list_folder(path, layout)
         except (OSError, ValueError) as exc:
             yield Problem(f"{section}.root", str(exc))
+            return
+        if streamed:
             return
         unreadable = unreadable_images_problem(
             [file for files in parts.values() for file, _ in files])
@@ -171,7 +178,7 @@ def check_data(config: CoreConfig) -> Iterator[Problem]:
     """The files of the dataset (CIFAR's, STL-10's, ImageNet's by their readers' checks), of a
     real MMVP-VLM copy and of every transfer dataset."""
     yield from _dataset_problems(config.data.dataset, config.data.root, "data",
-                                 config.data.layout)
+                                 config.data.layout, streamed=config.data.loader == "stream")
     yield from _reader_problems(config.data, "data")
     mmvp = config.eval.mmvp
     if mmvp not in (None, "synthetic"):
@@ -219,6 +226,31 @@ def check_pretrain_unlabeled(config: CoreConfig) -> Iterator[Problem]:
             yield Problem("data.pretrain_unlabeled",
                           f"{searched_note(chosen)}MCL's pseudo labels cover the labelled "
                           f"training images only; set data.pretrain_unlabeled: false")
+            return
+
+
+def check_loader(config: CoreConfig) -> Iterator[Problem]:
+    """``data.loader`` fits the dataset: stream mode reads files or shards, shards stream only,
+    and MCL's sampler negatives need random access to the samples."""
+    from raycl.data.stream_load import SHARD_DATASETS, streams_files
+
+    data = config.data
+    if data.loader == "stream" and not streams_files(data.dataset):
+        yield Problem("data.loader", f"dataset {data.dataset} is read whole from its files and "
+                                     f"has nothing to stream (stream mode reads folder, pairs, "
+                                     f"imagenet, imagenet100, webdataset, parquet): use "
+                                     f"data.loader: memory or auto")
+    if data.loader == "memory" and data.dataset in SHARD_DATASETS:
+        yield Problem("data.loader", f"dataset {data.dataset} is streamed only: set "
+                                     f"data.loader: stream (or auto)")
+    if data.dataset not in SHARD_DATASETS:
+        return
+    for chosen, candidate in searched_variants(config, ("method", "mcl.negatives")):
+        if candidate.num_stages > 1 and candidate.mcl.negatives == "sampler":
+            yield Problem("mcl.negatives", f"{searched_note(chosen)}batches drawn within one "
+                                           f"pseudo label need random access to the samples, "
+                                           f"and {data.dataset} shards are read in sequence: "
+                                           f"use mcl.negatives: mask")
             return
 
 
@@ -408,7 +440,8 @@ def check_tracking(config: CoreConfig) -> Iterator[Problem]:
 # The order is the order of the messages: names before data, data before the metric, single
 # values before combinations, the config before the environment.
 CONFIG_CHECKS: tuple[Check, ...] = (
-    check_method, check_method_settings, check_labels, check_data, check_pretrain_unlabeled,
+    check_method, check_method_settings, check_labels, check_data, check_loader,
+    check_pretrain_unlabeled,
     check_splits, check_metric, check_search_space, check_pretrained,
     check_feasible, check_gpu_sharing, check_grid,
 )

@@ -72,11 +72,31 @@ def worker_resources(config: CoreConfig) -> dict[str, float]:
             **scaling.resources_per_worker}
 
 
+def data_cpus(config: CoreConfig) -> float:
+    """CPUs a trial reserves for stream mode's Ray Data decoders: ``data.stream_cpus`` per
+    worker (per trial process when it trains itself); 0 in memory mode."""
+    if config.data.loader != "stream":
+        return 0.0
+    return config.data.stream_cpus * max(1, config.scaling.num_workers)
+
+
+def trial_bundles(config: CoreConfig) -> list[dict[str, float]]:
+    """The trial's placement group bundles as Tune reserves them: the trial process, then in
+    stream mode one bundle per worker of ``data.stream_cpus`` CPUs that the decoders run in
+    (:mod:`raycl.worker.stream_loader`), so trials never wait on each other's decoding."""
+    bundles = [trial_resources(config)]
+    if data_cpus(config) > 0:
+        workers = max(1, config.scaling.num_workers)
+        bundles += [{"CPU": config.data.stream_cpus} for _ in range(workers)]
+    return bundles
+
+
 def trial_demand(config: CoreConfig) -> dict[str, float]:
-    """Resources one trial holds at once: its own process plus its worker group. (The Ray Train
-    controller reserves no CPU; raycl uses no Ray Data.)"""
+    """Resources one trial holds at once: its own process, its decoders' CPUs (stream mode) and
+    its worker group. (The Ray Train controller reserves no CPU.)"""
     scaling = config.scaling
     demand = trial_resources(config)
+    demand["CPU"] = demand.get("CPU", 0.0) + data_cpus(config)
     if scaling.num_workers > 0:
         demand["CPU"] += scaling.num_workers * scaling.cpus_per_worker
         if scaling.use_gpu:
@@ -146,6 +166,8 @@ def _where(nodes: tuple[dict[str, float], ...], gpu: bool) -> str:
 def _shortfall(config: CoreConfig, nodes: tuple[dict[str, float], ...]) -> Problem | None:
     """Why no placement on ``nodes`` holds one trial of ``config``; None when one does."""
     trial, worker = trial_resources(config), worker_resources(config)
+    # The decoders' bundles counted with the trial's (conservative: Tune packs them together).
+    trial = {**trial, "CPU": trial.get("CPU", 0.0) + data_cpus(config)}
     workers = config.scaling.num_workers
     if fits(nodes, trial, worker, workers):
         return None
@@ -309,7 +331,22 @@ def placement_warning(config: CoreConfig, cluster: Cluster | None = None) -> str
 
 CLUSTER_CHECKS: tuple[Check, ...] = (check_placement,)
 
-__all__ = ["CLUSTER_CHECKS", "EPSILON", "SCALING_KEYS", "Cluster", "check_gpu_sharing",
-           "check_placement", "fits", "node_groups_grow", "placement_problem",
-           "placement_warning", "read_cluster", "readonly_autoscaler",
-           "trial_demand", "trial_resources", "worker_resources"]
+__all__ = [
+    "CLUSTER_CHECKS",
+    "EPSILON",
+    "SCALING_KEYS",
+    "Cluster",
+    "check_gpu_sharing",
+    "check_placement",
+    "data_cpus",
+    "fits",
+    "node_groups_grow",
+    "placement_problem",
+    "placement_warning",
+    "read_cluster",
+    "readonly_autoscaler",
+    "trial_bundles",
+    "trial_demand",
+    "trial_resources",
+    "worker_resources",
+]

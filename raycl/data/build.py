@@ -185,7 +185,7 @@ def _check_lengths(source: ImageSet | ImageFiles, count: int) -> None:
 
 
 def decode_files(
-    paths: list[Path], resolution: int, out: np.ndarray, workers: int, progress: Progress
+    paths: list[Path | str], resolution: int, out: np.ndarray, workers: int, progress: Progress
 ) -> None:
     """Decode ``paths[i]`` into ``out[i]`` on ``workers`` threads; a file named by several rows
     is decoded once and copied to the others.
@@ -201,7 +201,7 @@ def decode_files(
         ValueError: one or more files cannot be read: the first (in row order) is named, with
             how many were unreadable.
     """
-    first_row: dict[Path, int] = {}
+    first_row: dict[Path | str, int] = {}
     copies: list[tuple[int, int]] = []  # (row, the earlier row holding its file)
     for row, path in enumerate(paths):
         if path in first_row:
@@ -252,7 +252,7 @@ def _run_chunks(
 
 
 def _decode_chunk(
-    paths: list[Path], rows: list[int], resolution: int, out: np.ndarray
+    paths: list[Path | str], rows: list[int], resolution: int, out: np.ndarray
 ) -> list[tuple[int, str]]:
     """Decode the files of ``rows`` into ``out``; (row, message) of each one that fails."""
     errors = []

@@ -13,16 +13,24 @@ Two layouts (``data.layout``):
 folders that contain at least one image; in the train_test layout they are the sorted union of
 both halves' class names, so an index means the same class in train and test. A class with test
 images but no training images is an error: a probe fit on train could never predict it.
+
+``root`` may be a bucket URI (``s3://bucket/prefix``, ``gs://...``; pyarrow's file systems,
+:mod:`raycl.data.bucket_paths`): the same layouts are listed from the bucket, rows hold the
+files' URIs, and the images are decoded from the bucket (stream mode: when a batch needs them).
 """
 
 from __future__ import annotations
 
+import io
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
+from raycl.data.bucket_paths import BucketPath, as_listed
+from raycl.data.streamed import is_remote, read_bytes
 from raycl.data.types import ImageFiles
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".webp"})
@@ -32,27 +40,39 @@ HALVES: tuple[str, ...] = ("train", "test")
 # Folders a train_test root may not hold: a shipped validation split would be silently ignored.
 _VALIDATION_DIRS: tuple[str, ...] = ("val", "valid", "validation")
 
+# The headers read before launch from a folder in a bucket (each a request): a sample.
+REMOTE_HEADER_SAMPLE = 64
+# A local directory or file, or one in a bucket (listed through pyarrow's file systems).
+Listed = Path | BucketPath
 # (image path, class name) pairs, per part: "all" (flat) or "train" and "test" (train_test).
-FileList = list[tuple[Path, str]]
+FileList = list[tuple[Listed, str]]
 
 
-def _is_image(path: Path) -> bool:
+def _folder(root: str | Path | BucketPath) -> Listed:
+    """``root`` as the listing walks it: a local Path (exactly as before), or a bucket folder."""
+    if isinstance(root, BucketPath):
+        return root
+    return BucketPath.open(str(root)) if is_remote(root) else Path(root)
+
+
+def _is_image(path: Listed) -> bool:
     return path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES
 
 
-def list_image_files(root: str | Path, classes: list[str] | None = None) -> FileList:
+def list_image_files(root: str | Listed, classes: list[str] | None = None) -> FileList:
     """All (image path, class name) pairs under root, sorted by class then file name.
 
     Args:
-        root: a directory with one sub-folder per class.
+        root: a directory (or bucket folder) with one sub-folder per class.
         classes: read only these class folders (ImageNet-100's subset of ImageNet's); one
             that does not exist is skipped (its caller checks for it). None: every folder.
 
     Raises:
         FileNotFoundError: root does not exist or is not a directory.
-        ValueError: root holds no class folder with an image in it.
+        ValueError: root holds no class folder with an image in it, or a bucket folder cannot
+            be listed.
     """
-    root_path = Path(root)
+    root_path = _folder(root)
     if not root_path.is_dir():
         raise FileNotFoundError(f"image folder {str(root_path)!r} does not exist")
     class_dirs = (sorted(p for p in root_path.iterdir() if p.is_dir()) if classes is None
@@ -72,7 +92,7 @@ def list_image_files(root: str | Path, classes: list[str] | None = None) -> File
     return files
 
 
-def _holds_class_folders(path: Path) -> bool:
+def _holds_class_folders(path: Listed) -> bool:
     """Whether ``path`` looks like one half of a train/test split: sub-folders, no own images.
 
     A flat dataset may have a class called "train" or "test"; its folder holds images directly.
@@ -83,11 +103,11 @@ def _holds_class_folders(path: Path) -> bool:
     return any(child.is_dir() for child in children) and not any(map(_is_image, children))
 
 
-def resolve_layout(root: str | Path, layout: str = "auto") -> str:
+def resolve_layout(root: str | Listed, layout: str = "auto") -> str:
     """The layout ``root`` is read in: "flat" or "train_test".
 
     Args:
-        root: the dataset directory (data.root).
+        root: the dataset directory or bucket URI (data.root).
         layout: "auto", "flat" or "train_test" (data.layout).
 
     Returns:
@@ -96,9 +116,9 @@ def resolve_layout(root: str | Path, layout: str = "auto") -> str:
     Raises:
         FileNotFoundError: root does not exist, or train_test is asked for and a half is missing.
         ValueError: an unknown layout, auto finds only one half, or a train_test root also holds
-            a validation folder (which would be ignored).
+            a validation folder (which would be ignored), or a bucket folder cannot be listed.
     """
-    root_path = Path(root)
+    root_path = _folder(root)
     if layout not in LAYOUTS:
         raise ValueError(f"unknown folder layout {layout!r}; layouts: {', '.join(LAYOUTS)}")
     if not root_path.is_dir():
@@ -130,7 +150,7 @@ def resolve_layout(root: str | Path, layout: str = "auto") -> str:
     return "train_test"
 
 
-def list_folder(root: str | Path, layout: str = "auto") -> dict[str, FileList]:
+def list_folder(root: str | Listed, layout: str = "auto") -> dict[str, FileList]:
     """The images of a folder dataset, per part, with the train_test halves' classes checked.
 
     Args:
@@ -145,7 +165,7 @@ def list_folder(root: str | Path, layout: str = "auto") -> dict[str, FileList]:
         FileNotFoundError, ValueError: see :func:`resolve_layout` and :func:`list_image_files`;
             also a class folder of test/ without images in train/.
     """
-    root_path = Path(root)
+    root_path = _folder(root)
     if resolve_layout(root_path, layout) == "flat":
         return {"all": list_image_files(root_path)}
     parts = {half: list_image_files(root_path / half) for half in HALVES}
@@ -154,8 +174,8 @@ def list_folder(root: str | Path, layout: str = "auto") -> dict[str, FileList]:
     return parts
 
 
-def require_trained_classes(train: FileList, test: FileList, train_dir: Path,
-                            test_dir: Path) -> None:
+def require_trained_classes(train: FileList, test: FileList, train_dir: Listed,
+                            test_dir: Listed) -> None:
     """Every class of the shipped test half has training images.
 
     Args:
@@ -180,7 +200,7 @@ def class_names(parts: dict[str, FileList]) -> list[str]:
     return sorted({name for files in parts.values() for _, name in files})
 
 
-def folder_class_counts(root: str | Path, layout: str = "auto") -> dict[str, list[int]]:
+def folder_class_counts(root: str | Listed, layout: str = "auto") -> dict[str, list[int]]:
     """Images per class (in class-index order) of each part, without reading any image.
 
     Args:
@@ -206,13 +226,14 @@ def count_classes(parts: dict[str, FileList], index: dict[str, int]) -> dict[str
     return counts
 
 
-def folder_fingerprint(root: str | Path, layout: str = "auto") -> list[list[str | int]]:
+def folder_fingerprint(root: str | Listed, layout: str = "auto") -> list[list[str | int]]:
     """(path relative to root, size, mtime in ns) of every image of every part.
 
     Changes whenever the content may; in the train_test layout the paths start with train/ or
-    test/, so moving an image between the halves changes it too.
+    test/, so moving an image between the halves changes it too. In a bucket the sizes and
+    modification times are the listing's (no object is read).
     """
-    root_path = Path(root)
+    root_path = _folder(root)
     fingerprint: list[list[str | int]] = []
     for files in list_folder(root_path, layout).values():
         for path, _ in files:
@@ -222,30 +243,49 @@ def folder_fingerprint(root: str | Path, layout: str = "auto") -> list[list[str 
     return fingerprint
 
 
-def unreadable_images_problem(paths: list[Path]) -> str | None:
+def _header_sample(paths: Sequence[Listed | str]) -> tuple[list[Listed | str], str]:
+    """The files whose headers are checked, and how the message counts them: every local file;
+    of files in a bucket, :data:`REMOTE_HEADER_SAMPLE` spread evenly through the (class-sorted)
+    list, so every part of the listing is represented and the pick is the same every run."""
+    if not paths or not is_remote(str(paths[0])) or len(paths) <= REMOTE_HEADER_SAMPLE:
+        return list(paths), f"{len(paths)} image files"
+    picks = np.linspace(0, len(paths) - 1, REMOTE_HEADER_SAMPLE).round().astype(int)
+    return [paths[i] for i in picks], f"{REMOTE_HEADER_SAMPLE} sampled of {len(paths)} image files"
+
+
+def unreadable_images_problem(paths: Sequence[Listed | str]) -> str | None:
     """One line naming the first of ``paths`` that is not an image Pillow can open, and how many
     are not; None when every file opens. Reads each file's header only (thousands of files a
     second), so a folder is checked before launch; a file whose header is sound but whose data
     is truncated is found when the cache is built (:mod:`raycl.data.build`), named the same way.
+
+    Files in a bucket (URIs) cost a request each: at most :data:`REMOTE_HEADER_SAMPLE` (64) of
+    them are read, evenly spread, so that a wrong prefix or a folder of non-images is caught
+    before launch; a bad file the sample misses is filled and counted in stream mode
+    (:mod:`raycl.data.streamed`), and named by the cache build in memory mode.
     """
-    unreadable: list[tuple[Path, str]] = []
-    for path in paths:
+    checked, counted = _header_sample(paths)
+    unreadable: list[tuple[Listed | str, str]] = []
+    for path in checked:
         try:
-            with Image.open(path) as image:
+            source = io.BytesIO(read_bytes(str(path))) if is_remote(str(path)) else path
+            with Image.open(source) as image:
                 image.size  # noqa: B018 -- the header is parsed on open; nothing more is read
         except (OSError, ValueError) as error:  # includes PIL.UnidentifiedImageError
             unreadable.append((path, str(error)))
     if not unreadable:
         return None
     first, why = unreadable[0]
-    return (f"cannot read image {str(first)!r}: {why} ({len(unreadable)} of {len(paths)} image "
-            f"files unreadable)")
+    return (f"cannot read image {str(first)!r}: {why} ({len(unreadable)} of {counted} "
+            f"unreadable)")
 
 
-def load_square_rgb(path: Path, resolution: int) -> np.ndarray:
-    """Read one image, centre-crop it to a square, resize it; uint8 (3, resolution, resolution)."""
+def load_square_rgb(path: Path | str, resolution: int) -> np.ndarray:
+    """Read one image (a local file or a bucket URI), centre-crop it to a square, resize it;
+    uint8 (3, resolution, resolution)."""
     try:
-        with Image.open(path) as image:
+        source = io.BytesIO(read_bytes(path)) if is_remote(path) else path
+        with Image.open(source) as image:
             rgb = image.convert("RGB")
     except OSError as error:  # includes PIL.UnidentifiedImageError
         raise ValueError(f"cannot read image {str(path)!r}: {error}") from error
@@ -264,7 +304,8 @@ def image_folder_files(root: str | Path, layout: str = "auto") -> ImageFiles:
 
     Args:
         root: directory with one sub-folder per class (flat), or train/ and test/ that each
-            have one (train_test).
+            have one (train_test); or a bucket URI holding the same (the rows' paths are then
+            the files' URIs, str).
         layout: "auto", "flat" or "train_test" (see the module docstring).
 
     Returns:
@@ -283,7 +324,7 @@ def image_folder_files(root: str | Path, layout: str = "auto") -> ImageFiles:
     if "test" in parts:
         test_mask = np.concatenate([np.full(len(part_files), part == "test")
                                     for part, part_files in parts.items()])
-    return ImageFiles(paths=[path for path, _ in files], labels={"class": labels},
+    return ImageFiles(paths=[as_listed(path) for path, _ in files], labels={"class": labels},
                       test_mask=test_mask)
 
 
@@ -304,7 +345,8 @@ class FolderReader:
     def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
         root = _folder_root(cfg)
         layout = resolve_layout(root, _folder_layout(cfg))
-        key: dict[str, Any] = {"root": str(Path(root).resolve()),
+        # A URI is the key as given (its query names the endpoint); a local path is absolute.
+        key: dict[str, Any] = {"root": root if is_remote(root) else str(Path(root).resolve()),
                                "files": folder_fingerprint(root, layout)}
         if layout != "flat":
             # Added only here: flat keys stay as they were, so existing caches remain valid.

@@ -7,6 +7,9 @@ train/ by ``data.val_fraction``. Class indices follow the sorted wnids. ``imagen
 the 100 classes of CMC's list (``imagenet100.txt`` beside this module, the subset solo-learn and
 the All4One paper use) from a full ImageNet root, or from a root holding only those classes.
 
+``data.root`` may be a bucket URI (``s3://bucket/imagenet``): the wnid folders are listed from
+the bucket (:mod:`raycl.data.bucket_paths`) and the rows hold the files' URIs.
+
 The readers list files, never decode them: :meth:`read` returns :class:`ImageFiles` that the
 cache builder decodes (centre crop to a square, resize to ``data.resolution``).
 """
@@ -20,12 +23,15 @@ from typing import Any
 
 import numpy as np
 
+from raycl.data.bucket_paths import BucketPath, as_listed
 from raycl.data.folders import (
     FileList,
+    Listed,
     count_classes,
     list_image_files,
     require_trained_classes,
 )
+from raycl.data.streamed import is_remote
 from raycl.data.types import ImageFiles
 
 # The halves of an ImageNet root, as read: val is the shipped test split.
@@ -41,14 +47,16 @@ def imagenet100_class_list() -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
-def _root(cfg: Any) -> Path:
+def _root(cfg: Any) -> Listed:
+    """``data.root``: a local directory, or a bucket folder (a URI)."""
     if not getattr(cfg, "root", None):
         raise ValueError(f"dataset {cfg.dataset!r} needs data.root (the ImageNet directory "
                          f"holding train/<wnid>/ and val/<wnid>/)")
-    return Path(str(cfg.root)).expanduser()
+    root = str(cfg.root)
+    return BucketPath.open(root) if is_remote(root) else Path(root).expanduser()
 
 
-def _require_halves(root: Path) -> None:
+def _require_halves(root: Listed) -> None:
     """train/ and val/ exist and hold class folders (a flat val/ needs sorting first)."""
     for half in HALVES:
         folder = root / half
@@ -60,7 +68,7 @@ def _require_halves(root: Path) -> None:
                              f"into class folders (as ImageNet's valprep.sh does)")
 
 
-def _missing_classes(root: Path, parts: dict[str, FileList], wnids: list[str]) -> None:
+def _missing_classes(root: Listed, parts: dict[str, FileList], wnids: list[str]) -> None:
     """Every wnid of ``wnids`` has images in both halves.
 
     Raises:
@@ -80,7 +88,7 @@ def _missing_classes(root: Path, parts: dict[str, FileList], wnids: list[str]) -
                          f"({IMAGENET100_FILE.name}): {'; '.join(problems)}")
 
 
-def _list_half(folder: Path, wnids: list[str] | None) -> FileList:
+def _list_half(folder: Listed, wnids: list[str] | None) -> FileList:
     """The images of one half; for a class list, none at all is an empty list (the missing
     classes are then named, not the empty folder)."""
     try:
@@ -91,17 +99,17 @@ def _list_half(folder: Path, wnids: list[str] | None) -> FileList:
         return []
 
 
-def list_imagenet(root: Path, wnids: list[str] | None) -> dict[str, FileList]:
+def list_imagenet(root: Listed, wnids: list[str] | None) -> dict[str, FileList]:
     """The images of each half, keyed "train" and "test" (val/), classes checked.
 
     Args:
-        root: the ImageNet directory.
+        root: the ImageNet directory, or a bucket folder.
         wnids: read only these classes (ImageNet-100), each required with images in both
             halves; None: every class folder of train/.
 
     Raises:
         ValueError: a half is missing or empty, a listed class has no images in a half, or a
-            class of val/ has no training images.
+            class of val/ has no training images; a bucket folder cannot be listed.
     """
     _require_halves(root)
     parts = {part: _list_half(root / half, wnids)
@@ -146,7 +154,7 @@ class ImageNetReader:
         labels = np.array([index[name] for _, name in files], dtype=np.int64)
         test_mask = np.zeros(len(files), dtype=bool)
         test_mask[len(parts["train"]):] = True
-        return ImageFiles(paths=[path for path, _ in files], labels={"class": labels},
+        return ImageFiles(paths=[as_listed(path) for path, _ in files], labels={"class": labels},
                           test_mask=test_mask)
 
     def check(self, cfg: Any) -> None:

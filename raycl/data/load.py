@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from raycl.data.build import build_cache
+from raycl.data.build import build_cache, decode_workers
 from raycl.data.cache import cache_key, cache_path, open_cached
 from raycl.data.registry import FIXED_NUM_CLASSES, SOURCES, is_unlabelled, reader, unknown_dataset
 from raycl.data.splits import (
@@ -44,7 +44,9 @@ from raycl.data.splits import (
     split_sizes,
     unlabelled_split_sizes,
 )
-from raycl.data.types import DatasetSplits, ImageRows, ImageSet
+from raycl.data.stream_load import SHARD_DATASETS, streams_files
+from raycl.data.streamed import FileRows
+from raycl.data.types import DatasetSplits, ImageFiles, ImageRows, ImageSet
 
 # Keeps the synthetic captions' draws apart from the Trifeature generator's, which is seeded
 # with the same data seed: otherwise whether a caption names the colour would follow the
@@ -128,7 +130,10 @@ def class_counts(cfg: Any) -> list[int]:
 
 def split_sizes_for(cfg: Any) -> dict[str, int]:
     """Exact train/val/test sizes :func:`load_dataset` will produce for this config."""
-    parts = reader(cfg.dataset).class_counts(cfg)
+    source = reader(cfg.dataset)
+    if hasattr(source, "split_sizes"):  # sources split otherwise (shards: whole shards)
+        return source.split_sizes(cfg)
+    parts = source.class_counts(cfg)
     val_fraction, test_fraction = float(cfg.val_fraction), float(cfg.test_fraction)
     if "test" in parts:
         # The shipped test split is whole; validation comes out of train/ (carve_validation).
@@ -142,9 +147,11 @@ def split_sizes_for(cfg: Any) -> dict[str, int]:
 
 
 def _subset(image_set: ImageSet, indices: np.ndarray) -> ImageSet:
-    """The rows ``indices`` of ``image_set``: its images a view (nothing is read), labels and
-    captions small copies."""
-    return ImageSet(images=ImageRows(image_set.images, indices),
+    """The rows ``indices`` of ``image_set``: its images a view (nothing is read; stream mode's
+    files: the files of those rows), labels and captions small copies."""
+    images = (image_set.images.subset(indices) if isinstance(image_set.images, FileRows)
+              else ImageRows(image_set.images, indices))
+    return ImageSet(images=images,
                     labels={name: values[indices] for name, values in image_set.labels.items()},
                     captions=None if image_set.captions is None
                     else image_set.captions[indices])
@@ -167,7 +174,37 @@ def load_dataset(cfg: Any, seed: int) -> DatasetSplits:
         memory-mapped set. Images marked ``pretrain_only`` are in no split but in
         ``pretrain_extra`` (None when there are none).
     """
-    image_set = load_image_set(cfg, seed)
+    loader = getattr(cfg, "loader", "memory")
+    # "auto" is settled at launch (raycl.tune); here (a bare call) it streams only what must.
+    if loader == "stream" or (loader == "auto" and cfg.dataset in SHARD_DATASETS):
+        return load_streamed(cfg, seed)
+    return split_image_set(cfg, load_image_set(cfg, seed), seed)
+
+
+def load_streamed(cfg: Any, seed: int) -> DatasetSplits:
+    """The dataset's splits with lazy images (see the module docstring).
+
+    Raises:
+        ValueError: the dataset is not one that streams, or what its reader raises.
+    """
+    if cfg.dataset in SHARD_DATASETS:
+        from raycl.data.shard_sources import shard_splits  # pyarrow, tarfile: when used
+
+        return shard_splits(cfg, seed)
+    listed = reader(cfg.dataset).read(cfg, seed)
+    if not isinstance(listed, ImageFiles) or not streams_files(cfg.dataset):
+        raise ValueError(f"data.loader: stream reads image files or shards; dataset "
+                         f"{cfg.dataset!r} is read whole from its files: use data.loader: memory")
+    threads = decode_workers(int(getattr(cfg, "decode_workers", 0) or 0))
+    images = FileRows(listed.paths, int(cfg.resolution), threads)
+    image_set = ImageSet(images=images, labels=listed.labels, test_mask=listed.test_mask,
+                         captions=listed.captions, pretrain_only=listed.pretrain_only)
+    return split_image_set(cfg, image_set, seed)
+
+
+def split_image_set(cfg: Any, image_set: ImageSet, seed: int) -> DatasetSplits:
+    """``image_set`` split into train, validation and test as :func:`load_dataset` describes
+    (its images decoded in the cache, or stream mode's files)."""
     attributes = list(image_set.labels)
     train_indices, val_indices, test_indices, extra_indices = split_indices(
         image_set, float(cfg.val_fraction), float(cfg.test_fraction), seed)

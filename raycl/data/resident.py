@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from raycl.data.streamed import FileRows
 from raycl.data.types import DatasetSplits, ImageRows
 
 # "auto" keeps the images on the device when they take at most 1/AUTO_SHARE of its memory.
@@ -52,6 +53,8 @@ def pretraining_images(data: DatasetSplits) -> np.ndarray | ImageRows:
     extra = data.pretrain_extra.images
     if isinstance(train, ImageRows) and isinstance(extra, ImageRows) and train.base is extra.base:
         return train.concat(extra)
+    if isinstance(train, FileRows) and isinstance(extra, FileRows):
+        return train.concat(extra)
     return np.concatenate([np.asarray(train), np.asarray(extra)])
 
 
@@ -71,6 +74,8 @@ def training_images(
     """The pretraining images (:func:`pretraining_images`), on ``device`` when
     :func:`keep_on_device` says so, else as they are (host memory: the memory map)."""
     images = pretraining_images(data)
+    if not isinstance(images, np.ndarray | ImageRows):
+        return images  # stream mode: files or shards, decoded batch by batch
     if keep_on_device(setting, int(images.nbytes), device):
         return copy_to_device(images, device)
     return images

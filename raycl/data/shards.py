@@ -23,15 +23,23 @@ mode.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
+from raycl.data.shard_samples import Raw, parquet_samples, webdataset_samples
+from raycl.data.streamed import decode_square_rgb
+
+logger = logging.getLogger(__name__)
+
 ShardFormat = Literal["webdataset", "parquet"]
 # Samples per chunk a shard reader yields: a Ray Data block stays small, the buffer fills early.
 CHUNK = 64
+# Skipped samples named one by one in the log per shard; the rest are counted.
+_NAMED_SKIPS = 5
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,49 @@ class Chunk:
     reasons: list[str] = field(default_factory=list)
 
 
+def _raw_samples(shard: Shard, fmt: ShardFormat, images: bool = True,
+                 captions: bool = True) -> Iterator[Raw]:
+    """The stored samples of ``shard`` in order, at most ``shard.count`` of them (a shard
+    holding more than listed would overlap the next one's indices)."""
+    reader = webdataset_samples if fmt == "webdataset" else parquet_samples
+    for raw in reader(shard.path, images, captions):
+        if raw.position >= shard.count:
+            logger.warning("shard %s holds more samples than the %d listed; the rest are not "
+                           "read", shard.path, shard.count)
+            return
+        yield raw
+
+
+class _SkipLog:
+    """Names the first skipped samples of a shard in warnings, then counts the rest."""
+
+    def __init__(self, shard: str) -> None:
+        self.shard = shard
+        self.count = 0
+
+    def skip(self, name: str, reason: str) -> None:
+        self.count += 1
+        if self.count <= _NAMED_SKIPS:
+            logger.warning("skipped %s: %s", name, reason)
+
+    def close(self) -> None:
+        if self.count > _NAMED_SKIPS:
+            logger.warning("%d more samples of shard %s skipped (%d in all)",
+                           self.count - _NAMED_SKIPS, self.shard, self.count)
+
+
+def _decode(raw: Raw, resolution: int, need_captions: bool) -> tuple[np.ndarray | None, str]:
+    """The decoded image of ``raw``, or None and why it is skipped."""
+    if raw.image is None:
+        return None, "no image"
+    if need_captions and raw.caption is None:
+        return None, "no caption"
+    try:
+        return decode_square_rgb(raw.image, resolution, raw.key), ""
+    except ValueError as error:
+        return None, str(error)
+
+
 def read_shard(
     shard: Shard, fmt: ShardFormat, resolution: int, need_captions: bool
 ) -> Iterator[Chunk]:
@@ -76,10 +127,111 @@ def read_shard(
     in chunks of at most :data:`CHUNK`. Never raises for a bad sample: an undecodable image, or
     a missing caption when ``need_captions``, is skipped and reported in ``Chunk.skipped``.
 
+    Args:
+        shard: the shard; a sample's index is ``shard.offset`` plus its position in the shard.
+        fmt: ``"webdataset"`` or ``"parquet"``.
+        resolution: side of the decoded squares.
+        need_captions: skip samples without a caption.
+
+    Returns:
+        Chunks in shard order (a chunk may hold only skipped samples: ``images`` empty).
+
     Raises:
         OSError: the shard itself cannot be opened or read.
     """
-    raise NotImplementedError
+    log = _SkipLog(shard.path)
+    images: list[np.ndarray] = []
+    index: list[int] = []
+    captions: list[str] = []
+    skipped: list[str] = []
+    reasons: list[str] = []
+    has_captions = False
+    for raw in _raw_samples(shard, fmt):
+        name = f"{shard.path}:{raw.key}"
+        image, reason = _decode(raw, resolution, need_captions)
+        has_captions = has_captions or raw.caption is not None
+        if image is None:
+            log.skip(name, reason)
+            skipped.append(name)
+            reasons.append(reason)
+        else:
+            images.append(image)
+            index.append(shard.offset + raw.position)
+            captions.append(raw.caption or "")
+        if len(images) + len(skipped) >= CHUNK:
+            yield _chunk(images, index, captions if has_captions else None, skipped, reasons,
+                         resolution)
+            images, index, captions, skipped, reasons = [], [], [], [], []
+    log.close()
+    if images or skipped:
+        yield _chunk(images, index, captions if has_captions else None, skipped, reasons,
+                     resolution)
+
+
+def _chunk(images: list[np.ndarray], index: list[int], captions: list[str] | None,
+           skipped: list[str], reasons: list[str], resolution: int) -> Chunk:
+    stacked = (np.stack(images) if images
+               else np.zeros((0, 3, resolution, resolution), dtype=np.uint8))
+    return Chunk(stacked, np.asarray(index, dtype=np.int64), captions, skipped, reasons)
+
+
+def _columns(chunk: Chunk, previous: int, pending: list[str],
+             need_captions: bool) -> dict[str, np.ndarray]:
+    """A non-empty chunk as Ray Data columns. The samples skipped before a row are the gap
+    between its index and the previous row's (``previous``: the index before the chunk's first
+    row); their names are taken from the front of ``pending`` (consumed)."""
+    count = len(chunk.index)
+    skipped = np.diff(chunk.index, prepend=previous) - 1
+    names = np.full(count, "", dtype=object)
+    for row in np.flatnonzero(skipped):
+        names[row] = pending[0] if pending else ""
+        del pending[:int(skipped[row])]
+    columns = {"images": chunk.images, "index": chunk.index, "skipped": skipped.astype(np.int64),
+               "skipped_name": names}
+    if need_captions:
+        columns["caption"] = np.asarray(chunk.captions or [""] * count, dtype=object)
+    return columns
+
+
+def shard_chunks_as_columns(
+    shard: Shard, fmt: ShardFormat, resolution: int, need_captions: bool
+) -> Iterator[dict[str, np.ndarray]]:
+    """The samples of ``shard`` as Ray Data batches of columns (for ``flat_map`` /
+    ``map_batches`` over shards; picklable, as a module-level function).
+
+    Args:
+        shard, fmt, resolution, need_captions: as :func:`read_shard`'s.
+
+    Returns:
+        Per chunk with at least one good sample: ``images`` uint8 (n, 3, R, R), ``index`` int64
+        (n,), ``caption`` object array of str (only when ``need_captions``), ``skipped`` int64
+        (n,) samples skipped before each row (the shard's trailing skips on its last row) and
+        ``skipped_name`` object array, the first of them (``""`` when none). A shard without a
+        good sample yields nothing (and is named in a warning).
+
+    Raises:
+        OSError: the shard cannot be opened or read.
+    """
+    held: dict[str, np.ndarray] | None = None  # kept back: trailing skips join its last row
+    pending: list[str] = []  # skipped samples not yet attached to a row, in order
+    previous = shard.offset - 1
+    for chunk in read_shard(shard, fmt, resolution, need_captions):
+        pending += chunk.skipped
+        if not len(chunk.index):
+            continue
+        if held is not None:
+            yield held
+        held = _columns(chunk, previous, pending, need_captions)
+        previous = int(chunk.index[-1])
+    if held is None:
+        logger.warning("shard %s has no sample that could be read (%d skipped)", shard.path,
+                       len(pending))
+        return
+    if pending:
+        held["skipped"][-1] += len(pending)
+        if not held["skipped_name"][-1]:
+            held["skipped_name"][-1] = pending[0]
+    yield held
 
 
 class ShardRows:
@@ -116,19 +268,127 @@ class ShardRows:
     def nbytes(self) -> int:
         return len(self) * 3 * self.resolution * self.resolution
 
+    def _starts(self) -> np.ndarray:
+        """Index of each shard's first sample, and the total at the end."""
+        return np.cumsum([0] + [shard.count for shard in self.shards])
+
+    def _read(self, shard: Shard, positions: np.ndarray) -> Iterator[np.ndarray | None]:
+        """The decoded images at the sorted ``positions`` of ``shard``, in order: None for a
+        sample that is undecodable or that the shard does not hold (named, counted)."""
+        log = _SkipLog(shard.path)
+        wanted = iter(positions.tolist())
+        target = next(wanted, None)
+        samples = _raw_samples(shard, self.fmt, captions=False)
+        try:
+            for raw in samples:  # positions 0, 1, 2, ...: each wanted one is met in turn
+                if target is None:
+                    break
+                if raw.position != target:
+                    continue
+                name = f"{shard.path}:{raw.key}"
+                image, reason = _decode(raw, self.resolution, need_captions=False)
+                if image is None:
+                    log.skip(name, reason)
+                    self.skipped.append(name)
+                yield image
+                target = next(wanted, None)
+        finally:
+            samples.close()  # a read that stops early closes the shard's stream now
+        while target is not None:  # the shard holds fewer samples than listed
+            name = f"{shard.path}:#{target}"
+            log.skip(name, "the shard ends before it")
+            self.skipped.append(name)
+            yield None
+            target = next(wanted, None)
+        log.close()
+
+    def _images(self, indices: np.ndarray) -> Iterator[np.ndarray | None]:
+        """Images at the sorted unique ``indices`` (split indices), in order, each shard read
+        once and only up to its last wanted sample."""
+        starts = self._starts()
+        for number, shard in enumerate(self.shards):
+            low, high = np.searchsorted(indices, starts[number:number + 2])
+            if high > low:
+                yield from self._read(shard, indices[low:high] - starts[number])
+
     def rows(self, start: int, stop: int, batch_size: int) -> Iterator[np.ndarray]:
         """Samples ``start .. stop - 1`` in order as uint8 batches of ``batch_size`` (the last
         shorter), reading only the shards that hold them; an undecodable sample's row is blank
-        (counted in :attr:`skipped`). What an embedding pass reads for its rank's range."""
-        raise NotImplementedError
+        (counted in :attr:`skipped`). What an embedding pass reads for its rank's range.
+
+        Raises:
+            ValueError: ``batch_size`` is below 1.
+            OSError: a shard cannot be opened or read.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        start, stop = max(0, int(start)), min(len(self), int(stop))
+        side = self.resolution
+        batch = np.zeros((min(batch_size, max(0, stop - start)), 3, side, side), dtype=np.uint8)
+        filled = 0
+        for image in self._images(np.arange(start, stop, dtype=np.int64)):
+            if image is not None:
+                batch[filled] = image
+            filled += 1
+            if filled == len(batch):
+                yield batch
+                start += filled
+                batch = np.zeros((min(batch_size, stop - start), 3, side, side), dtype=np.uint8)
+                filled = 0
+
+    def _indices(self, key: Any) -> np.ndarray | int:
+        """``key`` as non-negative row indices (an int stays an int)."""
+        total = len(self)
+        if isinstance(key, int | np.integer):
+            index = int(key) + (total if key < 0 else 0)
+            if not 0 <= index < total:
+                raise IndexError(f"index {key} out of range for {total} rows")
+            return index
+        if isinstance(key, slice):
+            return np.arange(*key.indices(total), dtype=np.int64)
+        indices = np.asarray(key)
+        if indices.dtype == bool:
+            return np.flatnonzero(indices)
+        indices = indices.astype(np.int64) + np.where(indices < 0, total, 0)
+        if len(indices) and (indices.min() < 0 or indices.max() >= total):
+            raise IndexError(f"an index of {key!r} is out of range for {total} rows")
+        return indices
 
     def __getitem__(self, key: Any) -> np.ndarray:
-        raise NotImplementedError
+        """The rows ``key`` names (int, slice, index array or mask), decoded; undecodable rows
+        blank. A tuple indexes the rows by its first entry and the result by the rest."""
+        if isinstance(key, tuple):
+            first, rest = (key[0], key[1:]) if key else (slice(None), ())
+            lead = () if isinstance(first, int | np.integer) else (slice(None),)
+            return self[first][(*lead, *rest)]
+        indices = self._indices(key)
+        if isinstance(indices, int):
+            return self[np.array([indices])][0]
+        unique, inverse = np.unique(indices, return_inverse=True)
+        side = self.resolution
+        images = np.zeros((len(unique), 3, side, side), dtype=np.uint8)
+        for row, image in enumerate(self._images(unique)):
+            if image is not None:
+                images[row] = image
+        return images[inverse.reshape(-1)]
+
+    def __repr__(self) -> str:
+        return f"ShardRows({len(self.shards)} {self.fmt} shards, shape={self.shape})"
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return ShardRows, (self.shards, self.fmt, self.resolution)
 
 
 def list_shards(cfg: Any, fmt: ShardFormat) -> list[Shard]:
     """Every shard of ``cfg.root`` sorted by name with its sample count (offsets over all of
     them; :func:`split_shards` re-bases them per split).
+
+    Args:
+        cfg: DataConfig-like: ``root`` and (webdataset) ``samples_per_shard``.
+        fmt: ``"webdataset"`` or ``"parquet"``.
+
+    Returns:
+        The shards, offsets counted from 0 over all of them.
 
     Raises:
         ValueError: no shard found, a shard named by the brace pattern or by sizes.json missing,
@@ -136,7 +396,23 @@ def list_shards(cfg: Any, fmt: ShardFormat) -> list[Shard]:
             ``data.samples_per_shard``), or the bucket cannot be listed: one line naming
             ``data.root`` and what is wrong.
     """
-    raise NotImplementedError
+    from raycl.data.shard_listing import parquet_counts, webdataset_counts
+
+    root = str(getattr(cfg, "root", None) or "")
+    if not root:
+        raise ValueError(f"dataset {fmt!r} needs data.root (a directory of shards, a shard "
+                         f"file{' or a brace pattern' if fmt == 'webdataset' else ''})")
+    counts = (webdataset_counts(root, getattr(cfg, "samples_per_shard", None))
+              if fmt == "webdataset" else parquet_counts(root))
+    return _with_offsets(counts)
+
+
+def _with_offsets(counts: list[tuple[str, int]]) -> list[Shard]:
+    shards, offset = [], 0
+    for path, count in counts:
+        shards.append(Shard(path, int(count), offset))
+        offset += int(count)
+    return shards
 
 
 def split_shards(
@@ -144,11 +420,56 @@ def split_shards(
 ) -> dict[str, list[Shard]]:
     """``{"train", "val", "test"}`` shards (see the module docstring), offsets re-based per split.
 
+    Args:
+        shards: every shard (any order: they are sorted by path).
+        val_fraction, test_fraction: the shares of the shards held out, each at least one.
+
+    Returns:
+        Train the first shards, validation the next, test the last; each split's offsets
+        count from 0.
+
     Raises:
-        ValueError: fewer than three shards (each split needs one).
+        ValueError: fewer than three shards (each split needs one), or the fractions leave no
+            training shard.
     """
-    raise NotImplementedError
+    ordered = sorted(shards, key=lambda shard: shard.path)
+    total = len(ordered)
+    if total < 3:
+        raise ValueError(f"data.root: {total} shard(s), but training, validation and test each "
+                         f"need a whole shard: at least 3")
+    val = max(1, round(val_fraction * total))
+    test = max(1, round(test_fraction * total))
+    if total - val - test < 1:
+        raise ValueError(f"data.root: {total} shards leave none for training after {val} for "
+                         f"validation and {test} for test (data.val_fraction, "
+                         f"data.test_fraction)")
+    parts = {"train": ordered[:total - val - test], "val": ordered[total - val - test:total - test],
+             "test": ordered[total - test:]}
+    return {name: _with_offsets([(shard.path, shard.count) for shard in part])
+            for name, part in parts.items()}
 
 
-__all__ = ["CHUNK", "Chunk", "Shard", "ShardFormat", "ShardRows", "list_shards", "read_shard",
-           "split_shards"]
+def read_captions(shards: list[Shard], fmt: ShardFormat) -> np.ndarray | None:
+    """Every caption of ``shards`` (text only: no image is decoded), one per listed sample in
+    index order; ``""`` for a sample without one (or that the shard does not hold).
+
+    Returns:
+        object array (N,) of str, or None when no sample has a caption.
+
+    Raises:
+        OSError: a shard cannot be opened or read.
+    """
+    captions = np.full(sum(shard.count for shard in shards), "", dtype=object)
+    found = False
+    start = 0
+    for shard in shards:
+        for raw in _raw_samples(shard, fmt, images=False):
+            if raw.caption is not None:
+                captions[start + raw.position] = raw.caption
+                found = True
+        start += shard.count
+    return captions if found else None
+
+
+__all__ = ["CHUNK", "Chunk", "Shard", "ShardFormat", "ShardRows", "list_shards",
+           "read_captions", "read_shard", "shard_chunks_as_columns", "split_shards"]

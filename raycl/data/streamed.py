@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,9 @@ def decode_square_rgb(data: bytes, resolution: int, name: str = "image") -> np.n
             if image.format == "JPEG":
                 image.draft("RGB", (2 * resolution, 2 * resolution))
             rgb = image.convert("RGB")
+    except UnidentifiedImageError as error:  # its message names a BytesIO, not the file
+        raise ValueError(f"cannot read image {name!r}: not an image Pillow can decode") \
+            from error
     except (OSError, ValueError, Image.DecompressionBombError) as error:
         raise ValueError(f"cannot read image {name!r}: {error}") from error
     width, height = rgb.size

@@ -144,11 +144,12 @@ class ImageFiles:
     cache builder decodes them on all cores straight into the cache, never all in memory.
 
     Attributes:
-        paths: one image file per row, in row order.
+        paths: one image file per row, in row order: a local path, or a bucket URI (str) when
+            the reader listed a bucket.
         labels, test_mask, captions, pretrain_only: as :class:`ImageSet`'s, one per path.
     """
 
-    paths: list[Path]
+    paths: list[Path | str]
     labels: dict[str, np.ndarray]
     test_mask: np.ndarray | None = None
     captions: np.ndarray | None = None

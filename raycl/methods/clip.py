@@ -358,10 +358,10 @@ class CLIP(Method):
             return [("clip.model", problem)]
         problems: list[tuple[str, str]] = []
         data = cfg.data
-        if data.dataset not in ("trifeature", "pairs"):
+        if data.dataset not in ("trifeature", "pairs", "webdataset", "parquet"):
             problems.append(("data.dataset", f"clip needs image-text pairs: trifeature with "
-                             f"data.captions, or pairs (a CSV of image, caption); got "
-                             f"{data.dataset}"))
+                             f"data.captions, pairs (a CSV of image, caption), or webdataset / "
+                             f"parquet shards with captions; got {data.dataset}"))
         elif data.dataset == "trifeature" and not getattr(data, "captions", None):
             problems.append(("data.captions", "clip needs captions: set data.captions, e.g. "
                              "{color: 1.0, shape: 0.5, texture: 0.2}"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
@@ -19,6 +19,8 @@ import torch
 from raycl.config.schema import CoreConfig
 from raycl.data import DatasetSplits, ImageRows
 from raycl.data.augment import to_float
+from raycl.data.shards import ShardRows
+from raycl.data.streamed import FileRows
 from raycl.distributed import gather_no_grad
 from raycl.eval.multimodal import EvalSets
 from raycl.methods.base import Method
@@ -28,11 +30,14 @@ from raycl.worker.stages import Features, StageInputs, StageWeights, average_wei
 if TYPE_CHECKING:  # the embedding pass itself needs no Ray (benchmarks/gpu.py runs it bare)
     from raycl.worker.session import Session
 
+# What an embedding pass reads: an array, a view into the cache, stream mode's files or shards.
+EmbeddedImages = np.ndarray | ImageRows | FileRows | ShardRows
+
 
 @torch.no_grad()
 def embed_images(
     method: Method,
-    images: np.ndarray | ImageRows,
+    images: EmbeddedImages,
     session: Session,
     batch_size: int = 512,
     embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -42,7 +47,8 @@ def embed_images(
 
     Each rank embeds a contiguous shard (padded to equal length, as all_gather requires), read
     a batch of rows at a time (a split is a view into the memory-mapped set: only the shard's
-    rows are read); every rank returns the full (N, D) array in dataset order. ``embed``
+    rows are read; in stream mode only its files or shards are decoded); every rank returns
+    the full (N, D) array in dataset order. ``embed``
     replaces ``method.embed`` (e.g. ``method.project`` for the projection spectrum).
     ``autocast``: the forward's precision (:func:`raycl.worker.optim.inference_autocast`: the
     trial's on CUDA, none on CPU); the features are float32 either way.
@@ -56,9 +62,8 @@ def embed_images(
     method.eval()
     try:
         with autocast():
-            chunks = [embed(to_float(torch.from_numpy(images[i:min(stop, i + batch_size)])
-                                     .to(device))).float()
-                      for i in range(start, stop, batch_size)]
+            chunks = [embed(to_float(torch.from_numpy(rows).to(device))).float()
+                      for rows in _row_batches(images, start, stop, batch_size)]
             # A rank with an empty shard still needs the width for the padded all_gather.
             dim = chunks[0].shape[1] if chunks else embed(
                 to_float(torch.from_numpy(images[:1]).to(device))).shape[1]
@@ -70,6 +75,19 @@ def embed_images(
     padded = torch.zeros(shard, dim, device=device)
     padded[: len(local)] = local
     return gather_no_grad(padded)[:total].cpu().numpy()
+
+
+def _row_batches(
+    images: EmbeddedImages, start: int, stop: int, batch_size: int
+) -> Iterator[np.ndarray]:
+    """Rows ``start .. stop - 1`` of ``images``, ``batch_size`` at a time: slices of an array, a
+    view or stream mode's files; stream mode's shards read in sequence (a slice would re-read
+    its shard from the start)."""
+    if isinstance(images, ShardRows):
+        yield from images.rows(start, stop, batch_size)
+        return
+    for first in range(start, stop, batch_size):
+        yield np.asarray(images[first:min(stop, first + batch_size)])
 
 
 def embed_splits(
@@ -85,7 +103,7 @@ def embed_splits(
     the transfer sets (``transfer:<name>:train|test``); the MMVP-style pairs of the evaluated
     splits (``mmvp:<split>``), so stages integrate them like splits. ``autocast``: see
     :func:`embed_images`."""
-    def embed(images: np.ndarray | ImageRows) -> np.ndarray:
+    def embed(images: EmbeddedImages) -> np.ndarray:
         return embed_images(model, images, session, autocast=autocast)
 
     embedded = {split: embed(data.split(split).images) for split in splits}

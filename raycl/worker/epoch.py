@@ -9,7 +9,8 @@ the next check (every :data:`FINITE_CHECK_EVERY` steps and at the epoch's end) w
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -18,9 +19,11 @@ from torch.utils.data import DataLoader
 from raycl.data.augment import BatchAugment, to_float
 from raycl.distributed import any_rank
 from raycl.methods.base import Batch, Method, Phase
+from raycl.worker.faults import maybe_inject_fault
 from raycl.worker.optim import Autocast, LrSchedule
 from raycl.worker.outcome import NonFiniteLossError
 from raycl.worker.perf import Clock
+from raycl.worker.stream_loader import StreamLoader
 
 # Losses are checked for NaN/inf every this many steps (and at each epoch's end): one device
 # sync per check, so a GPU is not stalled every step, and a diverged trial still stops at once.
@@ -34,7 +37,8 @@ class StepParts:
     Attributes:
         stage: index of the stage being trained.
         method: the stage's method (unwrapped: its hooks are called directly).
-        loader: ``(uint8 images, index)`` batches of this rank.
+        loader: ``(uint8 images, index)`` batches of this rank (streamed shards add the
+            batch's captions).
         augment: the batched, on-device augmentation that makes the views.
         pseudo_labels: MCL group code per training sample, on the device (None: none used).
         tokens: every caption tokenised once, on the device (None: no captions).
@@ -42,11 +46,12 @@ class StepParts:
         scaler: the loss scaler (a no-op unless fp16 on CUDA).
         device: this rank's device.
         clock: the start-up clock (the first step stops it).
+        fault_hook: tests only: ``fault`` (:mod:`raycl.worker.faults`) and ``in_process``.
     """
 
     stage: int
     method: Method
-    loader: DataLoader
+    loader: DataLoader | StreamLoader
     augment: BatchAugment
     pseudo_labels: Tensor | None
     tokens: Tensor | None
@@ -54,6 +59,7 @@ class StepParts:
     scaler: torch.amp.GradScaler
     device: torch.device
     clock: Clock
+    fault_hook: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,10 +99,13 @@ def run_epoch(
     unchecked: list[Tensor] = []
     started = time.perf_counter()
     seen = 0
-    for step_in_epoch, (batch_images, index) in enumerate(parts.loader):
+    for step_in_epoch, loaded in enumerate(parts.loader):
         step = epoch * steps_per_epoch + step_in_epoch
         schedule.apply(optimizer, step)
-        batch = _batch(parts, batch_images, index, phase.augment, generator)
+        # (images, index), or stream mode's shards: (images, index, captions)
+        batch_images, index = loaded[0], loaded[1]
+        captions = loaded[2] if len(loaded) > 2 else None
+        batch = _batch(parts, batch_images, index, phase.augment, generator, captions)
         with parts.autocast():
             outputs = model(batch)
         optimizer.zero_grad(set_to_none=True)
@@ -113,14 +122,19 @@ def run_epoch(
             check_finite(unchecked, step - len(unchecked) + 1, parts.stage, epoch, parts.device)
             unchecked = []
         seen += len(index)
+        if step_in_epoch == steps_per_epoch // 2:  # tests: a worker killed mid-epoch
+            maybe_inject_fault(parts.fault_hook, parts.stage, epoch,
+                               bool(parts.fault_hook.get("in_process")), mid_epoch=True)
     return EpochStats(sums, seen, time.perf_counter() - started)
 
 
 def _batch(
-    parts: StepParts, images: Tensor, index: Tensor, augment: bool, generator: torch.Generator
+    parts: StepParts, images: Tensor, index: Tensor, augment: bool, generator: torch.Generator,
+    captions: list[str] | None = None,
 ) -> Batch:
     """The method's batch: the images on the device, two augmented views when the phase wants
-    them, and the batch's rows of the pseudo labels and caption tokens."""
+    them, and the batch's rows of the pseudo labels and caption tokens (streamed shards: the
+    batch's ``captions``, tokenised here)."""
     images = images.to(parts.device, non_blocking=True)
     index = index.to(parts.device, non_blocking=True)
     views = [parts.augment(images, generator), parts.augment(images, generator)] if augment else []
@@ -129,7 +143,9 @@ def _batch(
         views=views,
         index=index,
         pseudo_labels=parts.pseudo_labels[index] if parts.pseudo_labels is not None else None,
-        texts=parts.tokens[index] if parts.tokens is not None else None,
+        texts=(parts.tokens[index] if parts.tokens is not None
+               else parts.method.tokenize(captions).to(parts.device) if captions is not None
+               else None),
     )
 
 

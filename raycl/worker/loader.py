@@ -21,15 +21,18 @@ from raycl.config.schema import CoreConfig
 from raycl.data import DatasetSplits, ImageRows
 from raycl.data.resident import training_images
 from raycl.data.samplers import PseudoLabelBatchSampler
+from raycl.data.shards import ShardRows
+from raycl.data.streamed import FileRows
 from raycl.methods import method_class
 from raycl.worker.stages import StageInputs
+from raycl.worker.stream_loader import StreamLoader
 
 if TYPE_CHECKING:  # the loader itself needs no Ray
     from raycl.worker.session import Session
 
 # What a loader indexes: host rows (an array or a view into the memory-mapped cache) or one
 # tensor on the device.
-TrainImages = np.ndarray | ImageRows | torch.Tensor
+TrainImages = np.ndarray | ImageRows | torch.Tensor | FileRows | ShardRows
 
 
 class IndexedImages(torch.utils.data.Dataset):
@@ -100,15 +103,27 @@ def _as_is(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torc
 
 
 def build_loader(
-    config: CoreConfig, images: TrainImages, inputs: StageInputs, session: Session
-) -> DataLoader:
+    config: CoreConfig, images: TrainImages, inputs: StageInputs, session: Session,
+    placement_group: str | None = None, need_captions: bool = False,
+) -> DataLoader | StreamLoader:
     """The loader of one stage over the training ``images`` (:func:`trial_training_images`):
     ``(uint8 images, index)`` batches. Images on the device are gathered there, in the
-    training process (no worker processes, nothing to pin).
+    training process (no worker processes, nothing to pin). Stream mode's files and shards
+    are decoded by Ray Data (:class:`~raycl.worker.stream_loader.StreamLoader`; its decoders in
+    ``placement_group`` when the trial reserved CPUs for them; shards yield the batch's
+    captions third, samples without one skipped when ``need_captions``).
 
     Raises:
         ValueError: if no full batch fits in an epoch.
     """
+    if isinstance(images, FileRows | ShardRows):
+        sampler = (batch_sampler(config, inputs, len(images), session.rank, session.world_size)
+                   if isinstance(images, FileRows) else None)
+        stream = StreamLoader(config, images, inputs, session.rank, session.world_size,
+                              placement_group, need_captions, sampler)
+        if len(stream) == 0:
+            raise ValueError("no full batch per epoch: lower train.batch_size")
+        return stream
     sampler = batch_sampler(config, inputs, len(images), session.rank, session.world_size)
     on_device = isinstance(images, torch.Tensor) and images.device.type != "cpu"
     loader = DataLoader(IndexedImages(images), batch_sampler=sampler, collate_fn=_as_is,
@@ -119,8 +134,11 @@ def build_loader(
     return loader
 
 
-def set_sampler_epoch(loader: DataLoader, stage_epoch: int) -> None:
+def set_sampler_epoch(loader: DataLoader | StreamLoader, stage_epoch: int) -> None:
     """Reshuffle for ``stage_epoch`` (the epoch within the stage, over all its phases)."""
+    if isinstance(loader, StreamLoader):
+        loader.set_epoch(stage_epoch)
+        return
     sampler = loader.batch_sampler
     if hasattr(sampler, "set_epoch"):
         sampler.set_epoch(stage_epoch)
@@ -129,13 +147,16 @@ def set_sampler_epoch(loader: DataLoader, stage_epoch: int) -> None:
         inner.set_epoch(stage_epoch)
 
 
-def sampler_metrics(loader: DataLoader) -> dict[str, float]:
+def sampler_metrics(loader: DataLoader | StreamLoader) -> dict[str, float]:
     """How the pseudo-label groups filled the epoch's batches (``train/sampler_*``: pure vs
-    pooled leftovers vs dropped); empty without MCL's sampler."""
+    pooled leftovers vs dropped; empty without MCL's sampler), and in stream mode the samples
+    skipped as undecodable (``data/skipped``)."""
+    metrics = loader.pop_metrics() if isinstance(loader, StreamLoader) else {}
     sampler = loader.batch_sampler
-    if not isinstance(sampler, PseudoLabelBatchSampler):
-        return {}
-    return {f"train/sampler_{key}": float(value) for key, value in sampler.stats().items()}
+    if isinstance(sampler, PseudoLabelBatchSampler):
+        metrics.update({f"train/sampler_{key}": float(value)
+                        for key, value in sampler.stats().items()})
+    return metrics
 
 
 __all__ = ["IndexedImages", "TrainImages", "batch_sampler", "build_loader", "sampler_metrics",

@@ -102,7 +102,8 @@ def train_stage(
     torch.manual_seed(config.seed + 1000 * inputs.stage)
     np.random.seed(config.seed + 1000 * inputs.stage + session.rank)
     stage = _Stage(config, data, eval_sets, inputs, session, loop_config,
-                   _build_parts(config, data, train_images, inputs, session, resume, clock),
+                   _build_parts(config, data, train_images, inputs, session, resume, clock,
+                                loop_config),
                    stage_phases(config), stage_epochs(config))
     first_phase, start_epoch = _resume_position(stage.phases, resume)
     result = StageResult()
@@ -127,21 +128,27 @@ def _build_parts(
     session: Session,
     resume: Restored | None,
     clock: Clock,
+    loop_config: dict[str, Any],
 ) -> StepParts:
     """The stage's loader, method (see :func:`build_stage_method`), pseudo labels, caption
-    tokens, augmentation and mixed precision."""
+    tokens, augmentation and mixed precision. ``loop_config``: where stream mode's decoders
+    run (``data_placement_group``: the trial's reservation for them), the test hook."""
     device = session.device
     feature_aware = inputs.pseudo_labels is not None and config.mcl.negatives != "none"
     pseudo_labels = torch.from_numpy(inputs.pseudo_labels).to(device) if feature_aware else None
-    loader = build_loader(config, train_images, inputs, session)
+    multimodal = method_class(config).multimodal
+    loader = build_loader(config, train_images, inputs, session,
+                          loop_config.get("data_placement_group"), need_captions=multimodal)
     augment = BatchAugment(config.augment)
     method = build_stage_method(config, data.channels, inputs.stage, device, resume)
     # Every caption tokenised once; a batch takes its rows.
     tokens = (method.tokenize(data.train.captions).to(device)
               if method_class(config).multimodal and data.train.captions is not None else None)
     autocast, scaler = autocast_and_scaler(config, device)
+    fault_hook = {"fault": loop_config.get("fault"),
+                  "in_process": isinstance(session, InProcessSession)}
     return StepParts(inputs.stage, method, loader, augment, pseudo_labels, tokens, autocast,
-                     scaler, device, clock)
+                     scaler, device, clock, fault_hook)
 
 
 def build_stage_method(

@@ -1,0 +1,177 @@
+"""Folders in a bucket (``s3://``, ``gs://``) listed as :mod:`raycl.data.folders` lists local
+ones: :class:`BucketPath` has the few methods of :class:`pathlib.Path` that the listing uses
+(``is_dir``, ``is_file``, ``iterdir``, ``/``, ``name``, ``suffix``, ``stat``, ``relative_to``),
+backed by :mod:`pyarrow.fs`, so the folder and ImageNet readers read a bucket through the same
+code as a directory.
+
+A folder is listed once (one ``ListObjects`` per 1000 entries on S3) and what the listing says
+of each entry (folder or file, size, modification time) is kept: asking ``is_dir`` of a listed
+entry, or the size of a listed file, makes no request. ``str(path)`` is the entry's URI with the
+root's query (``?endpoint_override=...&scheme=http``), so that
+:func:`raycl.data.streamed.read_bytes` opens it as the root was opened; credentials come from
+the environment as the AWS/GCS SDKs read them (``AWS_ENDPOINT_URL`` is honoured too).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path, PurePosixPath
+from typing import NamedTuple
+
+from pyarrow import fs
+
+
+class BucketStat(NamedTuple):
+    """What a listing says of a file: the fields of ``os.stat_result`` the readers use."""
+
+    st_size: int
+    st_mtime_ns: int
+
+
+def _cannot_list(uri: str, error: Exception) -> ValueError:
+    """The one-line error for a bucket folder that cannot be read (no bucket, no permission,
+    no connection): the first line of the storage library's message says why. The config key
+    is not in it: the pre-launch check names the key that holds the root (``data.root``, or a
+    transfer entry's), as for every reader's error."""
+    why = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return ValueError(f"cannot list {uri!r}: {why}")
+
+
+class BucketPath:
+    """A folder or file in a bucket, as the readers of image folders walk it.
+
+    Args:
+        filesystem: the pyarrow file system the root URI opened.
+        prefix: what the root URI has before ``inner`` (``s3://``; ``hdfs://host:port``).
+        inner: the path inside the file system (``bucket/key``), without a trailing slash.
+        query: the root URI's query (without ``?``), repeated on every entry's URI.
+        info: what a listing found about this entry, or None (asked when needed).
+        listings: folder listings already made, shared by every entry under one root.
+    """
+
+    def __init__(self, filesystem: fs.FileSystem, prefix: str, inner: str, query: str = "",
+                 info: fs.FileInfo | None = None,
+                 listings: dict[str, list[fs.FileInfo] | None] | None = None) -> None:
+        self.filesystem = filesystem
+        self.prefix = prefix
+        self.inner = inner.rstrip("/")
+        self.query = query
+        self._info = info
+        self._listings = {} if listings is None else listings
+
+    @classmethod
+    def open(cls, uri: str) -> BucketPath:
+        """The folder (or file) ``uri`` names.
+
+        Raises:
+            ValueError: the URI names no file system pyarrow can open (one line).
+        """
+        location, _, query = uri.partition("?")
+        try:
+            filesystem, inner = fs.FileSystem.from_uri(uri)
+        except (OSError, ValueError) as error:
+            raise _cannot_list(uri, error) from error
+        location, inner = location.rstrip("/"), inner.rstrip("/")
+        # The URI's text before the inner path: entries' URIs keep the root's host and port.
+        prefix = (location[:-len(inner)] if inner and location.endswith(inner)
+                  else f"{location.partition('://')[0]}://")
+        return cls(filesystem, prefix, inner, query)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}{self.inner}" + (f"?{self.query}" if self.query else "")
+
+    def __repr__(self) -> str:
+        return f"BucketPath({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BucketPath) and str(other) == str(self)
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+    def __lt__(self, other: BucketPath) -> bool:
+        return self.inner < other.inner
+
+    def __truediv__(self, name: str) -> BucketPath:
+        return BucketPath(self.filesystem, self.prefix, f"{self.inner}/{name}", self.query,
+                          listings=self._listings)
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.inner)
+
+    @property
+    def suffix(self) -> str:
+        return PurePosixPath(self.inner).suffix
+
+    def _listing(self) -> list[fs.FileInfo] | None:
+        """This folder's entries (listed once per root), or None when it is not a folder.
+
+        Raises:
+            ValueError: the folder cannot be listed for another reason than not existing.
+        """
+        if self.inner not in self._listings:
+            try:
+                infos = self.filesystem.get_file_info(
+                    fs.FileSelector(self.inner, recursive=False))
+            except (FileNotFoundError, NotADirectoryError):
+                infos = None
+            except OSError as error:
+                raise _cannot_list(str(self), error) from error
+            self._listings[self.inner] = sorted(infos, key=lambda info: info.path) \
+                if infos is not None else None
+        return self._listings[self.inner]
+
+    def _file_info(self) -> fs.FileInfo:
+        if self._info is None:
+            try:
+                self._info = self.filesystem.get_file_info(self.inner)
+            except OSError as error:
+                raise _cannot_list(str(self), error) from error
+        return self._info
+
+    def is_dir(self) -> bool:
+        """Whether this is a folder with something in it (a bucket has no empty folders)."""
+        if self._info is not None:
+            return bool(self._info.type == fs.FileType.Directory)
+        return self._listing() is not None
+
+    def is_file(self) -> bool:
+        return bool(self._file_info().type == fs.FileType.File)
+
+    def iterdir(self) -> list[BucketPath]:
+        """The folder's entries, sorted by name.
+
+        Raises:
+            FileNotFoundError: it is not a folder.
+            ValueError: it cannot be listed (:func:`_cannot_list`).
+        """
+        infos = self._listing()
+        if infos is None:
+            raise FileNotFoundError(f"{self} is not a folder")
+        return [BucketPath(self.filesystem, self.prefix, info.path, self.query, info,
+                           self._listings) for info in infos]
+
+    def stat(self) -> BucketStat:
+        """Size and modification time (ns; 0 when the store gives none) of a file."""
+        info = self._file_info()
+        return BucketStat(int(info.size or 0), int(info.mtime_ns or 0))
+
+    def relative_to(self, other: BucketPath) -> PurePosixPath:
+        return PurePosixPath(self.inner).relative_to(other.inner)
+
+    def resolve(self) -> BucketPath:
+        """Itself: a URI is already absolute."""
+        return self
+
+    def expanduser(self) -> BucketPath:
+        return self
+
+
+def as_listed(path: Path | BucketPath) -> Path | str:
+    """A listed file as an image set's row holds it: a bucket entry as its URI (str), a local
+    path unchanged."""
+    return str(path) if isinstance(path, BucketPath) else path
+
+
+__all__ = ["BucketPath", "BucketStat", "as_listed"]

@@ -1,0 +1,153 @@
+"""Stream mode (``data.loader: stream``): batches decoded by Ray Data, the same batches as memory
+mode, decoders in the trial's reservation, and whole sweeps through Ray Train, Tune and MLflow
+(a worker killed mid-epoch, undecodable images skipped and counted, MCL's stages)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from test_end_to_end import assert_each_epoch_logged_once, runs_of, tiny_config
+
+from raycl.config.checks import check_loader
+from raycl.config.placement import data_cpus, trial_bundles, trial_demand
+from raycl.config.search_config import apply_overrides
+from raycl.data import load_dataset
+from raycl.data.stream_load import choose_loader
+from raycl.data.streamed import FileRows
+from raycl.tune import build_tuner, settle_loader
+from raycl.worker.loader import IndexedImages, build_loader
+from raycl.worker.stages import StageInputs
+from raycl.worker.stream_loader import StreamLoader
+
+CLASSES, PER_CLASS = 4, 30
+
+
+def write_folder(root: Path, bad: int = 0) -> Path:
+    """CLASSES class folders of PER_CLASS small JPEGs whose colour names their class, and
+    ``bad`` files that are not images (one per class from the first)."""
+    rng = np.random.default_rng(0)
+    for label in range(CLASSES):
+        folder = root / f"class{label}"
+        folder.mkdir(parents=True)
+        for i in range(PER_CLASS):
+            pixels = np.zeros((20, 24, 3), np.uint8)
+            pixels[..., label % 3] = 80 + 40 * (label // 3) + rng.integers(0, 30)
+            pixels[: 2 + i % 10] = 255  # a band whose height tells the images apart
+            Image.fromarray(pixels).save(folder / f"{i:03d}.jpg", quality=95)
+        if label < bad:
+            (folder / "zz_broken.jpg").write_bytes(b"\xff\xd8 this is not a jpeg")
+    return root
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_folder(tmp_path_factory.mktemp("stream") / "images", bad=3)
+
+
+class _Session:
+    rank, world_size, device = 0, 1, torch.device("cpu")
+
+
+def test_stream_batches_are_memory_mode_batches(ray_session, folder, tmp_path) -> None:
+    """For the same seed and epoch a streamed epoch yields the batches the memory-mode sampler
+    draws, decoded to the same pixels, in order; an undecodable file is replaced by another
+    image of its batch and counted (data/skipped), never raised."""
+    config = tiny_config(tmp_path, "quickstart.yaml", "data.dataset=folder",
+                         f"data.root={folder}", "data.resolution=16", "data.loader=stream",
+                         "train.batch_size=16")
+    data = load_dataset(config.data, config.seed)
+    images = data.train.images
+    assert isinstance(images, FileRows) and len(images) == len(data.train.labels["class"])
+    loader = build_loader(config, images, StageInputs(), _Session())
+    assert isinstance(loader, StreamLoader)
+    loader.set_epoch(3)
+    torch.manual_seed(7)  # one rank: the sampler shuffles with torch's seed (set per epoch)
+    expected = [list(batch) for batch in loader.batch_sampler]
+    torch.manual_seed(7)
+    streamed = list(loader)
+    assert len(streamed) == len(loader) == len(expected)
+    decoded = IndexedImages(images)
+    broken = {i for i, path in enumerate(images.paths) if path.endswith("zz_broken.jpg")}
+    for (pixels, index), rows in zip(streamed, expected, strict=True):
+        assert index.tolist() == rows
+        reference, _ = decoded.__getitems__(rows)
+        good = [j for j, row in enumerate(rows) if row not in broken]
+        assert torch.equal(pixels[good], reference[good])
+    skipped = loader.pop_metrics()["data/skipped"]
+    assert skipped == len(broken) > 0  # each broken training file met once per epoch
+    assert loader.pop_metrics()["data/skipped"] == 0.0  # counted per epoch
+
+
+def test_loader_choice_and_the_decoders_reservation(
+    folder, tmp_path, capsys, monkeypatch
+) -> None:
+    streamed = tiny_config(tmp_path, "quickstart.yaml", "data.dataset=folder",
+                           f"data.root={folder}", "data.resolution=16", "data.loader=stream",
+                           "scaling.num_workers=2", "scaling.cpus_per_worker=1")
+    config = apply_overrides(streamed, {"data.loader": "auto"})
+    # auto: memory while the decoded set fits the share of a node, else stream, printed once.
+    decoded = (CLASSES * PER_CLASS + 3) * 3 * 16 * 16
+    assert choose_loader(config.data, node_memory=4 * decoded)[0] == "memory"
+    choice, why = choose_loader(config.data, node_memory=decoded)
+    assert choice == "stream" and "over data.memory_share (0.5)" in why
+    # Settled once at launch, printed, and every trial gets the choice.
+    monkeypatch.setattr("raycl.tune.smallest_node_memory", lambda: float(decoded))
+    assert settle_loader(config).data.loader == "stream"
+    assert "raycl: data.loader auto -> stream (" in capsys.readouterr().out
+    assert data_cpus(config) == 0.0 and len(trial_bundles(config)) == 1
+    streamed = apply_overrides(streamed, {"data.stream_cpus": 1.5})
+    # One decoder bundle per worker beside the trial process's; the feasibility check counts them.
+    assert trial_bundles(streamed) == [{"CPU": 0.01}, {"CPU": 1.5}, {"CPU": 1.5}]
+    assert trial_demand(streamed)["CPU"] == pytest.approx(0.01 + 3.0 + 2.0)
+    # Bad combinations: one line naming the key, before launch.
+    cifar = apply_overrides(config, {"data.dataset": "cifar10", "data.loader": "stream"})
+    assert [p.key for p in check_loader(cifar)] == ["data.loader"]
+    shards = apply_overrides(config, {"data.dataset": "webdataset", "data.loader": "memory"})
+    assert "streamed only" in next(iter(check_loader(shards))).why
+    mcl = apply_overrides(config, {"data.dataset": "webdataset", "data.loader": "stream",
+                                   "method": "mcl", "mcl.stages": 2})
+    assert [p.key for p in check_loader(mcl)] == ["mcl.negatives"]
+    assert not list(check_loader(apply_overrides(mcl, {"mcl.negatives": "mask"})))
+
+
+def test_streaming_sweep_survives_a_worker_killed_mid_epoch(
+    ray_session, folder, tmp_path
+) -> None:
+    """A streaming sweep on a folder on two CPUs: SimCLR
+    (one stage) and MCL over SimCLR (two stages, batches within one pseudo label) through a Ray
+    Train worker each. A worker dies halfway through an epoch and resumes from its checkpoint;
+    MLflow holds every epoch once, the undecodable images are counted, and trials wait for the
+    CPUs their decoders reserve instead of starving them (each holds 0.5 + 1 of the 2)."""
+    config = tiny_config(
+        tmp_path, "mcl_k_n.yaml", "data.dataset=folder", f"data.root={folder}",
+        "data.resolution=16", "data.loader=stream", "data.stream_cpus=1",
+        "train.batch_size=16", "train.epochs=2", "mcl.clusters=2", "tune.searcher=grid",
+        "tune.num_samples=2", "tune.search_space={mcl.stages: {choice: [1, 2]}}",
+        "eval.every_n_epochs=1", "scaling.num_workers=1", "scaling.cpus_per_worker=0.5",
+        "name=stream-sweep")
+    marker = tmp_path / "killed"
+    results = build_tuner(config, None, fault={"after_epoch": 1, "mid_epoch": True,
+                                               "marker": str(marker), "settle_seconds": 3}).fit()
+    assert marker.read_text() == "1"
+    assert all(result.error is None for result in results)
+
+    client, _, children = runs_of(tmp_path, "stream-sweep")
+    assert len(children) == 2
+    skipped = 0.0
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert child.data.params["data.loader"] == "stream"
+        stages = int(child.data.params["mcl.stages"])
+        assert_each_epoch_logged_once(client, child.info.run_id, 2 * stages)
+        skipped += sum(m.value for m in client.get_metric_history(child.info.run_id,
+                                                                   "data/skipped"))
+        metrics = child.data.metrics
+        assert "test/linear/mean" in metrics
+        if stages == 2:  # pseudo labels from stage 0 drew stage 1's batches
+            assert "stage1/val/linear/mean" in metrics
+            assert metrics["stage1/train/sampler_pure_batches"] > 0
+    assert skipped > 0
