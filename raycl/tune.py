@@ -142,18 +142,19 @@ def build_tuner(
     fresh: bool = False,
     fault: dict[str, Any] | None = None,
     verbose: bool = False,
+    loader: str | None = None,
 ) -> Any:
     """A ``Tuner`` for the sweep, or the restored one when a sweep of that name exists. Call it
     after ``ray.init``: it starts this driver's MLflow relay, which trials log through.
 
-    ``fault`` is a test hook passed to every trial (see :mod:`raycl.worker.faults`). raycl's
+    ``fault`` is a test hook passed to every trial (see :mod:`raycl.worker.faults`).
+    ``loader``: ``data.loader`` as :func:`settle_loader` settled it for the trials. raycl's
     progress lines (:class:`raycl.progress.ProgressDisplay`) replace Tune's tables unless
     ``verbose``. A restored sweep keeps the callbacks and verbosity it was started with.
     """
     from ray import tune
     from ray.tune.schedulers import FIFOScheduler
 
-    from raycl.pipeline import run_trial
     from raycl.progress import ProgressDisplay
     from raycl.searchers import FinishingASHA, build_searcher
     from raycl.tracking.callback import MLflowSweepCallback
@@ -164,13 +165,11 @@ def build_tuner(
 
     # Trials run in directories of their own: every path they get must be absolute.
     config = with_absolute_paths(config)
+    # What the trials run: data.loader as settled at launch. The sweep's identity (a re-run's
+    # comparison) keeps the user's setting, so "auto" settled differently is the same sweep.
+    trial_config = apply_overrides(config, {"data.loader": loader}) if loader else config
     storage = _storage_path(config.tune.storage_path)
-    trainable = tune.with_parameters(run_trial, base_config=config.to_dict(),
-                                     storage_path=storage_child(storage, f"{config.name}-train"),
-                                     fault=fault)
-    bundles = trial_bundles(config)  # the trial process, and stream mode's decoders
-    trainable = tune.with_resources(
-        trainable, tune.PlacementGroupFactory(bundles) if len(bundles) > 1 else bundles[0])
+    trainable = _trainable(trial_config, storage_child(storage, f"{config.name}-train"), fault)
 
     if config.tune.search_space:
         # The searcher owns the space (define-by-run, feasible combinations only).
@@ -191,7 +190,7 @@ def build_tuner(
     run_config = tune.RunConfig(
         name=config.name,
         storage_path=storage,
-        callbacks=[MLflowSweepCallback(config, search_file), ProgressDisplay(config)],
+        callbacks=[MLflowSweepCallback(trial_config, search_file), ProgressDisplay(config)],
         failure_config=tune.FailureConfig(max_failures=config.tune.max_failures),
         # Two, so a corrupt latest checkpoint can fall back to the one before it.
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
@@ -240,6 +239,20 @@ def settle_loader(config: CoreConfig) -> CoreConfig:
     choice, why = choose_loader(config.data, smallest_node_memory())
     print(f"raycl: data.loader auto -> {choice} ({why})", flush=True)
     return apply_overrides(config, {"data.loader": choice})
+
+
+def _trainable(config: CoreConfig, storage_path: str, fault: dict[str, Any] | None) -> Any:
+    """The Tune trainable of ``config``'s trials with the resources each reserves: the trial
+    process, and in stream mode its decoders' bundles (one placement group per trial)."""
+    from ray import tune
+
+    from raycl.pipeline import run_trial
+
+    trainable = tune.with_parameters(run_trial, base_config=config.to_dict(),
+                                     storage_path=storage_path, fault=fault)
+    bundles = trial_bundles(config)
+    return tune.with_resources(
+        trainable, tune.PlacementGroupFactory(bundles) if len(bundles) > 1 else bundles[0])
 
 
 def _warn_if_trials_wait(config: CoreConfig) -> None:
@@ -299,10 +312,11 @@ def _run(config: CoreConfig, search_file: str | None, fresh: bool, address: str 
     init_ray(quiet=not verbose, address=address, log_to_driver=True)
     # A trial no node set can hold would wait forever where nothing adds nodes: refused here,
     # before any trial (ConfigError: exit 2); a warning where an autoscaler can add them.
-    config = settle_loader(config)  # before the placement check: streaming reserves CPUs
-    run_checks(config, search_file or config.name, CLUSTER_CHECKS)
-    _warn_if_trials_wait(config)
-    tuner = build_tuner(config, search_file, fresh=fresh, verbose=verbose)
+    settled = settle_loader(config)  # before the placement check: streaming reserves CPUs
+    run_checks(settled, search_file or config.name, CLUSTER_CHECKS)
+    _warn_if_trials_wait(settled)
+    tuner = build_tuner(config, search_file, fresh=fresh, verbose=verbose,
+                        loader=settled.data.loader)
     results = tuner.fit()
     finished = [r for r in results
                 if r.error is None and not (r.metrics or {}).get(FAILED_KEY)]

@@ -65,9 +65,12 @@ RAY_GROUP = "ray-session"
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests on the shared Ray session: one xdist group, run first (see the module docstring);
-    then the other groups (tests/test_cloud_local.py's clusters), so that the scheduler hands
-    them to the other worker rather than queueing them behind the Ray session's."""
-    on_ray = [item for item in items if "ray_session" in getattr(item, "fixturenames", ())]
+    then the other groups (tests/test_cloud_local.py's clusters; tests/test_stream.py, whose
+    sweeps start a second Ray session on the other worker to even the two queues), so that the
+    scheduler hands them to the other worker rather than queueing them behind the Ray
+    session's."""
+    on_ray = [item for item in items if "ray_session" in getattr(item, "fixturenames", ())
+              and item.get_closest_marker("xdist_group") is None]
     for item in on_ray:
         item.add_marker(pytest.mark.xdist_group(RAY_GROUP))
     chosen = set(on_ray)

@@ -141,6 +141,15 @@ def test_a_shard_without_any_good_sample_yields_nothing_and_an_unreadable_one_ra
     broken.write_bytes(b"this is no tar file" * 40)
     with pytest.raises(OSError, match=r"broken\.tar"):
         list(read_shard(Shard(str(broken), 3, 0), "webdataset", SIDE, False))
+    # As Ray Data reads it, a shard cut short mid-epoch ends there: its good samples come
+    # first, the rest are counted as skipped on the last row, and nothing is raised.
+    (whole,) = write_webdataset(tmp_path / "cut", 1, 100)
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size * 8 // 10])
+    rows = list(shard_chunks_as_columns(Shard(str(cut), 100, 0), "webdataset", SIDE, True))
+    read = sum(len(columns["index"]) for columns in rows)
+    assert 64 <= read < 100  # at least the first chunk
+    assert sum(int(columns["skipped"].sum()) for columns in rows) == 100 - read
 
 
 def test_rows_cross_shard_boundaries_and_blank_undecodable_samples(tmp_path: Path) -> None:

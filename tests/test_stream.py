@@ -23,6 +23,10 @@ from raycl.worker.loader import IndexedImages, build_loader
 from raycl.worker.stages import StageInputs
 from raycl.worker.stream_loader import StreamLoader
 
+# Their own group, on the other xdist worker (a second Ray session there): the shared session's
+# queue is the suite's longest (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("ray-stream")
+
 CLASSES, PER_CLASS = 4, 30
 
 
@@ -82,6 +86,27 @@ def test_stream_batches_are_memory_mode_batches(ray_session, folder, tmp_path) -
     assert loader.pop_metrics()["data/skipped"] == 0.0  # counted per epoch
 
 
+def test_two_ranks_stream_equal_disjoint_shares(ray_session, folder, tmp_path) -> None:
+    """Under DDP each rank streams its share of every global batch: the same number of batches
+    on both ranks (no rank enters a collective alone), disjoint within an epoch, together the
+    distributed sampler's epoch."""
+    config = tiny_config(tmp_path, "quickstart.yaml", "data.dataset=folder",
+                         f"data.root={folder}", "data.resolution=16", "data.loader=stream",
+                         "train.batch_size=16")
+    images = load_dataset(config.data, config.seed).train.images
+    ranks = []
+    for rank in (0, 1):
+        session = _Session()
+        session.rank, session.world_size = rank, 2
+        loader = build_loader(config, images, StageInputs(), session)
+        loader.set_epoch(1)
+        ranks.append([index.tolist() for _, index in loader])
+    assert len(ranks[0]) == len(ranks[1]) == len(images) // 2 // 8
+    seen = [row for batches in ranks for batch in batches for row in batch]
+    assert all(len(batch) == 8 for batches in ranks for batch in batches)
+    assert len(seen) == len(set(seen))
+
+
 def test_loader_choice_and_the_decoders_reservation(
     folder, tmp_path, capsys, monkeypatch
 ) -> None:
@@ -117,21 +142,22 @@ def test_loader_choice_and_the_decoders_reservation(
 def test_streaming_sweep_survives_a_worker_killed_mid_epoch(
     ray_session, folder, tmp_path
 ) -> None:
-    """A streaming sweep on a folder on two CPUs: SimCLR
-    (one stage) and MCL over SimCLR (two stages, batches within one pseudo label) through a Ray
-    Train worker each. A worker dies halfway through an epoch and resumes from its checkpoint;
-    MLflow holds every epoch once, the undecodable images are counted, and trials wait for the
-    CPUs their decoders reserve instead of starving them (each holds 0.5 + 1 of the 2)."""
+    """A streaming sweep on a folder on two CPUs: SimCLR (one stage) and MCL over SimCLR (two
+    stages, batches within one pseudo label), each trial a Ray Train worker whose Ray Data
+    decoders stream its batches. A worker dies halfway through an epoch and resumes from its
+    checkpoint; MLflow holds every epoch once and the undecodable images are counted. The two
+    trials run at once, each with the decoder CPUs it reserved (0.25 for training + 0.5 for
+    decoding, of the 2), so neither starves the other's decoders."""
     config = tiny_config(
         tmp_path, "mcl_k_n.yaml", "data.dataset=folder", f"data.root={folder}",
-        "data.resolution=16", "data.loader=stream", "data.stream_cpus=1",
+        "data.resolution=16", "data.loader=stream", "data.stream_cpus=0.5",
         "train.batch_size=16", "train.epochs=2", "mcl.clusters=2", "tune.searcher=grid",
         "tune.num_samples=2", "tune.search_space={mcl.stages: {choice: [1, 2]}}",
-        "eval.every_n_epochs=1", "scaling.num_workers=1", "scaling.cpus_per_worker=0.5",
+        "eval.every_n_epochs=1", "scaling.num_workers=1", "scaling.cpus_per_worker=0.25",
         "name=stream-sweep")
     marker = tmp_path / "killed"
     results = build_tuner(config, None, fault={"after_epoch": 1, "mid_epoch": True,
-                                               "marker": str(marker), "settle_seconds": 3}).fit()
+                                               "marker": str(marker), "settle_seconds": 2}).fit()
     assert marker.read_text() == "1"
     assert all(result.error is None for result in results)
 

@@ -207,22 +207,30 @@ def shard_chunks_as_columns(
         (n,), ``caption`` object array of str (only when ``need_captions``), ``skipped`` int64
         (n,) samples skipped before each row (the shard's trailing skips on its last row) and
         ``skipped_name`` object array, the first of them (``""`` when none). A shard without a
-        good sample yields nothing (and is named in a warning).
-
-    Raises:
-        OSError: the shard cannot be opened or read.
+        good sample yields nothing (and is named in a warning); a shard that cannot be read on
+        (truncated, gone) ends there, its remaining samples counted as skipped. Never raises.
     """
     held: dict[str, np.ndarray] | None = None  # kept back: trailing skips join its last row
     pending: list[str] = []  # skipped samples not yet attached to a row, in order
     previous = shard.offset - 1
-    for chunk in read_shard(shard, fmt, resolution, need_captions):
-        pending += chunk.skipped
-        if not len(chunk.index):
-            continue
-        if held is not None:
-            yield held
-        held = _columns(chunk, previous, pending, need_captions)
-        previous = int(chunk.index[-1])
+    seen = 0  # samples of the shard read so far, good or skipped
+    try:
+        for chunk in read_shard(shard, fmt, resolution, need_captions):
+            pending += chunk.skipped
+            seen += len(chunk.index) + len(chunk.skipped)
+            if not len(chunk.index):
+                continue
+            if held is not None:
+                yield held
+            held = _columns(chunk, previous, pending, need_captions)
+            previous = int(chunk.index[-1])
+    except OSError as error:
+        # A shard truncated or unreadable mid-epoch: the rest of it is skipped and counted,
+        # never a crash of the trial (a shard missing at launch is refused before it).
+        rest = max(0, shard.count - seen)
+        logger.warning("shard %s unreadable after %d of %d samples, the rest skipped: %s",
+                       shard.path, seen, shard.count, error)
+        pending += [f"{shard.path}:#{seen + i}" for i in range(rest)]
     if held is None:
         logger.warning("shard %s has no sample that could be read (%d skipped)", shard.path,
                        len(pending))
