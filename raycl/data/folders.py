@@ -30,7 +30,7 @@ import numpy as np
 from PIL import Image
 
 from raycl.data.bucket_paths import BucketPath, as_listed
-from raycl.data.streamed import is_remote, read_bytes
+from raycl.data.streamed import is_remote, read_bytes, square_rgb
 from raycl.data.types import ImageFiles
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".webp"})
@@ -289,12 +289,7 @@ def load_square_rgb(path: Path | str, resolution: int) -> np.ndarray:
             rgb = image.convert("RGB")
     except OSError as error:  # includes PIL.UnidentifiedImageError
         raise ValueError(f"cannot read image {str(path)!r}: {error}") from error
-    width, height = rgb.size
-    side = min(width, height)
-    left, top = (width - side) // 2, (height - side) // 2
-    square = rgb.crop((left, top, left + side, top + side))
-    resized = square.resize((resolution, resolution), Image.Resampling.BICUBIC)
-    return np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1)
+    return square_rgb(rgb, resolution)
 
 
 def image_folder_files(root: str | Path, layout: str = "auto") -> ImageFiles:

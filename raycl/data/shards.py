@@ -31,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from raycl.data.shard_samples import Raw, parquet_samples, webdataset_samples
-from raycl.data.streamed import decode_square_rgb
+from raycl.data.streamed import SquareImages, decode_square_rgb
 
 logger = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ def shard_chunks_as_columns(
     yield held
 
 
-class ShardRows:
+class ShardRows(SquareImages):
     """The samples of some shards, as the lazy images of a split in stream mode.
 
     Behaves like the uint8 array (N, 3, R, R) it stands for as far as the loop needs
@@ -259,22 +259,6 @@ class ShardRows:
 
     def __len__(self) -> int:
         return sum(shard.count for shard in self.shards)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (len(self), 3, self.resolution, self.resolution)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(np.uint8)
-
-    @property
-    def ndim(self) -> int:
-        return 4
-
-    @property
-    def nbytes(self) -> int:
-        return len(self) * 3 * self.resolution * self.resolution
 
     def _starts(self) -> np.ndarray:
         """Index of each shard's first sample, and the total at the end."""

@@ -80,12 +80,45 @@ def decode_square_rgb(data: bytes, resolution: int, name: str = "image") -> np.n
             from error
     except (OSError, ValueError, Image.DecompressionBombError) as error:
         raise ValueError(f"cannot read image {name!r}: {error}") from error
+    return square_rgb(rgb, resolution)
+
+
+def square_rgb(rgb: Image.Image, resolution: int) -> np.ndarray:
+    """An RGB image centre-cropped to a square and resized (bicubic): uint8 (3, resolution,
+    resolution), as every image file is read in both modes."""
     width, height = rgb.size
     side = min(width, height)
     left, top = (width - side) // 2, (height - side) // 2
     square = rgb.crop((left, top, left + side, top + side))
     resized = square.resize((resolution, resolution), Image.Resampling.BICUBIC)
     return np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1)
+
+
+class SquareImages:
+    """The array face of a lazy set of uint8 RGB squares (``len`` rows of side
+    ``resolution``): what the loop reads of an image array besides its rows."""
+
+    resolution: int
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self), 3, self.resolution, self.resolution)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.uint8)
+
+    @property
+    def ndim(self) -> int:
+        return 4
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the decoded rows would take (what memory mode would hold)."""
+        return len(self) * 3 * self.resolution * self.resolution
 
 
 @dataclass
@@ -139,7 +172,7 @@ def decode_paths(
     return Decoded(out, [str(paths[row]) for row in bad], [str(errors[row]) for row in bad])
 
 
-class FileRows:
+class FileRows(SquareImages):
     """Image files decoded when indexed: a split's images in stream mode.
 
     Behaves like the uint8 array (N, 3, R, R) it stands for (``len``, ``shape``, ``dtype``,
@@ -158,23 +191,6 @@ class FileRows:
         self.resolution = int(resolution)
         self.threads = max(1, int(threads))
         self.skipped: list[str] = []  # files filled blank by indexing, in order met
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (len(self.paths), 3, self.resolution, self.resolution)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(np.uint8)
-
-    @property
-    def ndim(self) -> int:
-        return 4
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the decoded rows would take (what memory mode would hold)."""
-        return len(self.paths) * 3 * self.resolution * self.resolution
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -227,5 +243,5 @@ def decoded_bytes(count: int, resolution: int, channels: int = 3) -> int:
     return int(count) * int(channels) * int(resolution) ** 2
 
 
-__all__ = ["REMOTE_SCHEMES", "Decoded", "FileRows", "decode_paths", "decode_square_rgb",
-           "decoded_bytes", "is_remote", "read_bytes"]
+__all__ = ["REMOTE_SCHEMES", "Decoded", "FileRows", "SquareImages", "decode_paths",
+           "decode_square_rgb", "decoded_bytes", "is_remote", "read_bytes", "square_rgb"]
