@@ -169,12 +169,13 @@ class StreamLoader:
             if sampler is None:
                 raise ValueError("StreamLoader over image files needs the stage's batch sampler")
             self.batch_sampler = sampler
-            self.steps = len(sampler)
+            self.steps = 0  # len(sampler), read per epoch
         else:
             self.steps = len(images) // world // self.per_rank
 
     def __len__(self) -> int:
-        return self.steps
+        # Files: the sampler's count, which MCL's pseudo-label sampler may change per epoch.
+        return len(self.batch_sampler) if self.batch_sampler is not None else self.steps
 
     def _batch_bytes(self) -> int:
         """Bytes of one decoded batch of this rank."""
