@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from raycl.data.streamed import SquareImages
+
 # Images resized per call to torch: bounds the float copy (512 x 3 x 96 x 96 x 4 B = 57 MB).
 RESIZE_CHUNK = 512
 
@@ -125,7 +127,7 @@ def resize_into(images: np.ndarray, out: np.ndarray) -> None:
         out[start:start + RESIZE_CHUNK] = resized.round().clamp(0, 255).to(torch.uint8).numpy()
 
 
-class StackedImages:
+class StackedImages(SquareImages):
     """Several uint8 image arrays (n_i, C, H, W) stacked, resized to (C, R, R) only when rows
     are read: a reader returns it as ``ImageSet.images`` (over memory maps of STL-10's files,
     over CIFAR's unpickled arrays), so no copy of the whole set is made, whatever the
@@ -145,17 +147,8 @@ class StackedImages:
         self.starts = np.cumsum([0, *(len(part) for part in parts)])
 
     @property
-    def shape(self) -> tuple[int, int, int, int]:
-        channels = int(self.parts[0].shape[1]) if self.parts else 3
-        return (int(self.starts[-1]), channels, self.resolution, self.resolution)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(np.uint8)
-
-    @property
-    def ndim(self) -> int:
-        return 4
+    def channels(self) -> int:
+        return int(self.parts[0].shape[1]) if self.parts else 3
 
     def __len__(self) -> int:
         return int(self.starts[-1])

@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from raycl.data.types import rows_then_rest
+
 logger = logging.getLogger(__name__)
 
 # URI schemes read through pyarrow's file systems (local paths are opened directly).
@@ -95,8 +97,9 @@ def square_rgb(rgb: Image.Image, resolution: int) -> np.ndarray:
 
 
 class SquareImages:
-    """The array face of a lazy set of uint8 RGB squares (``len`` rows of side
-    ``resolution``): what the loop reads of an image array besides its rows."""
+    """The array face of a lazy set of uint8 squares (``len`` rows of ``channels`` x
+    ``resolution`` x ``resolution``): what the loop and the cache builder read of an image
+    array besides its rows."""
 
     resolution: int
 
@@ -104,8 +107,12 @@ class SquareImages:
         raise NotImplementedError
 
     @property
+    def channels(self) -> int:
+        return 3  # RGB: every image file is decoded to RGB
+
+    @property
     def shape(self) -> tuple[int, ...]:
-        return (len(self), 3, self.resolution, self.resolution)
+        return (len(self), self.channels, self.resolution, self.resolution)
 
     @property
     def dtype(self) -> np.dtype:
@@ -118,7 +125,7 @@ class SquareImages:
     @property
     def nbytes(self) -> int:
         """Bytes the decoded rows would take (what memory mode would hold)."""
-        return len(self) * 3 * self.resolution * self.resolution
+        return len(self) * self.channels * self.resolution * self.resolution
 
 
 @dataclass
@@ -197,10 +204,7 @@ class FileRows(SquareImages):
 
     def __getitem__(self, key: Any) -> np.ndarray:
         if isinstance(key, tuple):
-            first, rest = (key[0], key[1:]) if key else (slice(None), ())
-            picked = self[first]
-            lead = () if isinstance(first, int | np.integer) else (slice(None),)
-            return picked[(*lead, *rest)]
+            return rows_then_rest(self, key)
         if isinstance(key, int | np.integer):
             return self._decode([self.paths[key]])[0]
         return self._decode(list(self.paths[key]))

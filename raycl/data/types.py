@@ -15,6 +15,15 @@ import numpy as np
 RowKey = int | np.integer | slice | np.ndarray | list[int]
 
 
+def rows_then_rest(images: Any, key: tuple[Any, ...]) -> np.ndarray:
+    """``images[key]`` for a tuple ``key`` on an array-like whose own indexing takes row keys:
+    the rows by the key's first entry, then the result by the rest (``images[:, 0]``)."""
+    first, rest = (key[0], key[1:]) if key else (slice(None), ())
+    picked = images[first]
+    lead = () if isinstance(first, int | np.integer) else (slice(None),)
+    return picked[(*lead, *rest)]
+
+
 class ImageRows:
     """Some rows of a base image array (a memory-mapped cache), read only when indexed.
 
@@ -58,10 +67,7 @@ class ImageRows:
         """The rows ``key`` names (int, slice, index array or boolean mask), as a fresh array;
         a tuple indexes the rows by its first entry and the result by the rest."""
         if isinstance(key, tuple):
-            first, rest = (key[0], key[1:]) if key else (slice(None), ())
-            picked = self[first]
-            lead = () if isinstance(first, int | np.integer) else (slice(None),)
-            return picked[(*lead, *rest)]
+            return rows_then_rest(self, key)
         if isinstance(key, int | np.integer):
             return np.array(self.base[self.rows[key]])
         return self._take(self.rows[key])
