@@ -231,8 +231,8 @@ def smallest_node_memory() -> float:
 
 def settle_loader(config: CoreConfig) -> CoreConfig:
     """``data.loader: auto`` settled once for the sweep, and the choice printed: every trial
-    then reads the data the same way (:func:`raycl.data.stream_load.choose_loader`)."""
-    from raycl.data.stream_load import choose_loader
+    then reads the data the same way (:func:`raycl.data.load.choose_loader`)."""
+    from raycl.data.load import choose_loader
 
     if config.data.loader != "auto":
         return config

@@ -16,7 +16,7 @@ from raycl.config.checks import check_loader
 from raycl.config.placement import data_cpus, trial_bundles, trial_demand
 from raycl.config.search_config import apply_overrides
 from raycl.data import load_dataset
-from raycl.data.stream_load import choose_loader
+from raycl.data.load import choose_loader
 from raycl.data.streamed import FileRows
 from raycl.tune import build_tuner, settle_loader
 from raycl.worker.loader import IndexedImages, build_loader

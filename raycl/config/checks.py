@@ -232,18 +232,18 @@ def check_pretrain_unlabeled(config: CoreConfig) -> Iterator[Problem]:
 def check_loader(config: CoreConfig) -> Iterator[Problem]:
     """``data.loader`` fits the dataset: stream mode reads files or shards, shards stream only,
     and MCL's sampler negatives need random access to the samples."""
-    from raycl.data.stream_load import SHARD_DATASETS, streams_files
+    from raycl.data.registry import streamed_only, streams
 
     data = config.data
-    if data.loader == "stream" and not streams_files(data.dataset):
+    if data.loader == "stream" and not streams(data.dataset):
         yield Problem("data.loader", f"dataset {data.dataset} is read whole from its files and "
                                      f"has nothing to stream (stream mode reads folder, pairs, "
                                      f"imagenet, imagenet100, webdataset, parquet): use "
                                      f"data.loader: memory or auto")
-    if data.loader == "memory" and data.dataset in SHARD_DATASETS:
+    if data.loader == "memory" and streamed_only(data.dataset):
         yield Problem("data.loader", f"dataset {data.dataset} is streamed only: set "
                                      f"data.loader: stream (or auto)")
-    if data.dataset not in SHARD_DATASETS:
+    if not streamed_only(data.dataset):
         return
     for chosen, candidate in searched_variants(config, ("method", "mcl.negatives")):
         if candidate.num_stages > 1 and candidate.mcl.negatives == "sampler":

@@ -37,15 +37,23 @@ import numpy as np
 
 from raycl.data.build import build_cache, decode_workers
 from raycl.data.cache import cache_key, cache_path, open_cached
-from raycl.data.registry import FIXED_NUM_CLASSES, SOURCES, is_unlabelled, reader, unknown_dataset
+from raycl.data.registry import (
+    CHANNELS,
+    FIXED_NUM_CLASSES,
+    SOURCES,
+    is_unlabelled,
+    reader,
+    streamed_only,
+    streams,
+    unknown_dataset,
+)
 from raycl.data.splits import (
     class_split_counts,
     split_indices,
     split_sizes,
     unlabelled_split_sizes,
 )
-from raycl.data.stream_load import SHARD_DATASETS, streams_files
-from raycl.data.streamed import FileRows
+from raycl.data.streamed import FileRows, decoded_bytes
 from raycl.data.types import DatasetSplits, ImageFiles, ImageRows, ImageSet
 
 # Keeps the synthetic captions' draws apart from the Trifeature generator's, which is seeded
@@ -146,6 +154,27 @@ def split_sizes_for(cfg: Any) -> dict[str, int]:
     return split_sizes(counts, val_fraction, test_fraction)
 
 
+def choose_loader(cfg: Any, node_memory: float) -> tuple[str, str]:
+    """What ``data.loader: auto`` means for this dataset on nodes of ``node_memory`` bytes:
+    ``("memory" | "stream", why)``. Memory when the decoded set (images x channels x
+    resolution^2) takes at most ``data.memory_share`` of a node's memory; shards always stream,
+    array sources never do. An explicit choice is returned as it is.
+    """
+    if cfg.loader != "auto":
+        return cfg.loader, "set in the config"
+    if streamed_only(cfg.dataset):
+        return "stream", f"{cfg.dataset} is streamed only"
+    if not streams(cfg.dataset):
+        return "memory", f"{cfg.dataset} is read whole"
+    count = sum(class_counts(cfg))
+    size = decoded_bytes(count, int(cfg.resolution), CHANNELS.get(cfg.dataset, 3))
+    limit = float(cfg.memory_share) * node_memory
+    choice = "memory" if size <= limit else "stream"
+    return choice, (f"{count} images decoded at {cfg.resolution} px take {size / 1e9:.1f} GB, "
+                    f"{'within' if choice == 'memory' else 'over'} data.memory_share "
+                    f"({cfg.memory_share:g}) of the smallest node's {node_memory / 1e9:.1f} GB")
+
+
 def _subset(image_set: ImageSet, indices: np.ndarray) -> ImageSet:
     """The rows ``indices`` of ``image_set``: its images a view (nothing is read; stream mode's
     files: the files of those rows), labels and captions small copies."""
@@ -176,7 +205,7 @@ def load_dataset(cfg: Any, seed: int) -> DatasetSplits:
     """
     loader = getattr(cfg, "loader", "memory")
     # "auto" is settled at launch (raycl.tune); here (a bare call) it streams only what must.
-    if loader == "stream" or (loader == "auto" and cfg.dataset in SHARD_DATASETS):
+    if loader == "stream" or (loader == "auto" and streamed_only(cfg.dataset)):
         return load_streamed(cfg, seed)
     return split_image_set(cfg, load_image_set(cfg, seed), seed)
 
@@ -187,12 +216,12 @@ def load_streamed(cfg: Any, seed: int) -> DatasetSplits:
     Raises:
         ValueError: the dataset is not one that streams, or what its reader raises.
     """
-    if cfg.dataset in SHARD_DATASETS:
+    if streamed_only(cfg.dataset):
         from raycl.data.shard_sources import shard_splits  # pyarrow, tarfile: when used
 
         return shard_splits(cfg, seed)
     listed = reader(cfg.dataset).read(cfg, seed)
-    if not isinstance(listed, ImageFiles) or not streams_files(cfg.dataset):
+    if not isinstance(listed, ImageFiles) or not streams(cfg.dataset):
         raise ValueError(f"data.loader: stream reads image files or shards; dataset "
                          f"{cfg.dataset!r} is read whole from its files: use data.loader: memory")
     threads = decode_workers(int(getattr(cfg, "decode_workers", 0) or 0))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import Literal
 
 from raycl.data.types import Reader
 
@@ -28,6 +29,9 @@ class Source:
         num_classes: classes of every attribute when the source fixes them (one number for
             all, or per attribute), so a small sample missing a class does not shrink them;
             None: counted from the labels.
+        stream: how ``data.loader: stream`` reads it: ``"no"`` (an array source, read whole),
+            ``"files"`` (its reader lists image files, decoded batch by batch) or ``"only"``
+            (shards, streamed only).
     """
 
     description: str
@@ -35,6 +39,7 @@ class Source:
     channels: int
     reader: str
     num_classes: int | dict[str, int] | None = None
+    stream: Literal["no", "files", "only"] = "no"
 
     def fixed_num_classes(self) -> dict[str, int] | None:
         """Classes per attribute when the source fixes them, else None."""
@@ -60,12 +65,12 @@ SOURCES: dict[str, Source] = {
     "folder": Source(
         "ImageFolder layout root/<class>/*.png|jpg, or root/train/<class>/ and "
         "root/test/<class>/ (the shipped test split), RGB; attribute class; needs root",
-        ("class",), 3, "raycl.data.folders:READER"),
+        ("class",), 3, "raycl.data.folders:READER", stream="files"),
     "pairs": Source(
         "image-caption pairs listed in a CSV/TSV file (root; columns image|filepath|path and "
         "caption|title|text, image paths relative to the file), RGB; no labels, one caption "
         "per image; split at random",
-        (), 3, "raycl.data.image_text:READER"),
+        (), 3, "raycl.data.image_text:READER", stream="files"),
     "cifar10": Source(
         "CIFAR-10 from its python pickle batches (root: cifar-10-batches-py/ or its parent), "
         "32x32 RGB; attribute class; its test_batch is the test split",
@@ -84,21 +89,22 @@ SOURCES: dict[str, Source] = {
     "imagenet": Source(
         "ImageNet in its wnid folders (root/train/<wnid>/*.JPEG, root/val/<wnid>/*.JPEG), RGB; "
         "attribute class; val is the test split, validation is carved from train",
-        ("class",), 3, "raycl.data.imagenet:IMAGENET_READER"),
+        ("class",), 3, "raycl.data.imagenet:IMAGENET_READER", stream="files"),
     "imagenet100": Source(
         "ImageNet-100, CMC's 100-class subset (the list solo-learn and All4One use, shipped with "
         "raycl), read from an ImageNet root in its wnid folders; attribute class",
-        ("class",), 3, "raycl.data.imagenet:IMAGENET100_READER", num_classes=100),
+        ("class",), 3, "raycl.data.imagenet:IMAGENET100_READER", num_classes=100,
+        stream="files"),
     "webdataset": Source(
         "WebDataset tar shards of image-caption samples as img2dataset writes them (root: a "
         "directory, a .tar or dir/{00000..00099}.tar; local or s3:// / gs://), RGB; no labels; "
         "validation and test are whole shards; streamed only (data.loader: stream)",
-        (), 3, "raycl.data.shard_sources:WEBDATASET_READER"),
+        (), 3, "raycl.data.shard_sources:WEBDATASET_READER", stream="only"),
     "parquet": Source(
         "Parquet files with an image-bytes column (image|jpg|png) and an optional caption "
         "column (caption|txt|text) (root: a directory or a file; local or s3:// / gs://), RGB; "
         "no labels; validation and test are whole files; streamed only (data.loader: stream)",
-        (), 3, "raycl.data.shard_sources:PARQUET_READER"),
+        (), 3, "raycl.data.shard_sources:PARQUET_READER", stream="only"),
 }
 
 # The registry by field, as the names raycl.data has always offered.
@@ -131,6 +137,16 @@ def reader(name: str) -> Reader:
         raise unknown_dataset(name)
     module, _, attribute = SOURCES[name].reader.partition(":")
     return getattr(importlib.import_module(module), attribute)
+
+
+def streams(dataset: str) -> bool:
+    """Whether ``data.loader: stream`` can read ``dataset`` (image files or shards)."""
+    return dataset in SOURCES and SOURCES[dataset].stream != "no"
+
+
+def streamed_only(dataset: str) -> bool:
+    """Whether ``dataset`` can only be streamed (shards: nothing to decode into a cache)."""
+    return dataset in SOURCES and SOURCES[dataset].stream == "only"
 
 
 def is_unlabelled(dataset: str) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from raycl.data.streamed import FileRows
 from raycl.data.types import DatasetSplits, ImageRows
 
 # "auto" keeps the images on the device when they take at most 1/AUTO_SHARE of its memory.
@@ -52,8 +51,6 @@ def pretraining_images(data: DatasetSplits) -> np.ndarray | ImageRows:
         return train
     extra = data.pretrain_extra.images
     if isinstance(train, ImageRows) and isinstance(extra, ImageRows) and train.base is extra.base:
-        return train.concat(extra)
-    if isinstance(train, FileRows) and isinstance(extra, FileRows):
         return train.concat(extra)
     return np.concatenate([np.asarray(train), np.asarray(extra)])
 
