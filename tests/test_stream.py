@@ -19,7 +19,7 @@ from raycl.data import load_dataset
 from raycl.data.load import choose_loader
 from raycl.data.streamed import FileRows
 from raycl.tune import build_tuner, settle_loader
-from raycl.worker.loader import IndexedImages, build_loader
+from raycl.worker.loader import IndexedImages, build_loader, set_sampler_epoch
 from raycl.worker.stages import StageInputs
 from raycl.worker.stream_loader import StreamLoader
 
@@ -68,7 +68,7 @@ def test_stream_batches_are_memory_mode_batches(ray_session, folder, tmp_path) -
     assert isinstance(images, FileRows) and len(images) == len(data.train.labels["class"])
     loader = build_loader(config, images, StageInputs(), _Session())
     assert isinstance(loader, StreamLoader)
-    loader.set_epoch(3)
+    set_sampler_epoch(loader, 3)
     torch.manual_seed(7)  # one rank: the sampler shuffles with torch's seed (set per epoch)
     expected = [list(batch) for batch in loader.batch_sampler]
     torch.manual_seed(7)
@@ -99,7 +99,7 @@ def test_two_ranks_stream_equal_disjoint_shares(ray_session, folder, tmp_path) -
         session = _Session()
         session.rank, session.world_size = rank, 2
         loader = build_loader(config, images, StageInputs(), session)
-        loader.set_epoch(1)
+        set_sampler_epoch(loader, 1)
         ranks.append([index.tolist() for _, index in loader])
     assert len(ranks[0]) == len(ranks[1]) == len(images) // 2 // 8
     seen = [row for batches in ranks for batch in batches for row in batch]

@@ -32,6 +32,7 @@ import numpy as np
 
 from raycl.data.shard_samples import Raw, parquet_samples, webdataset_samples
 from raycl.data.streamed import SquareImages, decode_square_rgb
+from raycl.data.types import rows_then_rest
 
 logger = logging.getLogger(__name__)
 
@@ -350,9 +351,7 @@ class ShardRows(SquareImages):
         """The rows ``key`` names (int, slice, index array or mask), decoded; undecodable rows
         blank. A tuple indexes the rows by its first entry and the result by the rest."""
         if isinstance(key, tuple):
-            first, rest = (key[0], key[1:]) if key else (slice(None), ())
-            lead = () if isinstance(first, int | np.integer) else (slice(None),)
-            return self[first][(*lead, *rest)]
+            return rows_then_rest(self, key)
         indices = self._indices(key)
         if isinstance(indices, int):
             return self[np.array([indices])][0]

@@ -137,9 +137,8 @@ def build_loader(
 def set_sampler_epoch(loader: DataLoader | StreamLoader, stage_epoch: int) -> None:
     """Reshuffle for ``stage_epoch`` (the epoch within the stage, over all its phases)."""
     if isinstance(loader, StreamLoader):
-        loader.set_epoch(stage_epoch)
-        return
-    sampler = loader.batch_sampler
+        loader.epoch = stage_epoch  # seeds a shard epoch's order (files: the sampler's below)
+    sampler = loader.batch_sampler  # None for shards
     if hasattr(sampler, "set_epoch"):
         sampler.set_epoch(stage_epoch)
     inner = getattr(sampler, "sampler", None)

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from raycl.config.schema import CoreConfig
-from raycl.data.shards import Shard, ShardRows
+from raycl.data.shards import Shard, ShardRows, shard_chunks_as_columns
 from raycl.data.streamed import FileRows, decode_paths
 from raycl.worker.stages import StageInputs
 
@@ -71,8 +71,6 @@ def _decode_shards(
     batch: dict[str, np.ndarray], fmt: str, resolution: int, need_captions: bool
 ) -> Iterator[dict[str, np.ndarray]]:
     """Ray Data task: the samples of some shards, decoded, in chunks."""
-    from raycl.data.shards import shard_chunks_as_columns
-
     for path, count, offset in zip(batch["path"], batch["count"], batch["offset"], strict=True):
         shard = Shard(str(path), int(count), int(offset))
         yield from shard_chunks_as_columns(shard, fmt, resolution, need_captions)
@@ -162,7 +160,7 @@ class StreamLoader:
         self.shuffle_buffer = config.data.shuffle_buffer
         self.need_captions = need_captions
         self.remote_args = _scheduling(placement_group, config.data.stream_cpus)
-        self.epoch = 0
+        self.epoch = 0  # within the stage: raycl.worker.loader.set_sampler_epoch sets it
         self.skipped = 0  # in the epoch being read (data/skipped)
         self.batch_sampler: Any = None
         if isinstance(images, FileRows):
@@ -180,15 +178,6 @@ class StreamLoader:
     def _batch_bytes(self) -> int:
         """Bytes of one decoded batch of this rank."""
         return self.per_rank * 3 * self.images.resolution ** 2
-
-    def set_epoch(self, epoch: int) -> None:
-        """Reshuffle for ``epoch`` (within the stage)."""
-        self.epoch = epoch
-        if self.batch_sampler is not None and hasattr(self.batch_sampler, "set_epoch"):
-            self.batch_sampler.set_epoch(epoch)
-        inner = getattr(self.batch_sampler, "sampler", None)
-        if hasattr(inner, "set_epoch"):
-            inner.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[StreamBatch]:
         if isinstance(self.images, FileRows):
@@ -235,11 +224,8 @@ class StreamLoader:
         assert isinstance(self.images, ShardRows)
         _data_context(preserve_order=False, batch_bytes=self._batch_bytes())
         shards = self._epoch_shards(cycle)
-        table = {"path": [shard.path for shard in shards],
-                 "count": [shard.count for shard in shards],
-                 "offset": [shard.offset for shard in shards]}
-        rows = [dict(zip(table, values, strict=True)) for values in zip(*table.values(),
-                                                                        strict=True)]
+        rows = [{"path": shard.path, "count": shard.count, "offset": shard.offset}
+                for shard in shards]
         dataset = _map_batches(ray.data.from_items(rows, override_num_blocks=max(1, len(rows))),
                                _decode_shards,
                                fn_kwargs={"fmt": self.images.fmt,
