@@ -136,6 +136,27 @@ def _keep_train_coordinator_on_this_node() -> None:
                                           exc_info=True)
 
 
+def _search(config: CoreConfig) -> tuple[dict[str, Any], Any, int, Any]:
+    """``(param_space, search_alg, num_samples, scheduler)`` of the sweep's Tuner."""
+    from ray import tune
+    from ray.tune.schedulers import FIFOScheduler
+
+    from raycl.searchers import FinishingASHA, build_searcher
+
+    if not config.tune.search_space:
+        # Nothing searched: repeats of one configuration that differ only by seed, all run to
+        # the end (stopping a repeat early would bias the spread it is there to measure).
+        seeds = [config.seed + i for i in range(config.tune.num_samples)]
+        return {"seed": tune.grid_search(seeds)}, None, 1, FIFOScheduler()
+    # The searcher owns the space (define-by-run, feasible combinations only).
+    scheduler: Any = FIFOScheduler()
+    if config.tune.scheduler.type == "asha":
+        scheduler = FinishingASHA(time_attr="training_iteration", max_t=max_reports(config),
+                                  grace_period=config.tune.scheduler.grace_period,
+                                  reduction_factor=config.tune.scheduler.reduction_factor)
+    return {}, build_searcher(config), config.tune.num_samples, scheduler
+
+
 def build_tuner(
     config: CoreConfig,
     search_file: str | None,
@@ -153,10 +174,8 @@ def build_tuner(
     ``verbose``. A restored sweep keeps the callbacks and verbosity it was started with.
     """
     from ray import tune
-    from ray.tune.schedulers import FIFOScheduler
 
     from raycl.progress import ProgressDisplay
-    from raycl.searchers import FinishingASHA, build_searcher
     from raycl.tracking.callback import MLflowSweepCallback
     from raycl.tracking.relay import start_relay
 
@@ -171,22 +190,7 @@ def build_tuner(
     storage = _storage_path(config.tune.storage_path)
     trainable = _trainable(trial_config, storage_child(storage, f"{config.name}-train"), fault)
 
-    if config.tune.search_space:
-        # The searcher owns the space (define-by-run, feasible combinations only).
-        param_space: dict[str, Any] = {}
-        search_alg, num_samples = build_searcher(config), config.tune.num_samples
-        scheduler = FIFOScheduler()
-        if config.tune.scheduler.type == "asha":
-            scheduler = FinishingASHA(time_attr="training_iteration",
-                                      max_t=max_reports(config),
-                                      grace_period=config.tune.scheduler.grace_period,
-                                      reduction_factor=config.tune.scheduler.reduction_factor)
-    else:
-        # Nothing searched: repeats of one configuration that differ only by seed, all run to
-        # the end (stopping a repeat early would bias the spread it is there to measure).
-        seeds = [config.seed + i for i in range(config.tune.num_samples)]
-        param_space = {"seed": tune.grid_search(seeds)}
-        search_alg, num_samples, scheduler = None, 1, FIFOScheduler()
+    param_space, search_alg, num_samples, scheduler = _search(config)
     run_config = tune.RunConfig(
         name=config.name,
         storage_path=storage,
@@ -212,7 +216,12 @@ def build_tuner(
         tune_config=tune.TuneConfig(
             metric=config.tune.metric, mode=config.tune.mode, search_alg=search_alg,
             scheduler=scheduler, num_samples=num_samples,
-            max_concurrent_trials=config.tune.max_concurrent_trials),
+            max_concurrent_trials=config.tune.max_concurrent_trials,
+            # A finished trial's process (torch, raycl and the node's data cache already
+            # loaded) takes the next trial of the same resources: ~5 s less per trial on a
+            # CPU node. Nothing of a trial outlives it in the process (its function returns;
+            # seeds, threads and MLflow runs are set per trial).
+            reuse_actors=True),
         run_config=run_config,
     )
 

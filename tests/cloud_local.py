@@ -371,6 +371,33 @@ def start_autoscaling_head(root: Path) -> tuple[subprocess.Popen, str]:
     return head, address
 
 
+def wait_for_head(head: subprocess.Popen, address: str, root: Path,
+                  timeout_s: float = 240.0) -> None:
+    """Until the head's GCS lists the head node alive. ``ray.init`` would find the node itself,
+    but in one GCS call whose timeout is also its whole wait, which a head started on two busy
+    cores (the rest of the suite beside it) has missed; a head that died or never came up
+    raises with its logs' ends."""
+    from ray._raylet import GcsClient
+    from ray.core.generated.gcs_pb2 import GcsNodeInfo
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and head.poll() is None:
+        try:
+            nodes = GcsClient(address=address).get_all_node_info(
+                timeout=5, state_filter=GcsNodeInfo.GcsNodeState.ALIVE)
+            if nodes:
+                return
+        except Exception:  # the GCS is not serving yet
+            pass
+        time.sleep(1)
+    logs = [root / "ray-head.log", *sorted((root / "ray").glob("session_latest/logs/*.out")),
+            *sorted((root / "ray").glob("session_latest/logs/*.err"))]
+    tails = "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-1500:]}"
+                      for log in logs if log.is_file() and log.stat().st_size)
+    state = f"exited {head.returncode}" if head.poll() is not None else f"not up in {timeout_s} s"
+    raise RuntimeError(f"the autoscaling head at {address} {state}:\n{tails}")
+
+
 def alive_workers(address: str) -> int:
     """Alive nodes with ``gpu_node``, asked of the GCS (with or without a driver connected)."""
     from ray._raylet import GcsClient
@@ -407,15 +434,8 @@ def autoscale(root: Path, storage: str) -> dict[str, Any]:
     tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
     outcome: dict[str, Any] = {}
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                init_ray(quiet=True, address=address, log_to_driver=True)
-                break
-            except Exception:  # the head is still starting
-                if time.monotonic() > deadline or head.poll() is not None:
-                    raise
-                time.sleep(1)
+        wait_for_head(head, address, root)
+        init_ray(quiet=True, address=address, log_to_driver=True)
         outcome["workers_at_start"] = alive_workers(address)
         config = sweep_config("autoscale", storage, tracking_uri, "tune.num_samples=2",
                               "tune.max_concurrent_trials=2")

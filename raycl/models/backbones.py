@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from torch import nn
-from torchvision.models import resnet18, resnet50
 
 from raycl.models.weights import load_pretrained
 
@@ -133,10 +132,13 @@ def build_backbone(
         raise ValueError(f"width must be >= 1, got {width}")
     if name == "small_cnn":
         model, feature_dim = small_cnn(in_channels, width)
-    elif name == "resnet18":
-        model, feature_dim = _resnet(resnet18, in_channels, stem)
-    elif name == "resnet50":
-        model, feature_dim = _resnet(resnet50, in_channels, stem)
+    elif name in ("resnet18", "resnet50"):
+        # Imported here: torchvision.models pulls in torch._dynamo (~1 s in every trial and
+        # worker process), which small_cnn trials never need.
+        from torchvision.models import resnet18, resnet50
+
+        factory = resnet18 if name == "resnet18" else resnet50
+        model, feature_dim = _resnet(factory, in_channels, stem)
     else:
         raise ValueError(f"unknown backbone {name!r}; valid backbones: {', '.join(BACKBONES)}")
     if pretrained is not None:
