@@ -115,7 +115,7 @@ def _dataset_problems(dataset: str, root: str | None, section: str,
     a folder is listed but its files' headers are not read (a bucket of a million images);
     training skips and counts an undecodable one instead."""
     if dataset == "folder":
-        from raycl.data.streamed import is_remote
+        from raycl.data.bucket_paths import is_remote
 
         remote = is_remote(str(root))
         path: Path | str = str(root) if remote else Path(str(root)).expanduser()

@@ -1,24 +1,35 @@
-"""Folders in a bucket (``s3://``, ``gs://``) listed as :mod:`raycl.data.folders` lists local
-ones: :class:`BucketPath` has the few methods of :class:`pathlib.Path` that the listing uses
-(``is_dir``, ``is_file``, ``iterdir``, ``/``, ``name``, ``suffix``, ``stat``, ``relative_to``),
-backed by :mod:`pyarrow.fs`, so the folder and ImageNet readers read a bucket through the same
-code as a directory.
+"""The one place that reads "a local path or a bucket URI" (``s3://``, ``gs://``, ``hdfs://``):
+:func:`is_remote` tells them apart, :func:`root_path` opens a root as a :class:`pathlib.Path` or a
+:class:`BucketPath`, and :func:`read_bytes`, :func:`open_stream` and :func:`open_random` read a
+file of either kind. The folder and ImageNet readers (:mod:`raycl.data.folders`,
+:mod:`raycl.data.imagenet`) and the shard listing (:mod:`raycl.data.shard_listing`) walk a
+bucket through the same code as a directory.
 
-A folder is listed once (one ``ListObjects`` per 1000 entries on S3) and what the listing says
-of each entry (folder or file, size, modification time) is kept: asking ``is_dir`` of a listed
-entry, or the size of a listed file, makes no request. ``str(path)`` is the entry's URI with the
-root's query (``?endpoint_override=...&scheme=http``), so that
-:func:`raycl.data.streamed.read_bytes` opens it as the root was opened; credentials come from
-the environment as the AWS/GCS SDKs read them (``AWS_ENDPOINT_URL`` is honoured too).
+:class:`BucketPath` has the few methods of :class:`pathlib.Path` those readers use (``is_dir``,
+``is_file``, ``iterdir``, ``/``, ``name``, ``parent``, ``suffix``, ``stat``, ``relative_to``),
+backed by :mod:`pyarrow.fs`. A folder is listed once (one ``ListObjects`` per 1000 entries on
+S3) and what the listing says of each entry (folder or file, size, modification time) is kept:
+asking ``is_dir`` of a listed entry, or the size of a listed file, makes no request.
+``str(path)`` is the entry's URI with the root's query (``?endpoint_override=...&scheme=http``),
+so that :func:`read_bytes` opens it as the root was opened; credentials come from the
+environment as the AWS/GCS SDKs read them (``AWS_ENDPOINT_URL`` is honoured too).
 """
 
 from __future__ import annotations
 
 import posixpath
 from pathlib import Path, PurePosixPath
-from typing import NamedTuple
+from typing import IO, Any, NamedTuple
 
 from pyarrow import fs
+
+# URI schemes read through pyarrow's file systems (local paths are opened directly).
+REMOTE_SCHEMES: tuple[str, ...] = ("s3://", "gs://", "gcs://", "hdfs://")
+
+
+def is_remote(path: str | Path | BucketPath) -> bool:
+    """Whether ``path`` is a bucket URI (or a :class:`BucketPath`) rather than a local path."""
+    return str(path).startswith(REMOTE_SCHEMES)
 
 
 class BucketStat(NamedTuple):
@@ -101,6 +112,12 @@ class BucketPath:
         return posixpath.basename(self.inner)
 
     @property
+    def parent(self) -> BucketPath:
+        """The folder holding this entry, under the same root (its query, its listings)."""
+        return BucketPath(self.filesystem, self.prefix, posixpath.dirname(self.inner),
+                          self.query, listings=self._listings)
+
+    @property
     def suffix(self) -> str:
         return PurePosixPath(self.inner).suffix
 
@@ -131,8 +148,13 @@ class BucketPath:
         return self._info
 
     def is_dir(self) -> bool:
-        """Whether this is a folder with something in it (a bucket has no empty folders)."""
-        if self._info is not None:
+        """Whether this is a folder with something in it (a bucket has no empty folders).
+
+        Raises:
+            ValueError: it cannot be listed (:func:`_cannot_list`).
+        """
+        # Some object stores answer NotFound for a folder (a key prefix): only a listing tells.
+        if self._info is not None and self._info.type != fs.FileType.NotFound:
             return bool(self._info.type == fs.FileType.Directory)
         return self._listing() is not None
 
@@ -168,10 +190,81 @@ class BucketPath:
         return self
 
 
+def root_path(root: str | Path) -> Path | BucketPath:
+    """``root`` as the readers walk it: a bucket URI as a :class:`BucketPath`, a local path as a
+    :class:`pathlib.Path` (as given: ``~`` is the caller's to expand).
+
+    Raises:
+        ValueError: the URI names no file system pyarrow can open (one line).
+    """
+    return BucketPath.open(str(root)) if is_remote(root) else Path(root)
+
+
+def _bucket_file(path: str | Path | BucketPath) -> tuple[fs.FileSystem, str]:
+    """The file system and inner path of a bucket object: a :class:`BucketPath` knows its own,
+    a URI is parsed (each time: a shard's URI is opened once).
+
+    Raises:
+        OSError: the URI is malformed (pyarrow's ArrowInvalid, a ValueError, said as OSError).
+    """
+    if isinstance(path, BucketPath):
+        return path.filesystem, path.inner
+    try:
+        return fs.FileSystem.from_uri(str(path))
+    except ValueError as error:  # pyarrow's ArrowInvalid: a malformed URI
+        raise OSError(str(error)) from error
+
+
+def open_stream(path: str | Path | BucketPath) -> IO[bytes]:
+    """A local file or bucket object opened for reading once from start to end (a tar shard,
+    an image); the caller closes it.
+
+    Raises:
+        OSError: it cannot be opened (a malformed URI included).
+    """
+    if not is_remote(path):
+        return open(str(path), "rb")  # the caller closes it
+    filesystem, inner = _bucket_file(path)
+    try:
+        stream: IO[bytes] = filesystem.open_input_stream(inner)
+    except ValueError as error:
+        raise OSError(str(error)) from error
+    return stream
+
+
+def open_random(path: str | Path | BucketPath) -> Any:
+    """A file opened for random access (a Parquet file: footer first): a local path as a string,
+    a bucket object as pyarrow's input file.
+
+    Raises:
+        OSError: it cannot be opened (a malformed URI included).
+    """
+    if not is_remote(path):
+        return str(path)
+    filesystem, inner = _bucket_file(path)
+    try:
+        return filesystem.open_input_file(inner)
+    except ValueError as error:
+        raise OSError(str(error)) from error
+
+
+def read_bytes(path: str | Path | BucketPath) -> bytes:
+    """The bytes of a local file or of a bucket object (opened by :func:`open_stream`).
+
+    Raises:
+        OSError: the file or object cannot be read (a malformed URI included).
+    """
+    if not is_remote(path):
+        return Path(str(path)).read_bytes()
+    with open_stream(path) as stream:
+        return stream.read()
+
+
 def as_listed(path: Path | BucketPath) -> Path | str:
     """A listed file as an image set's row holds it: a bucket entry as its URI (str), a local
     path unchanged."""
     return str(path) if isinstance(path, BucketPath) else path
 
 
-__all__ = ["BucketPath", "BucketStat", "as_listed"]
+__all__ = ["REMOTE_SCHEMES", "BucketPath", "BucketStat", "as_listed", "is_remote",
+           "open_random", "open_stream", "read_bytes", "root_path"]

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from raycl.data.bucket_paths import BucketPath, as_listed
-from raycl.data.streamed import is_remote, read_bytes, square_rgb
+from raycl.data.bucket_paths import BucketPath, as_listed, is_remote, read_bytes, root_path
+from raycl.data.streamed import square_rgb
 from raycl.data.types import ImageFiles
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".webp"})
@@ -52,7 +52,7 @@ def _folder(root: str | Path | BucketPath) -> Listed:
     """``root`` as the listing walks it: a local Path (exactly as before), or a bucket folder."""
     if isinstance(root, BucketPath):
         return root
-    return BucketPath.open(str(root)) if is_remote(root) else Path(root)
+    return root_path(root)
 
 
 def _is_image(path: Listed) -> bool:

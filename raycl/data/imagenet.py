@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from raycl.data.bucket_paths import BucketPath, as_listed
+from raycl.data.bucket_paths import as_listed, root_path
 from raycl.data.folders import (
     FileList,
     Listed,
@@ -31,7 +31,6 @@ from raycl.data.folders import (
     list_image_files,
     require_trained_classes,
 )
-from raycl.data.streamed import is_remote
 from raycl.data.types import ImageFiles
 
 # The halves of an ImageNet root, as read: val is the shipped test split.
@@ -53,7 +52,7 @@ def _root(cfg: Any) -> Listed:
         raise ValueError(f"dataset {cfg.dataset!r} needs data.root (the ImageNet directory "
                          f"holding train/<wnid>/ and val/<wnid>/)")
     root = str(cfg.root)
-    return BucketPath.open(root) if is_remote(root) else Path(root).expanduser()
+    return root_path(root).expanduser()
 
 
 def _require_halves(root: Listed) -> None:

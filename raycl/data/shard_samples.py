@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from raycl.data import shard_files
+from raycl.data.bucket_paths import open_random, open_stream
 
 # Samples per Parquet batch read (the row groups are read a batch at a time).
 BATCH_ROWS = 64
@@ -59,7 +59,7 @@ def tar_groups(path: str, wanted: frozenset[str]) -> Iterator[tuple[str, dict[st
     sharing a key (the name up to the first dot of its last part) and following each other.
     Only members whose extension is in ``wanted`` are read (the others are passed over)."""
     try:
-        stream = shard_files.open_stream(path)
+        stream = open_stream(path)
     except (OSError, ValueError) as error:
         raise OSError(f"cannot open shard {path!r}: {error}") from error
     with stream:
@@ -132,7 +132,7 @@ def parquet_samples(path: str, images: bool, captions: bool) -> Iterator[Raw]:
     import pyarrow.parquet as pq
 
     try:
-        parquet = pq.ParquetFile(shard_files.open_random(path))
+        parquet = pq.ParquetFile(open_random(path))
     except (OSError, ValueError, pa.ArrowException) as error:
         raise OSError(f"cannot open shard {path!r}: {error}") from error
     image_column, caption_column = parquet_columns(parquet.schema_arrow.names)

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from raycl.data.bucket_paths import is_remote
 from raycl.data.shards import ShardFormat, ShardRows, list_shards, read_captions, split_shards
-from raycl.data.streamed import is_remote
 from raycl.data.types import DatasetSplits, ImageSet
 
 

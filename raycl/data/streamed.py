@@ -6,10 +6,10 @@ In memory mode a dataset is decoded once per node into a memory-mapped cache
 lazy array-like that decodes the rows it is asked for.
 
 - :class:`FileRows`: one image file per row (a folder, ImageNet's wnid folders, a pairs file;
-  local paths or ``s3://`` / ``gs://`` URIs). Random access: indexing decodes exactly those
-  files, so training batches are the same samplers' batches as in memory mode (a global shuffle
-  per epoch, MCL's pseudo-label batches), decoded by Ray Data tasks
-  (:mod:`raycl.worker.stream_loader`).
+  local paths or ``s3://`` / ``gs://`` URIs, read by :mod:`raycl.data.bucket_paths`). Random
+  access: indexing decodes exactly those files, so training batches are the same samplers'
+  batches as in memory mode (a global shuffle per epoch, MCL's pseudo-label batches), decoded
+  by Ray Data tasks (:mod:`raycl.worker.stream_loader`).
 - :class:`~raycl.data.shards.ShardRows`: samples packed in shards read in sequence (WebDataset
   tar files, Parquet files with an image-bytes column). Shards are shuffled per epoch and
   samples pass through a seeded shuffle buffer.
@@ -26,40 +26,15 @@ import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from raycl.data.bucket_paths import read_bytes
 from raycl.data.types import rows_then_rest
 
 logger = logging.getLogger(__name__)
-
-# URI schemes read through pyarrow's file systems (local paths are opened directly).
-REMOTE_SCHEMES: tuple[str, ...] = ("s3://", "gs://", "gcs://", "hdfs://")
-
-
-def is_remote(path: str | Path) -> bool:
-    """Whether ``path`` is a bucket URI rather than a local path."""
-    return str(path).startswith(REMOTE_SCHEMES)
-
-
-def read_bytes(path: str | Path) -> bytes:
-    """The bytes of a local file or of an ``s3://`` / ``gs://`` object (pyarrow's file systems,
-    credentials from the environment as the AWS/GCS SDKs read them).
-
-    Raises:
-        OSError: the file or object cannot be read.
-    """
-    if not is_remote(path):
-        return Path(path).read_bytes()
-    from pyarrow import fs
-
-    filesystem, inner = fs.FileSystem.from_uri(str(path))
-    with filesystem.open_input_stream(inner) as stream:
-        return stream.read()
-
 
 def decode_square_rgb(data: bytes, resolution: int, name: str = "image") -> np.ndarray:
     """Decode encoded image bytes, centre-crop to a square, resize: uint8 (3, resolution,
@@ -247,5 +222,5 @@ def decoded_bytes(count: int, resolution: int, channels: int = 3) -> int:
     return int(count) * int(channels) * int(resolution) ** 2
 
 
-__all__ = ["REMOTE_SCHEMES", "Decoded", "FileRows", "SquareImages", "decode_paths",
-           "decode_square_rgb", "decoded_bytes", "is_remote", "read_bytes", "square_rgb"]
+__all__ = ["Decoded", "FileRows", "SquareImages", "decode_paths", "decode_square_rgb",
+           "decoded_bytes", "square_rgb"]
