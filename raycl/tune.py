@@ -136,8 +136,10 @@ def _keep_train_coordinator_on_this_node() -> None:
                                           exc_info=True)
 
 
-def _search(config: CoreConfig) -> tuple[dict[str, Any], Any, int, Any]:
-    """``(param_space, search_alg, num_samples, scheduler)`` of the sweep's Tuner."""
+def tuner_search(config: CoreConfig) -> tuple[dict[str, Any], Any, int, Any]:
+    """``(param_space, search_alg, num_samples, scheduler)`` of the sweep's Tuner: the searcher
+    and ASHA (or FIFO) for a search space; for an empty one, ``num_samples`` repeats of the
+    configuration as a grid over seeds, each run to the end."""
     from ray import tune
     from ray.tune.schedulers import FIFOScheduler
 
@@ -190,7 +192,7 @@ def build_tuner(
     storage = _storage_path(config.tune.storage_path)
     trainable = _trainable(trial_config, storage_child(storage, f"{config.name}-train"), fault)
 
-    param_space, search_alg, num_samples, scheduler = _search(config)
+    param_space, search_alg, num_samples, scheduler = tuner_search(config)
     run_config = tune.RunConfig(
         name=config.name,
         storage_path=storage,

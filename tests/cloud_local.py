@@ -28,13 +28,11 @@ ends with it (``Cluster.shutdown``; the moto thread).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +40,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from local_servers import free_port, stop_group
 
 REPO = Path(__file__).resolve().parents[1]
 RESOURCE = "gpu_node"  # what the worker nodes declare and trials ask for
@@ -52,12 +52,6 @@ SHRUNK = {"data.samples_per_combination": 1, "data.resolution": 16, "train.batch
           "eval.linear_max_iter": 50, "train.epochs": 3, "eval.every_n_epochs": 3,
           "scaling.num_workers": 1, "scaling.cpus_per_worker": 1,
           "tune.num_samples": 1}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_bucket() -> tuple[Any, str, str]:
@@ -319,17 +313,6 @@ def logged_runs(tracking_uri: str, name: str) -> list[dict[str, Any]]:
             for run in runs]
 
 
-def stop_process_group(process: subprocess.Popen) -> None:
-    import signal
-
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=20)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-
-
 IDLE_TIMEOUT_MIN = 0.1  # 6 s
 
 
@@ -460,7 +443,7 @@ def autoscale(root: Path, storage: str) -> dict[str, Any]:
         outcome["released_after_s"] = round(time.monotonic() - ended, 1)
     finally:
         ray.shutdown()
-        stop_process_group(head)
+        stop_group(head, grace_s=3.0)  # a throwaway head: no graceful drain
     return outcome
 
 
@@ -520,7 +503,7 @@ def main(root: Path, scenarios: list[str]) -> None:
         cluster.shutdown()
         server.stop()
         if mlflow is not None:
-            stop_process_group(mlflow[0])
+            stop_group(mlflow[0])
         if postgres is not None:
             subprocess.run([*postgres[0], "-D", str(postgres[1]), "-m", "fast", "stop"],
                            check=False, capture_output=True, timeout=60)

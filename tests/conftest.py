@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from local_servers import TRAIN_POLL
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,6 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 # the multi-node tests' own, or one of CI's — and fail or disturb it. Tests that mean to join a
 # cluster pass its address explicitly.
 os.environ.setdefault("RAY_ADDRESS", "local")
+# Every Ray the suite starts inherits it (local_servers.TRAIN_POLL says why).
+os.environ.setdefault(*TRAIN_POLL)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,12 @@ import time
 import urllib.error
 import urllib.request
 
+# Ray Train's controller collects a worker's report when it polls the workers' health (every 2 s
+# by default), and the worker's next report waits for that: a test epoch of 0.1 s would take
+# 2 s. Set for every Ray the suite starts (tests/conftest.py; the tests that start Ray from a
+# cleared environment pass it on).
+TRAIN_POLL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
+
 
 def free_port() -> int:
     with socket.socket() as sock:

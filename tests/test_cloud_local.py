@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from local_servers import stop_group
+from local_servers import TRAIN_POLL, stop_group
 from mlflow import MlflowClient
 
 from raycl.tracking import ROLE_TAG
@@ -72,7 +72,7 @@ def _run_scenarios_in(root: Path, data_cache: Path, scenarios: list[str]) -> Out
     latest; what it left."""
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("RAY_", "MLFLOW_", "AWS_"))}
-    env.update(RAYCL_CACHE=str(data_cache), PYTHONPATH=str(REPO))
+    env.update([TRAIN_POLL], RAYCL_CACHE=str(data_cache), PYTHONPATH=str(REPO))
     log = root / "output.log"
     with log.open("w") as out:
         process = subprocess.Popen(

@@ -187,16 +187,6 @@ def test_quickstart_shortened_to_one_epoch(ray_session, data_cache, tmp_path, ca
     assert all("test/linear/mean" in child.data.metrics for child in children)
 
 
-def test_empty_space_runs_seed_repeats(ray_session, data_cache, tmp_path) -> None:
-    config = tiny_config(tmp_path, "quickstart.yaml", "train.epochs=1", "tune.num_samples=2",
-                         "tune.search_space={}", "seed=3", "name=e2e-repeats")
-    results = build_tuner(config, None).fit()
-    assert sorted(result.config["seed"] for result in results) == [3, 4]
-    _, _, children = runs_of(tmp_path, "e2e-repeats")
-    assert sorted(child.data.params["seed"] for child in children) == ["3", "4"]
-    assert all(child.data.tags["raycl.ended"] == "completed" for child in children)
-
-
 def test_fgvr_trial_pretrains_its_decoder_then_logs_retrieval_and_pictures(
     ray_session, data_cache, tmp_path
 ) -> None:

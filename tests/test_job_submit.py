@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from local_servers import free_port, stop_group, wait_for_http
+from local_servers import TRAIN_POLL, free_port, stop_group, wait_for_http
 from mlflow import MlflowClient
 
 from raycl.tracking import COMMIT_TAG, PARENT_TAG, ROLE_TAG
@@ -91,6 +91,7 @@ def head(data_cache: Path) -> Iterator[Head]:
     assert generated.returncode == 0, generated.stderr
     assert (home / ".ray" / "auth_token").is_file()
     env["RAY_AUTH_MODE"] = "token"
+    env.update([TRAIN_POLL])
 
     gcs_port, dashboard_port, mlflow_port = free_port(), free_port(), free_port()
     # Ray's other fixed default ports (the dashboard agent's 52365 above all) are taken by the

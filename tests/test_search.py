@@ -12,7 +12,8 @@ from raycl.config.feasibility import JOINT_PREFIX, joint_domain, trial_problem
 from raycl.config.load import load_search
 from raycl.config.schema import ConfigError
 from raycl.config.search_config import apply_overrides
-from raycl.searchers import build_searcher
+from raycl.searchers import FinishingASHA, build_searcher
+from raycl.tune import tuner_search
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,3 +88,22 @@ def test_grid_searcher_runs_every_combination_once() -> None:
     with pytest.raises(ConfigError, match=r"tune\.search_space\.simclr\.temperature: tune\."
                                           r"searcher 'grid' needs choice domains, got loguniform"):
         load_search(REPO / "searches" / "mcl_k_n.yaml", ["tune.searcher=grid"])
+
+
+def test_an_empty_space_runs_seed_repeats_to_the_end() -> None:
+    """Nothing searched: ``tune.num_samples`` repeats that differ only by seed (from ``seed``
+    up), none stopped early; a searched space gets the searcher and ASHA."""
+    from ray.tune.schedulers import FIFOScheduler
+
+    config = load_search(REPO / "searches" / "quickstart.yaml", [
+        "tune.num_samples=2", "tune.search_space={}", "seed=3"])
+    space, searcher, num_samples, scheduler = tuner_search(config)
+    assert searcher is None and num_samples == 1 and type(scheduler) is FIFOScheduler
+    seeds = space["seed"]["grid_search"]
+    assert seeds == [3, 4]
+    assert [apply_overrides(config, {"seed": seed}).seed for seed in seeds] == [3, 4]
+
+    searched = load_search(REPO / "searches" / "quickstart.yaml", ["tune.num_samples=2"])
+    space, searcher, num_samples, scheduler = tuner_search(searched)
+    assert space == {} and searcher is not None and num_samples == 2
+    assert isinstance(scheduler, FinishingASHA)
