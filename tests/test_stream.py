@@ -4,6 +4,7 @@ mode, decoders in the trial's reservation, and whole sweeps through Ray Train, T
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -56,10 +57,10 @@ class _Session:
     rank, world_size, device = 0, 1, torch.device("cpu")
 
 
-def test_stream_batches_are_memory_mode_batches(ray_session, folder, tmp_path) -> None:
+def test_stream_batches_are_memory_mode_batches(ray_session, folder, tmp_path, caplog) -> None:
     """For the same seed and epoch a streamed epoch yields the batches the memory-mode sampler
     draws, decoded to the same pixels, in order; an undecodable file is replaced by another
-    image of its batch and counted (data/skipped), never raised."""
+    image of its batch, counted (data/skipped) every epoch and named once, never raised."""
     config = tiny_config(tmp_path, "quickstart.yaml", "data.dataset=folder",
                          f"data.root={folder}", "data.resolution=16", "data.loader=stream",
                          "train.batch_size=16")
@@ -72,7 +73,8 @@ def test_stream_batches_are_memory_mode_batches(ray_session, folder, tmp_path) -
     torch.manual_seed(7)  # one rank: the sampler shuffles with torch's seed (set per epoch)
     expected = [list(batch) for batch in loader.batch_sampler]
     torch.manual_seed(7)
-    streamed = list(loader)
+    with caplog.at_level(logging.WARNING, logger="raycl.worker.stream_loader"):
+        streamed = list(loader)
     assert len(streamed) == len(loader) == len(expected)
     decoded = IndexedImages(images)
     broken = {i for i, path in enumerate(images.paths) if path.endswith("zz_broken.jpg")}
@@ -84,6 +86,16 @@ def test_stream_batches_are_memory_mode_batches(ray_session, folder, tmp_path) -
     skipped = loader.pop_metrics()["data/skipped"]
     assert skipped == len(broken) > 0  # each broken training file met once per epoch
     assert loader.pop_metrics()["data/skipped"] == 0.0  # counted per epoch
+    named = [record.getMessage() for record in caplog.records
+             if record.name == "raycl.worker.stream_loader"]
+    assert len(named) == len(broken) and all("zz_broken.jpg" in line for line in named)
+    caplog.clear()
+    set_sampler_epoch(loader, 4)
+    with caplog.at_level(logging.WARNING, logger="raycl.worker.stream_loader"):
+        assert len(list(loader)) == len(expected)
+    assert loader.pop_metrics()["data/skipped"] == skipped  # counted again, not named again
+    assert not [record for record in caplog.records
+                if record.name == "raycl.worker.stream_loader"]
 
 
 def test_two_ranks_stream_equal_disjoint_shares(ray_session, folder, tmp_path) -> None:

@@ -30,6 +30,7 @@ An image that cannot be decoded is replaced by another image of its batch (a fil
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -54,17 +55,16 @@ StreamBatch = tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tens
 
 def _decode_file_batch(batch: dict[str, np.ndarray], resolution: int) -> dict[str, np.ndarray]:
     """Ray Data task: one training batch's files decoded (an undecodable one replaced by another
-    image of the batch, so the batch keeps its size and its pseudo-label group)."""
+    image of the batch, so the batch keeps its size and its pseudo-label group). The skipped
+    files travel with the batch: the trial's worker names them (:meth:`StreamLoader._skip`)."""
     paths = [str(path) for path in batch["paths"][0]]
     decoded = decode_paths(paths, resolution, threads=1, fill="copy")
-    for name, reason in zip(decoded.skipped, decoded.reasons, strict=True):
-        logger.warning("skipped an undecodable image, replaced by another of its batch: %s",
-                       reason or name)
+    skips = [(name, reason or name) for name, reason in zip(decoded.skipped, decoded.reasons,
+                                                            strict=True)]
     return {"images": decoded.images[None],
             "index": np.asarray(batch["index"][0], dtype=np.int64)[None],
-            "skipped": np.array([len(decoded.skipped)], dtype=np.int64),
-            "skipped_name": np.array([decoded.skipped[0] if decoded.skipped else ""],
-                                     dtype=object)}
+            "skipped": np.array([len(skips)], dtype=np.int64),
+            "skips": np.array([json.dumps(skips)], dtype=object)}
 
 
 def _decode_shards(
@@ -162,6 +162,7 @@ class StreamLoader:
         self.remote_args = _scheduling(placement_group, config.data.stream_cpus)
         self.epoch = 0  # within the stage: raycl.worker.loader.set_sampler_epoch sets it
         self.skipped = 0  # in the epoch being read (data/skipped)
+        self._named: set[str] = set()  # undecodable files already named in a warning
         self.batch_sampler: Any = None
         if isinstance(images, FileRows):
             if sampler is None:
@@ -184,11 +185,15 @@ class StreamLoader:
             return self._file_batches()
         return self._shard_batches()
 
-    def _count_skipped(self, count: int, name: str) -> None:
-        if count:
-            self.skipped += count
-            logger.warning("data: %d undecodable sample(s) skipped so far this epoch "
-                           "(latest %s)", self.skipped, name)
+    def _skip(self, skips: list[list[str]]) -> None:
+        """Count a file batch's undecodable files (data/skipped, every epoch) and name each in a
+        warning the first time this trial meets it."""
+        self.skipped += len(skips)
+        for name, reason in skips:
+            if name not in self._named:
+                self._named.add(name)
+                logger.warning("data: skipped an undecodable image (replaced by another of its "
+                               "batch, counted in data/skipped every epoch): %s", reason)
 
     def _file_batches(self) -> Iterator[StreamBatch]:
         import ray.data
@@ -205,7 +210,7 @@ class StreamLoader:
                                **self.remote_args)
         for batch in dataset.iter_batches(batch_size=1, batch_format="numpy",
                                           prefetch_batches=PREFETCH_BATCHES):
-            self._count_skipped(int(batch["skipped"][0]), str(batch["skipped_name"][0]))
+            self._skip(json.loads(str(batch["skips"][0])))
             # A copy: Ray hands out read-only views of its object store.
             yield (torch.from_numpy(np.array(batch["images"][0])),
                    torch.from_numpy(np.array(batch["index"][0], dtype=np.int64)))
@@ -240,9 +245,8 @@ class StreamLoader:
                 prefetch_batches=PREFETCH_BATCHES,
                 local_shuffle_buffer_size=self.shuffle_buffer or None,
                 local_shuffle_seed=seed if self.shuffle_buffer else None):
-            skipped = int(np.asarray(batch["skipped"]).sum())
-            names = [str(name) for name in batch["skipped_name"] if name]
-            self._count_skipped(skipped, names[0] if names else "")
+            # Counted only: the decoding task named them (raycl.data.shards' skip log).
+            self.skipped += int(np.asarray(batch["skipped"]).sum())
             if len(batch["index"]) < self.per_rank:
                 continue
             images = torch.from_numpy(np.array(batch["images"]))  # writable (see above)
