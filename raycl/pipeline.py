@@ -35,6 +35,7 @@ from raycl.config.placement import data_cpus, worker_resources
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides, search_config_class
 from raycl.data import ATTRIBUTES, split_sizes_for
+from raycl.data.listed_once import listed_once
 from raycl.eval.diagnostics import plot_diagnostics
 from raycl.methods import method_class
 from raycl.worker.checkpoints import read_checkpoint
@@ -163,6 +164,12 @@ def run_trial(
 
     ``fault`` is a test hook (see :mod:`raycl.worker.faults`).
     """
+    with listed_once():  # the trial's checks and (in this process) its data: one listing
+        _run_trial(params, base_config, storage_path, fault)
+
+
+def _run_trial(params: dict[str, Any], base_config: dict[str, Any], storage_path: str,
+               fault: dict[str, Any] | None) -> None:
     started = time.time()
     config = apply_overrides(search_config_class().model_validate(base_config), params)
     # A safety net: the searcher only proposes feasible trials (raycl.config.feasibility), but a

@@ -27,6 +27,7 @@ from raycl.config.load import load_search, with_absolute_paths
 from raycl.config.placement import CLUSTER_CHECKS, placement_warning, trial_bundles
 from raycl.config.schema import ConfigError, CoreConfig
 from raycl.config.search_config import apply_overrides, max_reports, schema_markdown
+from raycl.data.listed_once import listed_once
 from raycl.dry_run import collapse_notices, print_dry_run
 
 EPILOG = """\
@@ -343,6 +344,12 @@ def _run(config: CoreConfig, search_file: str | None, fresh: bool, address: str 
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The launch's checks ask for a dataset's listing several times: one listing serves them.
+    with listed_once():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     if not args.verbose:
         # The pre-launch MLflow check may create a new database: MLflow says so at INFO.

@@ -468,3 +468,36 @@ def test_unreadable_images_in_a_folder_are_named_and_counted_before_launch(
     assert message.startswith(f"{tmp_path / 'search.yaml'}: data.root: cannot read image "
                               f"'{root / 'circle' / '1.png'}': ")
     assert message.endswith("(2 of 6 image files unreadable)")
+
+
+def test_a_launch_lists_an_imagenet_root_once_and_nothing_is_kept_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """The launch's checks (data, split sizes, batch feasibility) all need the root's listing,
+    which in a bucket is a request per thousand files: the CLI lists each half once. Outside a
+    launch nothing is remembered: an image added since is seen."""
+    from raycl.data import imagenet
+    from raycl.data.listed_once import listed_once
+    from raycl.tune import main
+
+    root = write_imagenet(tmp_path / "imagenet", WNIDS, per_class_train=10, per_class_val=2)
+    listed: list[str] = []
+    list_half = imagenet._list_half
+
+    def counting(folder: Any, wnids: Any) -> Any:
+        listed.append(Path(str(folder)).name)
+        return list_half(folder, wnids)
+
+    monkeypatch.setattr(imagenet, "_list_half", counting)
+    assert main(["searches/quickstart.yaml", "--set", "data.dataset=imagenet",
+                 "--set", f"data.root={root}", "--set", "data.resolution=8",
+                 "--set", "train.batch_size=4", "--dry-run"]) == 0
+    assert "imagenet" in capsys.readouterr().out
+    assert sorted(listed) == ["train", "val"]
+
+    cfg = data_config(tmp_path, "imagenet", root, resolution=8)
+    with listed_once():
+        before = split_sizes_for(cfg)["train"]
+        extra = root / "train" / WNIDS[0] / "added.JPEG"
+        shutil.copy(next((root / "train" / WNIDS[0]).iterdir()), extra)
+        assert split_sizes_for(cfg)["train"] == before  # the scope's one listing
+    assert split_sizes_for(cfg)["train"] == before + 1

@@ -30,6 +30,7 @@ import numpy as np
 from PIL import Image
 
 from raycl.data.bucket_paths import BucketPath, as_listed, is_remote, read_bytes, root_path
+from raycl.data.listed_once import remembered
 from raycl.data.streamed import square_rgb
 from raycl.data.types import ImageFiles
 
@@ -164,7 +165,13 @@ def list_folder(root: str | Listed, layout: str = "auto") -> dict[str, FileList]
     Raises:
         FileNotFoundError, ValueError: see :func:`resolve_layout` and :func:`list_image_files`;
             also a class folder of test/ without images in train/.
+
+    Inside a :func:`raycl.data.listed_once.listed_once` scope the root is listed once.
     """
+    return remembered(("folder", str(root), layout), lambda: _list_folder(root, layout))
+
+
+def _list_folder(root: str | Listed, layout: str) -> dict[str, FileList]:
     root_path = _folder(root)
     if resolve_layout(root_path, layout) == "flat":
         return {"all": list_image_files(root_path)}

@@ -31,6 +31,7 @@ from raycl.data.folders import (
     list_image_files,
     require_trained_classes,
 )
+from raycl.data.listed_once import remembered
 from raycl.data.types import ImageFiles
 
 # The halves of an ImageNet root, as read: val is the shipped test split.
@@ -109,7 +110,14 @@ def list_imagenet(root: Listed, wnids: list[str] | None) -> dict[str, FileList]:
     Raises:
         ValueError: a half is missing or empty, a listed class has no images in a half, or a
             class of val/ has no training images; a bucket folder cannot be listed.
+
+    Inside a :func:`raycl.data.listed_once.listed_once` scope the root is listed once.
     """
+    key = ("imagenet", str(root), tuple(wnids) if wnids is not None else None)
+    return remembered(key, lambda: _list_imagenet(root, wnids))
+
+
+def _list_imagenet(root: Listed, wnids: list[str] | None) -> dict[str, FileList]:
     _require_halves(root)
     parts = {part: _list_half(root / half, wnids)
              for part, half in zip(("train", "test"), HALVES, strict=True)}
