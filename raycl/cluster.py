@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-from sklearn.metrics import adjusted_mutual_info_score
 
 # faiss tries its CPU builds in turn and logs each miss at INFO ("Could not load library with
 # AVX512 support"): noise in every Ray Train worker, whose root logger Ray sets to INFO.
@@ -251,6 +250,8 @@ def ami_matrix(assignments: Sequence[np.ndarray]) -> np.ndarray:
                 f"assignments[{stage_index}] must be 1-D with the same length as "
                 f"assignments[0], got shape {stage.shape}"
             )
+    from sklearn.metrics import adjusted_mutual_info_score  # ~1 s to import: only when used
+
     num_stages = len(stages)
     matrix = np.eye(num_stages, dtype=np.float64)
     for row in range(num_stages):

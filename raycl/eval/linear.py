@@ -8,9 +8,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression
-from sklearn.preprocessing import StandardScaler
 
 ArrayLike = np.ndarray | torch.Tensor
 # Split name -> (features, labels): every set a fitted probe is scored on.
@@ -108,6 +105,12 @@ def linear_probe_scores(
     if len(classes) == 1:
         # LogisticRegression refuses a single class; the only possible prediction is it.
         return {name: float(np.mean(y == classes[0])) for name, (_, y) in checked.items()}
+    # Imported here: scikit-learn takes ~1 s to import, and only the rank that scores probes
+    # needs it (every Ray Train worker imports this module).
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
     scaler = StandardScaler().fit(train_x)
     # lbfgs fits the multinomial (softmax) model for multi-class targets.
     classifier = LogisticRegression(solver="lbfgs", max_iter=max_iter, random_state=seed)
