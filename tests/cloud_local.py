@@ -418,7 +418,12 @@ def autoscale(root: Path, storage: str) -> dict[str, Any]:
     outcome: dict[str, Any] = {}
     try:
         wait_for_head(head, address, root)
-        init_ray(quiet=True, address=address, log_to_driver=True)
+        try:
+            init_ray(quiet=True, address=address, log_to_driver=True)
+        except ConnectionError:  # the GCS answered, then missed ray.init's call: once more
+            ray.shutdown()
+            wait_for_head(head, address, root)
+            init_ray(quiet=True, address=address, log_to_driver=True)
         outcome["workers_at_start"] = alive_workers(address)
         config = sweep_config("autoscale", storage, tracking_uri, "tune.num_samples=2",
                               "tune.max_concurrent_trials=2")
