@@ -176,19 +176,13 @@ def _chunk(images: list[np.ndarray], index: list[int], captions: list[str] | Non
     return Chunk(stacked, np.asarray(index, dtype=np.int64), captions, skipped, reasons)
 
 
-def _columns(chunk: Chunk, previous: int, pending: list[str],
-             need_captions: bool) -> dict[str, np.ndarray]:
+def _columns(chunk: Chunk, previous: int, need_captions: bool) -> dict[str, np.ndarray]:
     """A non-empty chunk as Ray Data columns. The samples skipped before a row are the gap
     between its index and the previous row's (``previous``: the index before the chunk's first
-    row); their names are taken from the front of ``pending`` (consumed)."""
+    row)."""
     count = len(chunk.index)
     skipped = np.diff(chunk.index, prepend=previous) - 1
-    names = np.full(count, "", dtype=object)
-    for row in np.flatnonzero(skipped):
-        names[row] = pending[0] if pending else ""
-        del pending[:int(skipped[row])]
-    columns = {"images": chunk.images, "index": chunk.index, "skipped": skipped.astype(np.int64),
-               "skipped_name": names}
+    columns = {"images": chunk.images, "index": chunk.index, "skipped": skipped.astype(np.int64)}
     if need_captions:
         columns["caption"] = np.asarray(chunk.captions or [""] * count, dtype=object)
     return columns
@@ -205,41 +199,36 @@ def shard_chunks_as_columns(
 
     Returns:
         Per chunk with at least one good sample: ``images`` uint8 (n, 3, R, R), ``index`` int64
-        (n,), ``caption`` object array of str (only when ``need_captions``), ``skipped`` int64
-        (n,) samples skipped before each row (the shard's trailing skips on its last row) and
-        ``skipped_name`` object array, the first of them (``""`` when none). A shard without a
-        good sample yields nothing (and is named in a warning); a shard that cannot be read on
-        (truncated, gone) ends there, its remaining samples counted as skipped. Never raises.
+        (n,), ``caption`` object array of str (only when ``need_captions``) and ``skipped``
+        int64 (n,), the samples skipped before each row (the shard's trailing skips on its last
+        row; :func:`read_shard` names them in warnings). A shard without a good sample yields
+        nothing (and is named in a warning); a shard that cannot be read on (truncated, gone)
+        ends there, its remaining samples counted as skipped. Never raises.
     """
     held: dict[str, np.ndarray] | None = None  # kept back: trailing skips join its last row
-    pending: list[str] = []  # skipped samples not yet attached to a row, in order
-    previous = shard.offset - 1
+    previous = shard.offset - 1  # index of the last good sample so far
     seen = 0  # samples of the shard read so far, good or skipped
     try:
         for chunk in read_shard(shard, fmt, resolution, need_captions):
-            pending += chunk.skipped
             seen += len(chunk.index) + len(chunk.skipped)
             if not len(chunk.index):
                 continue
             if held is not None:
                 yield held
-            held = _columns(chunk, previous, pending, need_captions)
+            held = _columns(chunk, previous, need_captions)
             previous = int(chunk.index[-1])
     except OSError as error:
         # A shard truncated or unreadable mid-epoch: the rest of it is skipped and counted,
         # never a crash of the trial (a shard missing at launch is refused before it).
-        rest = max(0, shard.count - seen)
         logger.warning("shard %s unreadable after %d of %d samples, the rest skipped: %s",
                        shard.path, seen, shard.count, error)
-        pending += [f"{shard.path}:#{seen + i}" for i in range(rest)]
+        seen = max(seen, shard.count)
+    trailing = shard.offset + seen - 1 - previous  # after the last good sample
     if held is None:
         logger.warning("shard %s has no sample that could be read (%d skipped)", shard.path,
-                       len(pending))
+                       trailing)
         return
-    if pending:
-        held["skipped"][-1] += len(pending)
-        if not held["skipped_name"][-1]:
-            held["skipped_name"][-1] = pending[0]
+    held["skipped"][-1] += trailing
     yield held
 
 
