@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # On your own machine override, e.g. `make test TORCH_SPEC="torch torchvision"`.
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install data browser demo test lint bench bench-gpu clean server
+.PHONY: install data browser demo test lint bench bench-gpu clean clean-results server
 
 install: $(VENV)/.installed
 
@@ -72,5 +72,21 @@ bench: install
 bench-gpu: install
 	$(PY) benchmarks/gpu.py
 
+# Only what is rebuilt by itself: caches, build files, the UI test's screenshots. Never results.
 clean:
-	rm -rf ray_results mlflow.db mlartifacts .pytest_cache
+	rm -rf .pytest_cache .ruff_cache .pytest-artifacts build dist *.egg-info
+	find . \( -path ./$(VENV) -o -path ./.git \) -prune -o -name __pycache__ -type d -prune \
+		-exec rm -rf {} +
+
+# Sweep results here: MLflow's runs and artifacts, Ray Tune's state and checkpoints, the only
+# copy of every sweep run with the default paths. Listed; deleted only with CONFIRM=1.
+RESULTS := ray_results mlflow.db mlartifacts mlruns
+
+clean-results:
+	@found=""; for path in $(RESULTS); do [ -e "$$path" ] && found="$$found $$path"; done; \
+	if [ -z "$$found" ]; then echo "no results here (none of: $(RESULTS))"; exit 0; fi; \
+	du -sh $$found; \
+	if [ "$(CONFIRM)" != 1 ]; then \
+		echo "these are the only copy of every sweep's runs and checkpoints;" \
+		     "'make clean-results CONFIRM=1' deletes them"; exit 1; fi; \
+	rm -rf $$found; echo "deleted:$$found"

@@ -9,6 +9,8 @@ functions (a driver in this process, connected to the cluster):
   which resumes from the bucket (and finds it done).
 - ``drained``: the trial's worker node is drained with the preemption reason, then removed.
 - ``killed``: the trial's worker node is killed abruptly (no drain).
+- ``outage``: the bucket's server stopped for ``OUTAGE_S`` right after epoch 1's checkpoint
+  (connections refused), so epoch 2's checkpoint is written into the outage; then restarted.
 - ``postgres``: four trials at once log to an MLflow server (``python -m raycl.server``) whose
   database is a PostgreSQL this process starts on loopback, in ``ROOT`` (PostgreSQL 15's
   ``initdb``/``pg_ctl`` on the PATH or in /usr/lib/postgresql/15/bin; as root they run as the
@@ -22,8 +24,10 @@ released after the idle timeout.
 
 Each outcome (what the driver returned, how long it took, where the trial ran) goes to
 ``ROOT/outcome.json``; the test reads it and MLflow's database. Nothing here is shared with the
-test session's Ray: this process is the only driver of its cluster, and everything it started
-ends with it (``Cluster.shutdown``; the moto thread).
+test session's Ray: this process is the only driver of its cluster, its temp directory
+(``TMPDIR`` and ``RAY_TMPDIR``, set by the test) is ``ROOT``, so Ray writes nothing under the
+machine's ``/tmp/ray``, and everything it started ends with it (``Cluster.shutdown``; the moto
+thread; the servers it spawned through tests/local_servers.py, which the test stops as well).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from local_servers import free_port, stop_group
+from local_servers import Spawned, free_port, marked_env, spawn
 
 REPO = Path(__file__).resolve().parents[1]
 RESOURCE = "gpu_node"  # what the worker nodes declare and trials ask for
@@ -94,6 +98,21 @@ def start_cluster(root: Path) -> Any:
         add_worker_node(cluster)
     cluster.wait_for_nodes()
     return cluster
+
+
+def temp_places(cluster: Any, fresh: bool) -> dict[str, Any]:
+    """Where this process's Ray wrote: its temp and session directories, the address file
+    ``Cluster`` writes for a bare ``ray.init()`` (under $RAY_TMPDIR), every node's sockets."""
+    from ray._private.utils import get_ray_address_file
+
+    address_file = Path(get_ray_address_file(None))
+    nodes = [cluster.head_node, *cluster.worker_nodes]
+    return {"fresh": fresh, "tmpdir": tempfile.gettempdir(),
+            "session_dir": cluster.head_node.get_session_dir_path(),
+            "address": cluster.address, "address_file": str(address_file),
+            "address_written": address_file.read_text() if address_file.is_file() else None,
+            "sockets": [socket for node in nodes for socket in
+                        (node.plasma_store_socket_name, node.raylet_socket_name)]}
 
 
 def add_worker_node(cluster: Any) -> Any:
@@ -198,6 +217,74 @@ def preempted_sweep(cluster: Any, name: str, storage: str, tracking_uri: str, ro
     return outcome
 
 
+OUTAGE_S = 20.0  # how long the bucket is away
+
+
+def refuses(port: int) -> bool:
+    """Whether loopback ``port`` refuses connections (a stopped server, not a slow one)."""
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            return False
+    except ConnectionRefusedError:
+        return True
+
+
+def interrupt_bucket(port: int, marker: Path, log: dict[str, Any], tracking_uri: str,
+                     name: str) -> None:
+    """Once the paused worker's epoch 1 is reported (``marker``) and in MLflow: stop the
+    bucket's server for ``OUTAGE_S``, then serve it again on the same port (moto keeps its
+    buckets in this process, so the bucket comes back with everything in it)."""
+    from moto.server import ThreadedMotoServer
+
+    deadline = time.monotonic() + 300
+    while not (marker.exists() and epoch_logged(tracking_uri, name)):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the trial never reached its pause")
+        time.sleep(0.2)
+    log["server"].stop()
+    log["stopped_at"] = time.time()
+    log["refused"] = refuses(port)
+    time.sleep(OUTAGE_S)
+    restarted = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    restarted.start()
+    log["server"], log["restarted_at"] = restarted, time.time()
+
+
+def bucket_outage(server: Any, endpoint: str, storage: str, tracking_uri: str,
+                  root: Path) -> tuple[dict[str, Any], Any]:
+    """A sweep whose bucket goes away for ``OUTAGE_S`` right after epoch 1's checkpoint: the
+    worker pauses briefly after epoch 1, so epoch 2's checkpoint is written into the outage.
+    Returns the outcome and the bucket's server (a new one, once restarted)."""
+    name = "outage"
+    marker = root / f"{name}.paused"
+    log: dict[str, Any] = {"server": server}
+    interrupter = threading.Thread(target=interrupt_bucket, daemon=True, args=(
+        int(endpoint.rsplit(":", 1)[1]), marker, log, tracking_uri, name))
+    interrupter.start()
+    # The pause outlasts the epoch's way to MLflow (the moment the bucket goes), so the outage
+    # starts before epoch 2's checkpoint, and after Ray Train's controller recorded epoch 1's.
+    fault = {"after_epoch": 1, "marker": str(marker), "settle_seconds": 1, "pause_seconds": 8}
+    outcome = run_sweep(sweep_config(name, storage, tracking_uri), fault)
+    interrupter.join(timeout=OUTAGE_S + 10)
+    outcome.update({key: log.get(key) for key in ("stopped_at", "restarted_at", "refused")})
+    outcome["runs"] = logged_runs(tracking_uri, name)
+    outcome["logged_at"] = epochs_logged_at(tracking_uri, name)
+    return outcome, log["server"]
+
+
+def epochs_logged_at(tracking_uri: str, name: str) -> dict[int, float]:
+    """When (the driver's clock, seconds) each epoch's ``train/loss`` reached MLflow."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name(name)
+    runs = client.search_runs([experiment.experiment_id], "tags.`raycl.role` = 'trial'")
+    return {metric.step: metric.timestamp / 1000 for run in runs
+            for metric in client.get_metric_history(run.info.run_id, "train/loss")}
+
+
 def trial_artifacts(tracking_uri: str, name: str, folder: str) -> list[str]:
     """The artifacts under ``folder`` of sweep ``name``'s trial runs, listed here: the test reads
     this process's outcome, not its (temporary) artifact store."""
@@ -235,47 +322,64 @@ def postgres_command(name: str) -> list[str] | None:
     return [runuser, "-u", "postgres", "--", found] if runuser else None
 
 
-def start_postgres() -> tuple[list[str], Path, str]:
-    """A PostgreSQL on loopback with its data and socket in a temp directory of its own (one the
-    ``postgres`` user can enter): ``pg_ctl`` (to stop it), the data directory, and the database
-    URI. Raises RuntimeError when it cannot run."""
+Postgres = tuple[list[str], Path, str, Spawned]
+
+
+def start_postgres(root: Path) -> Postgres:
+    """A PostgreSQL on loopback with its data and socket in a directory of its own under
+    ``root`` (one the ``postgres`` user can enter): ``pg_ctl`` (to stop it), the data directory,
+    the database URI, and the handle that stops whatever of it is left (``pg_ctl start`` leaves
+    the postmaster in a session of its own). Raises RuntimeError when it cannot run."""
     initdb, pg_ctl = postgres_command("initdb"), postgres_command("pg_ctl")
     if initdb is None or pg_ctl is None:
         raise RuntimeError("PostgreSQL's initdb/pg_ctl are not available")
-    directory = Path(tempfile.mkdtemp(prefix="raycl-pg-", dir="/tmp"))
+    directory = Path(tempfile.mkdtemp(prefix="pg-", dir=root))
     if os.geteuid() == 0:
+        root.chmod(0o711)  # the postgres user passes through to its own directory
         shutil.chown(directory, "postgres", "postgres")
     data, port = directory / "data", free_port()
     options = f"-h 127.0.0.1 -p {port} -k {directory} -F"  # -F: no fsync (a throwaway)
     steps = {"initdb": [*initdb, "-D", str(data), "-A", "trust", "-U", "raycl", "--no-sync"],
              "pg_ctl start": [*pg_ctl, "-D", str(data), "-o", options, "-l",
                               str(directory / "log"), "-w", "-t", "60", "start"]}
+    env, handle = marked_env()
     for step, command in steps.items():
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False,
+                              env=env)
         if done.returncode != 0:
+            handle.stop(grace_s=5)  # a server that started but did not answer in time
             raise RuntimeError(f"{step} failed: {(done.stderr or done.stdout).strip()[-300:]}")
     # postgresql+psycopg2: SQLAlchemy 2.1 reads plain postgresql:// as psycopg (3).
-    return pg_ctl, data, f"postgresql+psycopg2://raycl@127.0.0.1:{port}/postgres"
+    return pg_ctl, data, f"postgresql+psycopg2://raycl@127.0.0.1:{port}/postgres", handle
 
 
-def start_mlflow(root: Path, backend: str) -> tuple[subprocess.Popen, str]:
+def stop_postgres(postgres: Postgres) -> None:
+    """A fast shutdown (clients disconnected), then whatever is left of it."""
+    pg_ctl, data, _, handle = postgres
+    subprocess.run([*pg_ctl, "-D", str(data), "-m", "fast", "stop"], check=False,
+                   capture_output=True, timeout=60)
+    handle.stop(grace_s=5)
+    shutil.rmtree(data.parent, ignore_errors=True)
+
+
+def start_mlflow(root: Path, backend: str) -> tuple[Spawned, str]:
     """``python -m raycl.server`` on loopback with ``backend`` as its database."""
     port = free_port()
-    log = (root / "mlflow-server.log").open("w")
-    server = subprocess.Popen(
+    server = spawn(
         [sys.executable, "-m", "raycl.server", "--port", str(port), "--workers", "2",
          "--backend-store-uri", backend, "--artifacts-destination", str(root / "artifacts")],
-        cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        cwd=root, log=root / "mlflow-server.log")
     return server, f"http://127.0.0.1:{port}"
 
 
-def wait_for_mlflow(server: subprocess.Popen, uri: str, timeout_s: float = 180) -> None:
+def wait_for_mlflow(server: Spawned, uri: str, timeout_s: float = 180) -> None:
     import urllib.request
 
+    assert server.process is not None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the MLflow server exited with {server.returncode}")
+        if server.process.poll() is not None:
+            raise RuntimeError(f"the MLflow server exited with {server.process.returncode}")
         try:
             with urllib.request.urlopen(f"{uri}/health", timeout=2):
                 return
@@ -335,7 +439,7 @@ def autoscaling_config(gcs_address: str) -> dict[str, Any]:
         "file_mounts_sync_continuously": False, "rsync_exclude": [], "rsync_filter": []}
 
 
-def start_autoscaling_head(root: Path) -> tuple[subprocess.Popen, str]:
+def start_autoscaling_head(root: Path) -> tuple[Spawned, str]:
     """``ray start --head --block`` with the fake provider, in its own process group."""
     port = free_port()
     address = f"127.0.0.1:{port}"
@@ -344,13 +448,12 @@ def start_autoscaling_head(root: Path) -> tuple[subprocess.Popen, str]:
     ports = [f"--{name.replace('_', '-')}={value}" for name, value in
              {**node_ports(), "ray_client_server_port": free_port()}.items()]
     env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
-    head = subprocess.Popen(
+    head = spawn(
         [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
          "--node-ip-address=127.0.0.1", f"--port={port}", f"--autoscaling-config={config}",
          "--num-cpus=0", "--include-dashboard=false", f"--temp-dir={root / 'ray'}",
          "--disable-usage-stats", *ports],
-        env=env, cwd=root, start_new_session=True,
-        stdout=(root / "ray-head.log").open("w"), stderr=subprocess.STDOUT)
+        env=env, cwd=root, log=root / "ray-head.log")
     return head, address
 
 
@@ -413,7 +516,9 @@ def autoscale(root: Path, storage: str) -> dict[str, Any]:
 
     from raycl.tune import init_ray
 
-    head, address = start_autoscaling_head(root)
+    spawned, address = start_autoscaling_head(root)
+    head = spawned.process
+    assert head is not None
     tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
     outcome: dict[str, Any] = {}
     try:
@@ -448,7 +553,7 @@ def autoscale(root: Path, storage: str) -> dict[str, Any]:
         outcome["released_after_s"] = round(time.monotonic() - ended, 1)
     finally:
         ray.shutdown()
-        stop_group(head, grace_s=3.0)  # a throwaway head: no graceful drain
+        spawned.stop(grace_s=3.0)  # a throwaway head: no graceful drain
     return outcome
 
 
@@ -458,6 +563,7 @@ def main(root: Path, scenarios: list[str]) -> None:
         # token of this process's own for the head and this driver; nothing under ~/.ray is
         # used. Set before Ray is imported: Ray reads its auth mode once.
         os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    fresh = not (root / "ray").exists()  # Ray's temp dir: made by this process's Ray
     import ray
 
     from raycl.tune import init_ray
@@ -475,13 +581,14 @@ def main(root: Path, scenarios: list[str]) -> None:
     if "postgres" in scenarios:
         # Started first: PostgreSQL and MLflow's migrations come up while the sweeps run.
         try:
-            postgres = start_postgres()
+            postgres = start_postgres(root)
             mlflow = start_mlflow(root, postgres[2])
         except (RuntimeError, subprocess.SubprocessError) as exc:
             outcome["postgres_skipped"] = str(exc)
-    cluster = start_cluster(root)
-    tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
+    cluster, tracking_uri = None, f"sqlite:///{root / 'mlflow.db'}"
     try:
+        cluster = start_cluster(root)
+        outcome["temp"] = temp_places(cluster, fresh)
         init_ray(quiet=True, address=cluster.address, log_to_driver=True)
         if "reference" in scenarios:
             outcome["reference"] = run_sweep(sweep_config("reference", storage, tracking_uri))
@@ -493,6 +600,9 @@ def main(root: Path, scenarios: list[str]) -> None:
         if "killed" in scenarios:
             outcome["killed"] = preempted_sweep(cluster, "killed", storage, tracking_uri, root,
                                                 preempt=False)
+        if "outage" in scenarios:
+            outcome["outage"], server = bucket_outage(server, endpoint, storage, tracking_uri,
+                                                      root)
         if mlflow is not None:
             wait_for_mlflow(*mlflow)
             outcome["postgres_uri"] = mlflow[1]
@@ -505,14 +615,13 @@ def main(root: Path, scenarios: list[str]) -> None:
     finally:
         (root / "outcome.json").write_text(json.dumps(outcome, indent=1))
         ray.shutdown()
-        cluster.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
         server.stop()
         if mlflow is not None:
-            stop_group(mlflow[0])
+            mlflow[0].stop()
         if postgres is not None:
-            subprocess.run([*postgres[0], "-D", str(postgres[1]), "-m", "fast", "stop"],
-                           check=False, capture_output=True, timeout=60)
-            shutil.rmtree(postgres[1].parent, ignore_errors=True)
+            stop_postgres(postgres)
 
 
 if __name__ == "__main__":

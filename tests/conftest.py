@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from local_servers import TRAIN_POLL
+from local_servers import TRAIN_POLL, stop_all, stop_orphans
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,6 +81,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                if item not in chosen and item.get_closest_marker("xdist_group") is not None]
     chosen.update(grouped)
     items[:] = on_ray + grouped + [item for item in items if item not in chosen]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Servers an earlier test session left when it was killed outright (SIGKILL: no finaliser
+    ran) are stopped before this one starts its own (tests/local_servers.py)."""
+    left = stop_orphans()
+    if left:
+        print(f"tests: stopped {left} processes an earlier, killed test session left running")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Whatever this session spawned and a fixture did not stop (a fixture that failed half-way,
+    a test interrupted by Ctrl-C) is stopped here, after every fixture's own teardown."""
+    stop_all()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -2,14 +2,18 @@
 worker nodes declare ``gpu_node``, the stand-in for a GPU node type that trials ask for with
 ``scaling.resources_per_worker``; checkpoints in an S3 bucket served by moto on loopback; a
 worker node drained with the preemption reason and removed mid-trial; another killed abruptly;
+the bucket's server stopped for ~20 s mid-trial;
 four trials at once logging to an MLflow server whose database is PostgreSQL; and Ray's fake
 multi-node autoscaler (~80 s of its own; ``RAYCL_SKIP_AUTOSCALING=1`` leaves it out): zero
 worker nodes, two for two concurrent trials, both released when idle.
 
 The cluster and its driver run in a process of their own (``tests/cloud_local.py``), so they
 never meet the test session's shared Ray (``ray_session``), and this module runs in an xdist
-group of its own. Everything that process starts ends with it; a timeout kills its process group
-(never ``ray stop``). The scenarios share one cluster: start-up is most of their cost.
+group of its own. That process's temp directory (``TMPDIR``, ``RAY_TMPDIR``) is a new, empty
+one, removed afterwards: nothing an earlier run left under ``/tmp`` matters, and nothing is left
+there. Everything it starts ends with it; whatever outlives it, a timeout or a failure included,
+is stopped by the spawn's handle (tests/local_servers.py; never ``ray stop``). The scenarios
+share one cluster: start-up is most of their cost.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from local_servers import TRAIN_POLL, stop_group
+from local_servers import TRAIN_POLL, short_temp_dir, spawn
 from mlflow import MlflowClient
 
 from raycl.tracking import ROLE_TAG
@@ -38,8 +42,8 @@ pytest.importorskip("moto.server", reason="moto[server] (the dev extra) serves t
 pytestmark = pytest.mark.xdist_group("cloud-local")
 
 REPO = Path(__file__).resolve().parents[1]
-SCENARIOS = ["reference", "drained", "killed", "postgres"]
-TIMEOUT_S = 480
+SCENARIOS = ["reference", "drained", "killed", "outage", "postgres"]
+TIMEOUT_S = 600  # the scenarios take ~5-7 min on 2 busy cores
 OBJECTIVE = "val/linear/mean"
 HEAD_NODE = "00000"  # the end of the fake provider's head node id
 
@@ -68,22 +72,22 @@ class Outcome:
 
 
 def _run_scenarios_in(root: Path, data_cache: Path, scenarios: list[str]) -> Outcome:
-    """tests/cloud_local.py in ``root``, in its own process group, stopped by the timeout at the
-    latest; what it left."""
+    """tests/cloud_local.py in ``root``, its temp directory too, stopped with everything it
+    started by the timeout at the latest; what it left."""
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("RAY_", "MLFLOW_", "AWS_"))}
-    env.update([TRAIN_POLL], RAYCL_CACHE=str(data_cache), PYTHONPATH=str(REPO))
+    env.update([TRAIN_POLL], RAYCL_CACHE=str(data_cache), PYTHONPATH=str(REPO),
+               TMPDIR=str(root), RAY_TMPDIR=str(root))
     log = root / "output.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "cloud_local.py"), str(root), *scenarios],
-            cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            process.wait(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            stop_group(process, grace_s=10.0)
+    scenario = spawn([sys.executable, str(REPO / "tests" / "cloud_local.py"), str(root),
+                      *scenarios], cwd=root, env=env, log=log)
+    try:
+        assert scenario.process is not None
+        scenario.process.wait(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        scenario.stop(grace_s=10.0)
     output = log.read_text()
     print(output[-6000:])  # shown by pytest when a test failed
     try:
@@ -97,7 +101,7 @@ def _run_scenarios_in(root: Path, data_cache: Path, scenarios: list[str]) -> Out
 def run_scenarios(data_cache: Path, scenarios: list[str]) -> Iterator[Outcome]:
     """The scenarios in a temporary directory, removed afterwards."""
     # Short: Ray's unix sockets live under the temp dir (a path limit of ~107 bytes).
-    root = Path(tempfile.mkdtemp(prefix="raycl-cloud-", dir="/tmp"))
+    root = short_temp_dir("cloud-")
     try:
         yield _run_scenarios_in(root, data_cache, scenarios)
     finally:
@@ -109,13 +113,13 @@ _KEPT = ("outcome.json", "output.log", "mlflow.db")
 
 
 @pytest.fixture(scope="session")
-def cloud(data_cache: Path, tmp_path_factory: pytest.TempPathFactory,
-          worker_id: str) -> Outcome:
+def cloud(data_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Outcome:
     """The scenarios, run once per pytest run: xdist may hand this group's tests to both of its
     workers, so the first to come runs them under a lock and keeps what they left in a directory
     of this pytest run that both workers share; the other reads it."""
     base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if worker_id != "master" else base) / "cloud-local"
+    # Not xdist's worker_id fixture: without xdist (-p no:xdist) it does not exist.
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "cloud-local"
     shared.mkdir(exist_ok=True)
     with open(shared / "lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -136,6 +140,26 @@ def cloud(data_cache: Path, tmp_path_factory: pytest.TempPathFactory,
 def final_objective(outcome: Outcome, sweep: str) -> float:
     (metrics,) = outcome.results[sweep]["metrics"]
     return metrics[OBJECTIVE]
+
+
+def test_the_cloud_scenarios_start_from_an_empty_temp_dir(cloud: Outcome) -> None:
+    """Their Ray made its temp dir (it did not exist before), and wrote everything under the
+    process's own temp dir: the address file ``Cluster`` writes too, which went to the machine's
+    ``/tmp/ray`` and failed where that had never existed (issue 31); its socket paths fit."""
+    temp = cloud.results["temp"]
+    own = temp["tmpdir"]
+    assert temp["fresh"] is True
+    assert Path(own).name.startswith("cloud-")
+    assert Path(own).parent in {Path(tempfile.gettempdir()), Path("/tmp")}
+    assert temp["session_dir"].startswith(f"{own}/ray/session_")
+    assert temp["address_file"] == f"{own}/ray/ray_current_cluster"
+    assert temp["address_written"] == temp["address"]
+    for elsewhere in (Path("/tmp/ray"), Path(tempfile.gettempdir()) / "ray"):
+        written = elsewhere / "ray_current_cluster"
+        assert not written.is_file() or written.read_text() != temp["address"]
+    assert len(temp["sockets"]) == 6  # the head's and both worker nodes'
+    for socket in temp["sockets"]:
+        assert socket.startswith(f"{own}/ray/session_") and len(socket.encode()) <= 107, socket
 
 
 def test_checkpoints_and_sweep_state_live_in_the_bucket(cloud: Outcome) -> None:
@@ -178,6 +202,26 @@ def test_a_trial_survives_losing_its_node(cloud: Outcome, sweep: str) -> None:
     assert run.info.status == "FINISHED"
     # Logged by the trial process through the driver's relay after the node was gone.
     assert "diagnostics/spectrum.png" in outcome["diagnostics"]
+
+
+def test_a_checkpoint_written_while_the_bucket_is_away_waits_for_it(cloud: Outcome) -> None:
+    """The bucket's server stopped (connections refused) for ~20 s right after epoch 1's
+    checkpoint, so epoch 2's checkpoint is written into the outage: the upload is retried until
+    the bucket is back, the trial goes on in place (no restart) and ends as an uninterrupted run
+    does, every epoch in MLflow once."""
+    outcome = cloud.results["outage"]
+    assert outcome["errors"] == [], cloud.output[-4000:]
+    assert outcome["refused"] is True, "the stopped bucket still took connections"
+    assert outcome["restarted_at"] - outcome["stopped_at"] >= 19
+    # Epoch 2 trains in ~1 s; its report waited on its checkpoint until the bucket was back.
+    assert outcome["logged_at"]["2"] > outcome["restarted_at"]
+    (metrics,) = outcome["metrics"]
+    assert metrics["resumed_from_epoch"] == 0  # retried in place, not restarted
+    assert final_objective(cloud, "outage") == final_objective(cloud, "reference")
+    (run,) = outcome["runs"]
+    assert run["status"] == "FINISHED"
+    assert run["steps"]["train/loss"] == [1, 2, 3]  # every epoch once
+    assert all(steps == sorted(set(steps)) for steps in run["steps"].values())
 
 
 def test_four_trials_at_once_lose_no_write_to_postgresql(cloud: Outcome) -> None:

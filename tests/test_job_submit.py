@@ -4,9 +4,9 @@ The head is started by this test (``ray start --head --block`` on loopback, its 
 token authentication turned on the way Ray does it), an MLflow server runs beside it through
 ``python -m raycl.server`` on loopback, and a shrunk quickstart is submitted with
 ``--working-dir`` from a clean copy of the repository (no ``.git``, as Ray uploads it), the
-commit passed through the job's runtime environment. Everything started is stopped by the
-process group this test started: never ``ray stop``, which would also stop the test session's
-own Ray.
+commit passed through the job's runtime environment. Everything started is stopped through
+tests/local_servers.py (its process groups, and whatever carries its spawn's marker): never
+``ray stop``, which would also stop the test session's own Ray.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from local_servers import TRAIN_POLL, free_port, stop_group, wait_for_http
+from local_servers import TRAIN_POLL, free_port, short_temp_dir, spawn, wait_for_http
 from mlflow import MlflowClient
 
 from raycl.tracking import COMMIT_TAG, PARENT_TAG, ROLE_TAG
@@ -78,13 +77,15 @@ class Head:
 @pytest.fixture(scope="module")
 def head(data_cache: Path) -> Iterator[Head]:
     # Short: Ray's unix sockets live under the temp dir (a path limit of ~107 bytes).
-    root = Path(tempfile.mkdtemp(prefix="rayjob-", dir="/tmp"))
+    root = short_temp_dir("rayjob-")
     home = root / "home"
     home.mkdir()
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("RAY_", "MLFLOW_"))}
+    # RAY_TMPDIR: what the head, the job's driver and the CLI write outside --temp-dir (the
+    # address file) stays under root too.
     env.update(HOME=str(home), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-               RAYCL_CACHE=str(data_cache))
+               RAYCL_CACHE=str(data_cache), RAY_TMPDIR=str(root))
     # Ray's own steps: a token in ~/.ray/auth_token, and RAY_AUTH_MODE=token.
     generated = subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=env,
                                capture_output=True, text=True, timeout=60, check=False)
@@ -103,28 +104,27 @@ def head(data_cache: Path) -> Iterator[Head]:
         "object-manager-port")]
     logs = root / "logs"
     logs.mkdir()
-    ray_head = subprocess.Popen(
+    ray_head = spawn(
         [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
          f"--port={gcs_port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
          "--include-dashboard=true", "--num-cpus=2", "--num-gpus=0", *own_ports,
          f"--temp-dir={root / 'ray'}", "--disable-usage-stats"],
-        env=env, cwd=root, start_new_session=True,
-        stdout=(logs / "ray_start.log").open("w"), stderr=subprocess.STDOUT)
-    mlflow = subprocess.Popen(
+        env=env, cwd=root, log=logs / "ray_start.log")
+    mlflow = spawn(
         [sys.executable, "-m", "raycl.server", "--port", str(mlflow_port), "--workers", "1",
          "--backend-store-uri", f"sqlite:///{root / 'mlflow' / 'mlflow.db'}",
          "--artifacts-destination", str(root / "mlflow" / "artifacts")],
-        env=env, cwd=root, start_new_session=True,
-        stdout=(logs / "mlflow.log").open("w"), stderr=subprocess.STDOUT)
+        env=env, cwd=root, log=logs / "mlflow.log")
     try:
-        wait_for_http(f"http://127.0.0.1:{mlflow_port}/health", mlflow, 90)
-        wait_for_http(f"http://127.0.0.1:{dashboard_port}/api/version", ray_head, 120)
+        assert mlflow.process is not None and ray_head.process is not None
+        wait_for_http(f"http://127.0.0.1:{mlflow_port}/health", mlflow.process, 90)
+        wait_for_http(f"http://127.0.0.1:{dashboard_port}/api/version", ray_head.process, 120)
         yield Head(f"http://127.0.0.1:{dashboard_port}", f"http://127.0.0.1:{mlflow_port}",
                    env, root)
     finally:
-        stop_group(mlflow)
+        mlflow.stop()
         # A throwaway head in its own temp dir: its graceful drain (~28 s) keeps nothing.
-        stop_group(ray_head, grace_s=3.0)
+        ray_head.stop(grace_s=3.0)
         for log in sorted(logs.iterdir()):  # shown by pytest when a test failed
             print(f"--- {log.name}\n{log.read_text()[-3000:]}")
         shutil.rmtree(root, ignore_errors=True)

@@ -33,7 +33,6 @@ import os
 import re
 import shutil
 import struct
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from local_servers import free_port, stop_group, wait_for_http
+from local_servers import free_port, spawn, wait_for_http
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -195,18 +194,17 @@ def mlflow_ui(sweep: Sweep) -> Iterator[str]:
     # No job runner (it starts seven huey consumer processes the UI pages here never use).
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
            "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, cwd=workdir, env=env, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+    server = spawn(command, cwd=workdir, env=env, log=log)
     try:
+        assert server.process is not None
         base = f"http://127.0.0.1:{port}"
         try:
-            wait_for_http(f"{base}/health", process, SERVER_START_S, any_status=False)
+            wait_for_http(f"{base}/health", server.process, SERVER_START_S, any_status=False)
         except (RuntimeError, TimeoutError) as exc:
             pytest.fail(f"mlflow ui: {exc}:\n{log.read_text(errors='replace')[-3000:]}")
         yield base
     finally:
-        stop_group(process)
+        server.stop()
 
 
 @pytest.fixture(scope="module")

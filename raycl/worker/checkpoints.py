@@ -10,6 +10,9 @@ A checkpoint directory holds (file names in :mod:`raycl.worker.stages`):
 - ``diagnostics.npz``: the end-of-trial picture arrays, when there are any.
 - ``progress.json``: ``{"stage", "phase", "epoch", "stage_complete"}``, written last, so a
   directory that has it is complete.
+
+Checkpoints reach the run's storage (``tune.storage_path``, e.g. a bucket) and come back through
+:mod:`raycl.worker.storage`, which waits out a storage that is unreachable for a while.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from raycl.worker.stages import (
     StageInputs,
     StageWeights,
 )
+from raycl.worker.storage import StorageUnreachable, download
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +125,8 @@ def restore(session: Session) -> Restored | None:
     A corrupt or truncated latest checkpoint (a node died while writing it, a disk filled up)
     is skipped with a warning and the one before it is used: the trial repeats a few epochs
     rather than dying. When checkpoints exist but none can be read, the trial fails with one line
-    naming each and why, rather than silently starting over.
+    naming each and why, rather than silently starting over. Storage that stays unreachable
+    (:class:`raycl.worker.storage.StorageUnreachable`) is no reason to try an older one.
     """
     latest = session.latest_checkpoint()
     if latest is None:
@@ -130,8 +135,10 @@ def restore(session: Session) -> Restored | None:
     for candidate in checkpoint_candidates(latest):
         directory = Path(tempfile.mkdtemp(prefix="raycl-restore-"))
         try:
-            candidate.to_directory(str(directory))
-            restored = read_checkpoint(directory)
+            restored = read_checkpoint(download(candidate, directory))
+        except StorageUnreachable:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise  # not the checkpoint's fault: an older one is in the same storage
         except Exception as exc:  # any unreadable file disqualifies the whole checkpoint
             shutil.rmtree(directory, ignore_errors=True)
             problem = f"{candidate.path}: {type(exc).__name__}: {exc}"

@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from raycl import distributed
+from raycl.worker.storage import persist_checkpoint
 
 
 class RayTrainSession:
@@ -41,7 +42,9 @@ class RayTrainSession:
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
         checkpoint = (ray.train.Checkpoint.from_directory(checkpoint_dir)
                       if checkpoint_dir else None)
-        ray.train.report(metrics, checkpoint=checkpoint)
+        # Ray's upload, waiting out a storage outage rather than failing the worker group.
+        ray.train.report(metrics, checkpoint=checkpoint,
+                         checkpoint_upload_fn=persist_checkpoint if checkpoint else None)
         if checkpoint_dir:  # uploaded to the run's storage by now (synchronous upload)
             shutil.rmtree(checkpoint_dir, ignore_errors=True)
 
