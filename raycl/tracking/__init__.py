@@ -2,6 +2,8 @@
 
 Layered one way, each module importing only those listed before it:
 
+- :mod:`~raycl.tracking.retry`: every call to MLflow waits out a store briefly away (a
+  server restarting, a locked sqlite file), up to a bound;
 - :mod:`~raycl.tracking.runs`: the tags raycl writes, the client, the experiment, a trial's run
   and logging to it straight;
 - :mod:`~raycl.tracking.naming`: a child run's name (``t03 K=5 N=2 τ=0.31``);

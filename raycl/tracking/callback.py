@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import tempfile
 import time
 import uuid
@@ -79,6 +80,16 @@ EPOCH_METRIC = "train/epoch"
 LOOP_METRICS = ("epoch", "stage")
 # MLflow rejects a param value longer than this (6000 in MLflow 3).
 _MAX_PARAM_LENGTH = 6000
+# How a trial ended that no resumed sweep runs again (raycl.ended): its run is kept as it is.
+_FINAL_ENDINGS = frozenset({"completed", "stopped_by_scheduler", "skipped", "diverged"})
+# Tune saves the sweep's state (its trials, their checkpoints) every 10 s or more ("auto"), and
+# MLflow is written at once: a driver killed outright (SIGKILL, its node lost) resumed from
+# state up to 10 s older than MLflow, so a finished trial ran again and a newly created one was
+# lost (its run left beside its replacement's). Saved every second instead, the gap is a
+# second; the callback copes with what is left of it (_drop_lost_trial_runs, _closed). Set
+# before Tune's controller reads it (in fit), by a callback built or unpickled for the sweep;
+# a value the user set is kept.
+_TUNE_SAVE_PERIOD = ("TUNE_GLOBAL_CHECKPOINT_S", "1")
 
 
 def _params(flat: dict[str, Any]) -> dict[str, str]:
@@ -157,14 +168,23 @@ class MLflowSweepCallback(Callback):
         # was interrupted in the middle of started and never ended (Tune stops it silently).
         self._started: set[str] = set()
         self._ended: set[str] = set()
+        # Whether this driver has deleted the runs of trials Tune lost (on_step_begin).
+        self._reconciled = False
+        # Trials whose run a previous driver closed for good (_FINAL_ENDINGS): not reopened.
+        self._closed: set[str] = set()
         self.commit: str | None = None
         self._client_instance: MlflowClient | None = None
+        os.environ.setdefault(*_TUNE_SAVE_PERIOD)
 
     # The client holds a database engine: rebuild it after Tune pickles the callback.
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_client_instance"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        os.environ.setdefault(*_TUNE_SAVE_PERIOD)  # a restored sweep: before its fit too
 
     @property
     def client(self) -> MlflowClient:
@@ -175,6 +195,7 @@ class MLflowSweepCallback(Callback):
     def setup(self, **info: Any) -> None:
         # Pickled with the experiment state some time ago: MLflow knows better what was logged.
         self._logged_step, self._started, self._ended = {}, set(), set()
+        self._reconciled, self._closed = False, set()
         self.commit = git_commit()
         self.experiment_id = get_or_create_experiment(
             self.client, experiment_name(self.config), self.tracking_uri)
@@ -229,7 +250,13 @@ class MLflowSweepCallback(Callback):
         existing = find_trial_run(self.client, self.experiment_id, trial.trial_id)
         if existing is not None:  # a restored sweep re-attaches to the trial's run
             self._children[trial.trial_id] = existing
-            self.client.update_run(existing, status="RUNNING")
+            run = self.client.get_run(existing)
+            if run.info.status != "RUNNING" and run.data.tags.get(ENDED_TAG) in _FINAL_ENDINGS:
+                # Ended before the driver was killed, after Tune's last save: Tune runs it
+                # again; MLflow keeps the run as it ended.
+                logger.info("trial %s had ended (%s) before the driver stopped; its MLflow run "
+                            "is kept as it was", trial.trial_id, run.data.tags[ENDED_TAG])
+                self._closed.add(trial.trial_id)
             return existing
         # Ray's number for the trial, else the order trials appeared in (a restored sweep's
         # trials re-attached above and keep their names).
@@ -257,9 +284,42 @@ class MLflowSweepCallback(Callback):
             self.client.log_artifact(run_id, str(path))
         return run_id
 
+    def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        # The first step of a driver: Tune has restored every trial it saved, and this driver
+        # has created no run yet.
+        if not getattr(self, "_reconciled", True):
+            self._reconciled = True
+            self._drop_lost_trial_runs({trial.trial_id for trial in trials})
+
+    def _drop_lost_trial_runs(self, known: set[str]) -> None:
+        """Delete this sweep's child runs of trials Tune does not know.
+
+        Tune's saved state lags MLflow (saved every second here, see _TUNE_SAVE_PERIOD, then
+        copied to the storage path in the background), MLflow is written at once: a driver
+        killed outright (SIGKILL, its node lost) can leave the run of a trial created after
+        Tune's last copy. The resumed sweep never continues that trial (its searcher suggests
+        another in its place), so its run would stand beside the new one forever, half
+        trained: one sweep, one child run per trial of its own.
+        """
+        if self.parent_run_id is None or self.experiment_id is None:
+            return
+        ours = set(self._children.values())
+        for run in trial_runs(self.client, self.experiment_id, self.parent_run_id):
+            trial_id = run.data.tags.get(TRIAL_TAG)
+            if trial_id in known or run.info.run_id in ours:
+                continue
+            logger.warning("trial %s was lost with the killed driver (Tune had not saved it "
+                           "yet); its MLflow run %s is deleted, its place is taken by a new "
+                           "trial", trial_id, run.info.run_id)
+            self.client.set_tag(run.info.run_id, ENDED_TAG, "lost")
+            self.client.set_terminated(run.info.run_id, status="KILLED")
+            self.client.delete_run(run.info.run_id)
+
     def on_trial_start(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
         # Also when a resumed sweep restarts an interrupted trial (its run was marked KILLED).
-        self.client.update_run(self._child(trial), status="RUNNING")
+        run_id = self._child(trial)
+        if trial.trial_id not in self._closed:
+            self.client.update_run(run_id, status="RUNNING")
         self._started.add(trial.trial_id)
 
     def _last_logged_step(self, trial: Trial, run_id: str) -> int:
@@ -274,6 +334,8 @@ class MLflowSweepCallback(Callback):
         from mlflow.entities import Metric
 
         run_id = self._child(trial)
+        if trial.trial_id in self._closed:
+            return
         last_step = self._last_logged_step(trial, run_id)
         metrics = _numeric_metrics(result)
         if "global_epoch" in result:
@@ -302,6 +364,9 @@ class MLflowSweepCallback(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
         run_id = self._child(trial)
+        if trial.trial_id in self._closed:
+            self._ended.add(trial.trial_id)
+            return
         last = trial.last_result or {}
         # Stopped early is no failure: FINISHED, told apart by its tag and the epoch it stopped
         # at (a column of the leaderboard view).
@@ -320,6 +385,10 @@ class MLflowSweepCallback(Callback):
     def on_trial_error(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
         run_id = self._child(trial)
         self._ended.add(trial.trial_id)
+        if trial.trial_id in self._closed:  # its run ended well before; this is a re-run's
+            logger.warning("trial %s, run again after it had ended, failed: %s", trial.trial_id,
+                           trial.error_file)
+            return
         self.client.set_tag(run_id, ENDED_TAG, "error")
         if trial.error_file and Path(trial.error_file).is_file():
             self.client.log_artifact(run_id, trial.error_file)

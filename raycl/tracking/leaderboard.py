@@ -17,11 +17,13 @@ import math
 import os
 import re
 import shutil
+import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raycl.closed_stdout import stdout_closed
 from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
 from raycl.tracking.runs import (
     GREATER_IS_BETTER_TAG,
@@ -252,8 +254,18 @@ def format_table(header: list[str], rows: list[list[str]], width: int | None = N
 
 def print_leaderboard(tracking_uri: str, experiment: str, top: int = 10,
                       all_sweeps: bool = False) -> None:
-    """Print the leaderboard and where to see it in MLflow's UI (the link opens its view)."""
+    """Print the leaderboard and where to see it in MLflow's UI (the link opens its view). A
+    reader that stopped early (``| head``) ends the printing quietly, stdout sent to devnull."""
     header, rows, title = leaderboard_rows(tracking_uri, experiment, top, all_sweeps)
+    try:
+        _print_table(tracking_uri, experiment, header, rows, title)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe would print a traceback
+    except BrokenPipeError:
+        stdout_closed()
+
+
+def _print_table(tracking_uri: str, experiment: str, header: list[str], rows: list[list[str]],
+                 title: str) -> None:
     width = terminal_width()
     print(textwrap.fill(title, width=max(width, 40)))
     print(format_table(header, rows, width=width))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raycl.config.sweep import resolve_tracking_uri
+from raycl.tracking.retry import retry_bound_s
 from raycl.tracking.runs import experiment_name, log_to_trial_run_directly
 
 if TYPE_CHECKING:
@@ -120,8 +121,10 @@ def log_to_trial_run(
     reply = relay.log.remote(tracking_uri, experiment_name(config), trial_id, metrics,
                              read_files(artifact_dir), timeout_s)
     try:
-        return bool(ray.get(reply, timeout=timeout_s + 60.0))
+        # The relay waits out a store briefly away (raycl.tracking.retry) before it answers.
+        return bool(ray.get(reply, timeout=timeout_s + retry_bound_s() + 60.0))
     except (ray.exceptions.RayError, TimeoutError) as exc:  # diagnostics never fail a trial
+        # (nor does a store away past the bound: TrackingUnavailableError comes as a RayError)
         logger.warning("trial %s: MLflow relay failed (%s); diagnostics not logged",
                        trial_id, exc)
         return False

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import raycl
 from raycl.config.feasibility import JOINT_PREFIX
 from raycl.config.schema import CoreConfig
+from raycl.tracking.retry import retrying_client
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -84,10 +85,9 @@ def experiment_name(config: CoreConfig) -> str:
 
 
 def mlflow_client(tracking_uri: str) -> MlflowClient:
-    """A client of ``tracking_uri`` (MLflow imported here: it is slow to import)."""
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=tracking_uri)
+    """A client of ``tracking_uri`` that waits out a store briefly away (a server restarting,
+    a locked sqlite file: :mod:`raycl.tracking.retry`); MLflow is imported there, when used."""
+    return retrying_client(tracking_uri)
 
 
 def get_or_create_experiment(client: MlflowClient, name: str, tracking_uri: str) -> str:
