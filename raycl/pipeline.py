@@ -43,6 +43,7 @@ from raycl.worker.loop import run_trial_loop, train_loop_per_worker
 from raycl.worker.outcome import FAILED_KEY, SKIP_REASON_KEY, SKIPPED_KEY
 from raycl.worker.session import InProcessSession
 from raycl.worker.stages import DIAGNOSTICS_FILE, StageInputs, next_stage_inputs
+from raycl.worker.storage import download
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def fit_trial(
     restarted trial's trainer resumes from Ray Train's storage. ``0``: the same loop in this
     process (see :class:`raycl.worker.session.InProcessSession`), resuming from Tune's checkpoint.
     """
-    loop_config = {"config": config.to_dict(), "fault": fault,
+    loop_config = {"config": config.to_dict(), "fault": fault, "trial_id": _trial_id(),
                    "trial_started_at": trial_started_at or time.time(),
                    "data_placement_group": _data_placement_group(config)}
     if config.scaling.num_workers == 0:
@@ -127,7 +128,7 @@ def fit_trial(
     result = trainer.fit()
     directory = None
     if result.checkpoint is not None:
-        directory = Path(result.checkpoint.to_directory(tempfile.mkdtemp(prefix="raycl-final-")))
+        directory = download(result.checkpoint, Path(tempfile.mkdtemp(prefix="raycl-final-")))
     return TrialOutput(dict(result.metrics or {}), directory)
 
 

@@ -323,18 +323,32 @@ def test_two_processes_building_at_once_decode_once_and_agree(tmp_path: Path) ->
     np.testing.assert_array_equal(first, second)
 
 
-def test_unreadable_images_are_all_counted_and_the_first_named(tmp_path: Path) -> None:
+def test_unreadable_images_are_all_counted_and_the_first_few_named(tmp_path: Path) -> None:
+    """The build tries every file, then names the first three unreadable ones with why, how
+    many more and how many in all, and leaves no cache; with data.skip_unreadable it keeps
+    their rows blank and lists them beside the set (one cache for both settings)."""
     root = tmp_path / "images"
     write_folder(root, {"a": 3, "b": 3})
     (root / "a" / "001.png").write_bytes(b"not a png")
-    (root / "b" / "002.png").write_bytes(b"")
+    (root / "b" / "000.png").write_bytes(b"")
+    (root / "b" / "001.png").write_bytes(b"nope")
+    (root / "b" / "002.png").write_bytes(b"nope")
     cfg = data_cfg(tmp_path / "cache", dataset="folder", root=str(root))
     with pytest.raises(ValueError) as info:
         load_image_set(cfg, seed=0)
     message = str(info.value)
-    assert message.startswith(f"cannot read image {str(root / 'a' / '001.png')!r}")
-    assert message.endswith("(2 of 6 image files unreadable)") and "\n" not in message
+    assert message.startswith(f"cannot read image {str(root / 'a' / '001.png')!r}: not an "
+                              f"image Pillow can decode; {str(root / 'b' / '000.png')!r}: "
+                              f"empty file; {str(root / 'b' / '001.png')!r}: ")
+    assert str(root / "b" / "002.png") not in message and "\n" not in message
+    assert message.endswith(" and 1 more (4 of 6 image files unreadable): set "
+                            "data.skip_unreadable: true to leave them out")
     assert not [path for path in (tmp_path / "cache").iterdir() if path.is_dir()]
+    kept = load_image_set(data_cfg(tmp_path / "cache", dataset="folder", root=str(root),
+                                   skip_unreadable=True), seed=0)
+    assert len(kept.images) == 6 and not np.asarray(kept.images)[[1, 3, 4, 5]].any()
+    built = [path for path in (tmp_path / "cache").iterdir() if path.is_dir()]
+    assert len(built) == 1 and (built[0] / "unreadable.json").is_file()
 
 
 def test_decoding_runs_on_several_threads_and_reports_images_per_second(

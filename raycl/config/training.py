@@ -80,6 +80,13 @@ class DataConfig(Section):
         "an epoch never touches host memory. auto: on when the set takes at most a quarter of "
         "the device's memory; ignored on CPU."
     )
+    skip_unreadable: bool = Field(
+        False, description="Image files (folder, pairs, imagenet): leave out the images that "
+        "cannot be decoded (empty, corrupt or truncated files) from every split, before the "
+        "split is made, instead of refusing the launch; they are counted (data/skipped in "
+        "MLflow, the list as the artifact diagnostics/skipped_images.txt) and their count is "
+        "printed at launch. false: the launch is refused, naming the first few and the count."
+    )
     decode_workers: int = Field(
         0, ge=0, description="Threads that decode image files when the cache is first built "
         "(0: every core of the node)."

@@ -14,13 +14,17 @@
   copied into the map.
 
 An unreadable image does not stop the others: every file is tried, then one ValueError names
-the first unreadable file and how many were unreadable.
+the first few unreadable files and how many were unreadable; or, when the caller keeps them
+(``data.skip_unreadable``), their rows stay blank and are listed in ``unreadable.json`` beside
+the set (:func:`read_unreadable`), for loading to leave out of every split. The cache stays one
+per content either way: a later run without skipping refuses the same rows by that list.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import sys
@@ -33,7 +37,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from raycl.data.cache import IMAGES_FILE, open_cached, write_metadata
-from raycl.data.folders import load_square_rgb
+from raycl.data.folders import image_problem, load_square_rgb, unreadable_message
 from raycl.data.progress import Progress
 from raycl.data.types import ImageFiles, ImageSet
 
@@ -42,6 +46,10 @@ from raycl.data.types import ImageFiles, ImageSet
 DECODE_CHUNK = 64
 # Rows copied per step from an in-memory set into the map.
 COPY_CHUNK = 4096
+# Beside a set built with unreadable files kept: their rows, files and reasons.
+UNREADABLE_FILE = "unreadable.json"
+# An unreadable file: its row in the set, its path, why it cannot be decoded.
+Unreadable = tuple[int, str, str]
 
 
 def decode_workers(setting: int | None) -> int:
@@ -59,6 +67,7 @@ def build_cache(
     resolution: int,
     workers: int = 0,
     stream: TextIO | None = None,
+    keep_unreadable: bool = False,
 ) -> ImageSet:
     """Build the cache directory ``directory`` unless another process has, and open it.
 
@@ -70,13 +79,15 @@ def build_cache(
         resolution: image side of decoded files.
         workers: decoding threads (:func:`decode_workers`: 0 is every core).
         stream: where the decoding progress goes (default: stderr).
+        keep_unreadable: build the set when image files cannot be decoded: their rows stay
+            blank and are listed (:func:`read_unreadable`) instead of failing the build.
 
     Returns:
         The cached set, its images memory-mapped read-only.
 
     Raises:
-        ValueError: unreadable images (the first named, with their count), or a reader whose
-            labels disagree with its images.
+        ValueError: unreadable images unless kept (the first few named, with their count), or
+            a reader whose labels disagree with its images.
     """
     directory.parent.mkdir(parents=True, exist_ok=True)
     with _build_lock(directory, stream):
@@ -86,7 +97,8 @@ def build_cache(
         _remove_leftovers(directory)
         temporary = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f"{directory.name}.tmp-"))
         try:
-            write_set(temporary, read(), key, resolution, decode_workers(workers), stream)
+            write_set(temporary, read(), key, resolution, decode_workers(workers), stream,
+                      keep_unreadable)
             os.rename(temporary, directory)
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -131,6 +143,7 @@ def write_set(
     resolution: int,
     workers: int,
     stream: TextIO | None = None,
+    keep_unreadable: bool = False,
 ) -> None:
     """Write ``source`` into ``directory`` (:mod:`raycl.data.cache`'s layout): its images into
     a new memory map (decoded there when they are files), its labels beside them.
@@ -144,10 +157,11 @@ def write_set(
         resolution: image side of decoded files (an in-memory set keeps its own).
         workers: decoding threads, >= 1.
         stream: where the decoding progress goes (default: stderr).
+        keep_unreadable: see :func:`build_cache`.
 
     Raises:
-        ValueError: unreadable images, or labels, masks or captions of another length than
-            the images.
+        ValueError: unreadable images (unless kept), or labels, masks or captions of another
+            length than the images.
     """
     count = len(source.paths) if isinstance(source, ImageFiles) else len(source.images)
     _check_lengths(source, count)
@@ -160,11 +174,13 @@ def write_set(
         shape = tuple(source.images.shape)
     images = np.lib.format.open_memmap(directory / IMAGES_FILE, mode="w+", dtype=np.uint8,
                                        shape=shape)
+    unreadable: list[Unreadable] = []
     try:
         if isinstance(source, ImageFiles):
-            decode_files(source.paths, resolution, images, workers,
-                         Progress(f"decoding {directory.name.split('.tmp-')[0]}", count,
-                                  stream))
+            unreadable = decode_files(
+                source.paths, resolution, images, workers,
+                Progress(f"decoding {directory.name.split('.tmp-')[0]}", count, stream),
+                keep_unreadable)
         else:
             for start in range(0, count, COPY_CHUNK):
                 images[start:start + COPY_CHUNK] = source.images[start:start + COPY_CHUNK]
@@ -172,6 +188,18 @@ def write_set(
     finally:
         del images  # unmapped before the directory is renamed or removed
     write_metadata(directory, source, key)
+    if unreadable:
+        (directory / UNREADABLE_FILE).write_text(json.dumps(
+            [list(entry) for entry in unreadable], indent=0) + "\n")
+
+
+def read_unreadable(directory: Path) -> list[Unreadable]:
+    """The rows of the cached set in ``directory`` whose files could not be decoded (built with
+    ``keep_unreadable``), in row order; empty when every row was decoded."""
+    path = directory / UNREADABLE_FILE
+    if not path.is_file():
+        return []
+    return [(int(row), str(name), str(why)) for row, name, why in json.loads(path.read_text())]
 
 
 def _check_lengths(source: ImageSet | ImageFiles, count: int) -> None:
@@ -185,8 +213,9 @@ def _check_lengths(source: ImageSet | ImageFiles, count: int) -> None:
 
 
 def decode_files(
-    paths: list[Path | str], resolution: int, out: np.ndarray, workers: int, progress: Progress
-) -> None:
+    paths: list[Path | str], resolution: int, out: np.ndarray, workers: int, progress: Progress,
+    keep_unreadable: bool = False,
+) -> list[Unreadable]:
     """Decode ``paths[i]`` into ``out[i]`` on ``workers`` threads; a file named by several rows
     is decoded once and copied to the others.
 
@@ -196,10 +225,15 @@ def decode_files(
         out: uint8 (len(paths), 3, resolution, resolution), typically a writable memory map.
         workers: threads, >= 1.
         progress: counts the decoded files.
+        keep_unreadable: return the unreadable files instead of raising (their rows blank).
+
+    Returns:
+        (row, file, why) of every row whose file cannot be decoded, in row order (every row of
+        a file named by several); empty when all were decoded.
 
     Raises:
-        ValueError: one or more files cannot be read: the first (in row order) is named, with
-            how many were unreadable.
+        ValueError: unless ``keep_unreadable``, one or more files cannot be read: the first few
+            (in row order) are named, with how many were unreadable.
     """
     first_row: dict[Path | str, int] = {}
     copies: list[tuple[int, int]] = []  # (row, the earlier row holding its file)
@@ -213,11 +247,15 @@ def decode_files(
     errors = _run_chunks(chunks, workers, progress,
                          lambda rows: _decode_chunk(paths, rows, resolution, out))
     progress.close()
-    if errors:
-        _, first = min(errors)
-        raise ValueError(f"{first} ({len(errors)} of {len(unique)} image files unreadable)")
+    errors.sort()
+    if errors and not keep_unreadable:
+        raise ValueError(unreadable_message([(str(paths[row]), why) for row, why in errors],
+                                            f"{len(unique)} image files"))
     for row, source_row in copies:
         out[row] = out[source_row]
+    why_of = {str(paths[row]): why for row, why in errors}
+    return [(row, str(path), why_of[str(path)]) for row, path in enumerate(paths)
+            if str(path) in why_of]
 
 
 def _run_chunks(
@@ -254,11 +292,13 @@ def _run_chunks(
 def _decode_chunk(
     paths: list[Path | str], rows: list[int], resolution: int, out: np.ndarray
 ) -> list[tuple[int, str]]:
-    """Decode the files of ``rows`` into ``out``; (row, message) of each one that fails."""
+    """Decode the files of ``rows`` into ``out``; (row, why) of each one that fails."""
     errors = []
     for row in rows:
         try:
             out[row] = load_square_rgb(paths[row], resolution)
         except ValueError as error:
-            errors.append((row, str(error)))
+            # In the words of the launch's check; the decoder's own when that check passes.
+            prefix = f"cannot read image {str(paths[row])!r}: "
+            errors.append((row, image_problem(paths[row]) or str(error).removeprefix(prefix)))
     return errors

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from raycl.data.bucket_paths import BucketPath, as_listed, is_remote, read_bytes, root_path
 from raycl.data.listed_once import remembered
@@ -260,31 +260,112 @@ def _header_sample(paths: Sequence[Listed | str]) -> tuple[list[Listed | str], s
     return [paths[i] for i in picks], f"{REMOTE_HEADER_SAMPLE} sampled of {len(paths)} image files"
 
 
-def unreadable_images_problem(paths: Sequence[Listed | str]) -> str | None:
-    """One line naming the first of ``paths`` that is not an image Pillow can open, and how many
-    are not; None when every file opens. Reads each file's header only (thousands of files a
-    second), so a folder is checked before launch; a file whose header is sound but whose data
-    is truncated is found when the cache is built (:mod:`raycl.data.build`), named the same way.
+def unreadable_images(paths: Sequence[Listed | str]) -> tuple[list[tuple[str, str]], str]:
+    """The files of ``paths`` that are not images Pillow can decode, each with why, in the
+    order given; and how the check counts the files (``"602 image files"``).
 
-    Files in a bucket (URIs) cost a request each: at most :data:`REMOTE_HEADER_SAMPLE` (64) of
-    them are read, evenly spread, so that a wrong prefix or a folder of non-images is caught
-    before launch; a bad file the sample misses is filled and counted in stream mode
-    (:mod:`raycl.data.streamed`), and named by the cache build in memory mode.
+    Reads each file's header (thousands of files a second) and its last bytes: a JPEG or PNG
+    whose end marker is missing (a file cut short, the usual way a sound header hides bad data)
+    is decoded whole to confirm it, so both an unopenable and a truncated file are found before
+    launch. Files in a bucket (URIs) cost a request each: at most :data:`REMOTE_HEADER_SAMPLE`
+    (64) of them are read, evenly spread, so that a wrong prefix or a folder of non-images is
+    caught before launch; a bad file the sample misses is replaced and counted when training
+    reads it in stream mode (:mod:`raycl.data.streamed`), and found by the cache build in
+    memory mode.
     """
     checked, counted = _header_sample(paths)
-    unreadable: list[tuple[Listed | str, str]] = []
-    for path in checked:
-        try:
-            source = io.BytesIO(read_bytes(str(path))) if is_remote(str(path)) else path
-            with Image.open(source) as image:
-                image.size  # noqa: B018 -- the header is parsed on open; nothing more is read
-        except (OSError, ValueError) as error:  # includes PIL.UnidentifiedImageError
-            unreadable.append((path, str(error)))
+    unreadable = [(str(path), why) for path in checked
+                  if (why := image_problem(path)) is not None]
+    return unreadable, counted
+
+
+def image_problem(path: Listed | str) -> str | None:
+    """Why the image file ``path`` cannot be decoded, in a few words; None when it can (see
+    :func:`unreadable_images`)."""
+    try:
+        data = read_bytes(str(path)) if is_remote(str(path)) else None
+        if (len(data) if data is not None else Path(str(path)).stat().st_size) == 0:
+            return "empty file"
+        with Image.open(io.BytesIO(data) if data is not None else path) as image:
+            if not _ends_whole(image.format, data if data is not None else path):
+                image.load()  # decoded whole: a missing end marker alone is not an error
+    except UnidentifiedImageError:
+        return "not an image Pillow can decode"
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
+        return str(error)
+    return None
+
+
+# The bytes a file of these formats ends with (possibly followed by a little padding).
+_END_MARKERS: dict[str, bytes] = {"JPEG": b"\xff\xd9", "PNG": b"IEND"}
+
+
+def _ends_whole(image_format: str | None, source: bytes | Listed | str) -> bool:
+    """Whether a JPEG or PNG ends with its end marker within its last 64 bytes (other formats:
+    True, nothing known to check)."""
+    marker = _END_MARKERS.get(image_format or "")
+    if marker is None:
+        return True
+    if isinstance(source, bytes):
+        return marker in source[-64:]
+    with open(str(source), "rb") as handle:
+        handle.seek(0, io.SEEK_END)
+        handle.seek(max(0, handle.tell() - 64))
+        return marker in handle.read()
+
+
+# Unreadable files a message names before "and N more".
+SHOWN_UNREADABLE = 3
+SKIP_HINT = "set data.skip_unreadable: true to leave them out"
+
+
+def unreadable_message(unreadable: Sequence[tuple[str, str]], counted: str,
+                       hint: bool = True) -> str:
+    """One line naming the first :data:`SHOWN_UNREADABLE` of ``unreadable`` ((file, why)
+    pairs) with why, how many there are of ``counted``, and (``hint``: the training data, not
+    a transfer set) how to leave them out."""
+    shown = "; ".join(f"{name!r}: {why}" for name, why in unreadable[:SHOWN_UNREADABLE])
+    more = len(unreadable) - SHOWN_UNREADABLE
+    return (f"cannot read image {shown}{f' and {more} more' if more > 0 else ''} "
+            f"({len(unreadable)} of {counted} unreadable){f': {SKIP_HINT}' if hint else ''}")
+
+
+def unreadable_images_problem(paths: Sequence[Listed | str]) -> str | None:
+    """One line naming the first few of ``paths`` that are not images Pillow can decode, with
+    why, and how many are not (:func:`unreadable_message`); None when every file decodes. See
+    :func:`unreadable_images` for what is read."""
+    unreadable, counted = unreadable_images(paths)
+    return unreadable_message(unreadable, counted) if unreadable else None
+
+
+def folder_unreadable(root: str | Listed, layout: str = "auto") -> tuple[list[tuple[str, str]],
+                                                                           str]:
+    """:func:`unreadable_images` of every image of a folder dataset (its listing's order);
+    inside a :func:`raycl.data.listed_once.listed_once` scope the files are read once (the
+    launch's check and its notice)."""
+    def check() -> tuple[list[tuple[str, str]], str]:
+        parts = list_folder(root, layout)
+        return unreadable_images([file for files in parts.values() for file, _ in files])
+
+    return remembered(("unreadable", str(root), layout), check)
+
+
+def skip_notice(cfg: Any) -> str | None:
+    """The launch's line counting the image files ``data.skip_unreadable`` leaves out of a
+    folder dataset (the check's files: every local one, a sample of a bucket's); None when
+    there are none, the key is off, or a bucket is streamed (there training replaces an
+    undecodable file and evaluation leaves it out, file by file)."""
+    if cfg.dataset != "folder" or not getattr(cfg, "skip_unreadable", False) or not cfg.root:
+        return None
+    root = str(cfg.root) if is_remote(str(cfg.root)) else root_path(str(cfg.root)).expanduser()
+    if is_remote(str(root)) and cfg.loader == "stream":
+        return None
+    unreadable, counted = folder_unreadable(root, _folder_layout(cfg))
     if not unreadable:
         return None
-    first, why = unreadable[0]
-    return (f"cannot read image {str(first)!r}: {why} ({len(unreadable)} of {counted} "
-            f"unreadable)")
+    return (f"data.skip_unreadable: {len(unreadable)} of {counted} unreadable, left out of "
+            f"every split (first {unreadable[0][0]!r}: {unreadable[0][1]}; counted as "
+            f"data/skipped, listed in diagnostics/skipped_images.txt)")
 
 
 def load_square_rgb(path: Path | str, resolution: int) -> np.ndarray:
@@ -348,8 +429,10 @@ class FolderReader:
         root = _folder_root(cfg)
         layout = resolve_layout(root, _folder_layout(cfg))
         # A URI is the key as given (its query names the endpoint); a local path is absolute.
+        # Listed with the layout as set, as the pre-launch checks list it: one listing per
+        # launch (raycl.data.listed_once) serves both; the files are the same either way.
         key: dict[str, Any] = {"root": root if is_remote(root) else str(Path(root).resolve()),
-                               "files": folder_fingerprint(root, layout)}
+                               "files": folder_fingerprint(root, _folder_layout(cfg))}
         if layout != "flat":
             # Added only here: flat keys stay as they were, so existing caches remain valid.
             key.update(layout=layout)
@@ -359,7 +442,16 @@ class FolderReader:
         return image_folder_files(_folder_root(cfg), _folder_layout(cfg))
 
     def class_counts(self, cfg: Any) -> dict[str, list[int]]:
-        return folder_class_counts(_folder_root(cfg), _folder_layout(cfg))
+        root, layout = _folder_root(cfg), _folder_layout(cfg)
+        if not getattr(cfg, "skip_unreadable", False) or is_remote(root):
+            return folder_class_counts(root, layout)
+        # The files data.skip_unreadable leaves out are in no split: not counted (a bucket's
+        # check is a sample, so there the counts are the listing's).
+        parts = list_folder(root, layout)
+        left_out = {name for name, _ in folder_unreadable(root, layout)[0]}
+        kept = {part: [(path, name) for path, name in files if str(path) not in left_out]
+                for part, files in parts.items()}
+        return count_classes(kept, {name: i for i, name in enumerate(class_names(parts))})
 
 
 READER = FolderReader()

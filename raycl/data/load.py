@@ -17,6 +17,8 @@ attributes of `cfg` (a `DataConfig` or anything with the same field names):
   (:func:`raycl.data.splits.random_split`).
 - cache_dir: where the decoded arrays are kept (None -> $RAYCL_CACHE or ~/.cache/raycl)
 - decode_workers (may be absent: 0): threads that decode image files on the first build
+- skip_unreadable (may be absent: False): leave image files that cannot be decoded out of every
+  split (before the split is made; listed in ``DatasetSplits.skipped``) instead of raising
 
 The full image set is cached once per content as an uncompressed memory-mapped array
 (:mod:`raycl.data.cache`), built once per node (:mod:`raycl.data.build`: atomic, locked, decoded
@@ -31,12 +33,18 @@ checked before anything is loaded.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from raycl.data.build import build_cache, decode_workers
+from raycl.data.bucket_paths import is_remote
+from raycl.data.build import Unreadable, build_cache, decode_workers, read_unreadable
 from raycl.data.cache import cache_key, cache_path, open_cached
+from raycl.data.folders import image_problem, unreadable_message
 from raycl.data.registry import (
     CHANNELS,
     FIXED_NUM_CLASSES,
@@ -83,7 +91,15 @@ def caption_seed(seed: int) -> int:
 
 
 def load_image_set(cfg: Any, seed: int) -> ImageSet:
-    """The full (unsplit) image set, from the cache when it is there.
+    """The full (unsplit) image set, from the cache when it is there (see
+    :func:`load_marked_set`; with ``skip_unreadable`` the rows of unreadable files are blank).
+    """
+    return load_marked_set(cfg, seed)[0]
+
+
+def load_marked_set(cfg: Any, seed: int) -> tuple[ImageSet, list[Unreadable]]:
+    """The full (unsplit) image set, from the cache when it is there, and its rows whose files
+    cannot be decoded (kept, blank, only with ``cfg.skip_unreadable``; else an error).
 
     Args:
         cfg: DataConfig-like object (see the module docstring).
@@ -93,11 +109,13 @@ def load_image_set(cfg: Any, seed: int) -> ImageSet:
     Returns:
         ImageSet with all images of the dataset (both halves of a train/test folder, the test
         ones marked by ``test_mask``), memory-mapped read-only from the cache, and captions
-        for "pairs" or when data.captions is set.
+        for "pairs" or when data.captions is set; and (row, file, why) of each unreadable file.
 
     Raises:
         ValueError: an unknown dataset, a bad resolution or caption setting, or what the
-            reader raises (an unreadable image file: named, with how many were unreadable).
+            reader raises (unreadable image files without ``skip_unreadable``: the first few
+            named, with how many were unreadable; also when a cache built with skipping holds
+            them).
     """
     if cfg.dataset not in SOURCES:
         raise unknown_dataset(cfg.dataset)
@@ -109,11 +127,18 @@ def load_image_set(cfg: Any, seed: int) -> ImageSet:
     # read (below), so every caption setting shares one copy of the images.
     content = source.content_key(cfg, seed)
     directory = cache_path(cfg, content)
+    skip = bool(getattr(cfg, "skip_unreadable", False))
     image_set = open_cached(directory)
     if image_set is None:
+        # Skipping or not, one cache per content: unreadable rows are listed beside the set.
         image_set = build_cache(directory, lambda: source.read(cfg, seed),
                                 cache_key(cfg, content), int(cfg.resolution),
-                                int(getattr(cfg, "decode_workers", 0) or 0))
+                                int(getattr(cfg, "decode_workers", 0) or 0),
+                                keep_unreadable=skip)
+    unreadable = read_unreadable(directory)
+    if unreadable and not skip:  # a cache a skipping run built
+        raise ValueError(unreadable_message([(name, why) for _, name, why in unreadable],
+                                            f"{len(image_set.images)} image files"))
     if rates is not None:
         # Drawn here rather than cached: a cache keyed by the rates would store one copy of the
         # images per caption setting a sweep tries, and the captions take well under a second.
@@ -121,7 +146,7 @@ def load_image_set(cfg: Any, seed: int) -> ImageSet:
 
         captions = caption_corpus(image_set.labels, rates, caption_seed(seed))
         image_set = dataclasses.replace(image_set, captions=captions)
-    return image_set
+    return image_set, unreadable
 
 
 def class_counts(cfg: Any) -> list[int]:
@@ -207,7 +232,7 @@ def load_dataset(cfg: Any, seed: int) -> DatasetSplits:
     # "auto" is settled at launch (raycl.tune); here (a bare call) it streams only what must.
     if loader == "stream" or (loader == "auto" and streamed_only(cfg.dataset)):
         return load_streamed(cfg, seed)
-    return split_image_set(cfg, load_image_set(cfg, seed), seed)
+    return split_image_set(cfg, *load_marked_set(cfg, seed), seed=seed)
 
 
 def load_streamed(cfg: Any, seed: int) -> DatasetSplits:
@@ -228,15 +253,20 @@ def load_streamed(cfg: Any, seed: int) -> DatasetSplits:
     images = FileRows(listed.paths, int(cfg.resolution), threads)
     image_set = ImageSet(images=images, labels=listed.labels, test_mask=listed.test_mask,
                          captions=listed.captions, pretrain_only=listed.pretrain_only)
-    return split_image_set(cfg, image_set, seed)
+    unreadable = (streamed_unreadable(cfg, seed, listed.paths, threads)
+                  if getattr(cfg, "skip_unreadable", False) else [])
+    return split_image_set(cfg, image_set, unreadable, seed=seed)
 
 
-def split_image_set(cfg: Any, image_set: ImageSet, seed: int) -> DatasetSplits:
+def split_image_set(cfg: Any, image_set: ImageSet, unreadable: Sequence[Unreadable] = (),
+                    *, seed: int) -> DatasetSplits:
     """``image_set`` split into train, validation and test as :func:`load_dataset` describes
-    (its images decoded in the cache, or stream mode's files)."""
+    (its images decoded in the cache, or stream mode's files); the ``unreadable`` rows left
+    out of every split before it is made, and listed in ``skipped``."""
     attributes = list(image_set.labels)
     train_indices, val_indices, test_indices, extra_indices = split_indices(
-        image_set, float(cfg.val_fraction), float(cfg.test_fraction), seed)
+        image_set, float(cfg.val_fraction), float(cfg.test_fraction), seed,
+        leave_out=np.array([row for row, _, _ in unreadable], dtype=np.int64))
     return DatasetSplits(
         name=cfg.dataset,
         train=_subset(image_set, train_indices),
@@ -248,4 +278,34 @@ def split_image_set(cfg: Any, image_set: ImageSet, seed: int) -> DatasetSplits:
         channels=int(image_set.images.shape[1]),
         resolution=int(image_set.images.shape[2]),
         pretrain_extra=_subset(image_set, extra_indices) if len(extra_indices) else None,
+        skipped=[(name, why) for _, name, why in unreadable],
     )
+
+
+def streamed_unreadable(cfg: Any, seed: int, paths: Sequence[Any],
+                        threads: int = 1) -> list[Unreadable]:
+    """(row, file, why) of the local image files of ``paths`` that cannot be decoded
+    (:func:`raycl.data.folders.image_problem`: header, end marker, a full decode when that is
+    missing), for stream mode to leave out before the split. Checked once per content and node:
+    the result is kept beside the cache (``<cache>.unreadable.json``), so the trials of a sweep
+    do not read a million headers each. Files in a bucket are not read here (a request each):
+    training replaces and counts one that fails (``data/skipped``)."""
+    if not paths or is_remote(str(paths[0])):
+        return []
+    directory = cache_path(cfg, reader(cfg.dataset).content_key(cfg, seed))
+    memo = directory.with_name(directory.name + ".unreadable.json")
+    try:
+        return [(int(row), str(name), str(why))
+                for row, name, why in json.loads(memo.read_text())]
+    except (OSError, ValueError, TypeError):
+        pass  # not checked yet on this node (or a torn file): check now
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        reasons = list(pool.map(image_problem, paths))
+    found = [(row, str(path), why) for row, (path, why) in enumerate(zip(paths, reasons,
+                                                                          strict=True))
+             if why is not None]
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    temporary = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps([list(entry) for entry in found]))
+    os.replace(temporary, memo)  # atomic: a concurrent trial reads all of it or nothing
+    return found

@@ -197,23 +197,30 @@ def stratified_subset(labels: np.ndarray, count: int, seed: int) -> np.ndarray:
 
 
 def split_indices(
-    image_set: ImageSet, val_fraction: float, test_fraction: float, seed: int
+    image_set: ImageSet, val_fraction: float, test_fraction: float, seed: int,
+    leave_out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(train, val, test, pretrain_extra) indices of ``image_set``.
 
     The rows marked ``pretrain_only`` (unlabelled images only pretraining uses) are
     ``pretrain_extra`` and in no other split; the others are split by fractions (stratified on
     the first attribute, at random when there is none), or around the test split the source
-    ships (``test_mask``; ``test_fraction`` unused, validation carved from the rest). Without
-    ``pretrain_only`` rows the split is what it always was for the same seed.
+    ships (``test_mask``; ``test_fraction`` unused, validation carved from the rest). The rows
+    ``leave_out`` (unreadable files, ``data.skip_unreadable``) are in no split at all: the
+    split is made of the others, so it stays stratified and the same for the same files and
+    seed. Without ``pretrain_only`` or left-out rows the split is what it always was.
     """
     count = len(image_set.images)
-    extra = (np.flatnonzero(image_set.pretrain_only).astype(np.int64)
-             if image_set.pretrain_only is not None else np.zeros(0, np.int64))
-    if not len(extra):
+    dropped = np.zeros(count, dtype=bool)
+    if leave_out is not None:
+        dropped[np.asarray(leave_out, dtype=np.int64)] = True
+    pretrain = (np.asarray(image_set.pretrain_only, dtype=bool)
+                if image_set.pretrain_only is not None else np.zeros(count, dtype=bool))
+    extra = np.flatnonzero(pretrain & ~dropped).astype(np.int64)
+    if not len(extra) and not dropped.any():
         return (*_split_rows(image_set.labels, image_set.test_mask, count, val_fraction,
                              test_fraction, seed), extra)
-    pool = np.flatnonzero(~np.asarray(image_set.pretrain_only, dtype=bool))
+    pool = np.flatnonzero(~pretrain & ~dropped)
     labels = {name: values[pool] for name, values in image_set.labels.items()}
     test_mask = None if image_set.test_mask is None else image_set.test_mask[pool]
     train, val, test = _split_rows(labels, test_mask, len(pool), val_fraction, test_fraction,

@@ -14,9 +14,13 @@ lazy array-like that decodes the rows it is asked for.
   tar files, Parquet files with an image-bytes column). Shards are shuffled per epoch and
   samples pass through a seeded shuffle buffer.
 
-An image that cannot be decoded never stops a trial: its row is filled (by a copy of another
-image of the same batch when training, blank in evaluation passes), counted, and the file named
-in a warning (``data/skipped`` in MLflow). Imports nothing of Ray: a bare GPU box can use it.
+An image that cannot be decoded never stops a trial: when training its row is filled by a copy
+of another image of the same batch, counted, and the file named in a warning (``data/skipped``
+in MLflow); an evaluation pass reads :meth:`FileRows.decode` and leaves the row out of what it
+scores (:mod:`raycl.worker.evaluate`; ``data/eval_skipped``), never scoring a blank image.
+With ``data.skip_unreadable`` the files that fail the launch's check are not in any split at
+all (:func:`raycl.data.load.streamed_unreadable`). Imports nothing of Ray: a bare GPU box can
+use it.
 """
 
 from __future__ import annotations
@@ -111,11 +115,13 @@ class Decoded:
         images: uint8 (n, 3, R, R).
         skipped: the files (or shard members) whose rows were filled instead of decoded.
         reasons: why each of ``skipped`` failed, in the same order.
+        rows: the rows of ``skipped`` in ``images``, in the same order.
     """
 
     images: np.ndarray
     skipped: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
 
 
 def decode_paths(
@@ -151,7 +157,8 @@ def decode_paths(
         for position, row in enumerate(bad):
             if good:  # every file bad: the rows stay blank (and are all counted)
                 out[row] = out[good[position % len(good)]]
-    return Decoded(out, [str(paths[row]) for row in bad], [str(errors[row]) for row in bad])
+    return Decoded(out, [str(paths[row]) for row in bad], [str(errors[row]) for row in bad],
+                   bad)
 
 
 class FileRows(SquareImages):
@@ -160,7 +167,8 @@ class FileRows(SquareImages):
     Behaves like the uint8 array (N, 3, R, R) it stands for (``len``, ``shape``, ``dtype``,
     ``ndim``, ``nbytes``, indexing by int, slice, index array or mask), but holds only the file
     names: ``rows[a:b]`` decodes those files (``fill="blank"`` for the undecodable ones, which
-    :attr:`skipped` counts). Pickles as its file names.
+    :attr:`skipped` counts); :meth:`decode` also says which rows those are, so an evaluation
+    pass leaves them out instead of scoring a blank image. Pickles as its file names.
 
     Args:
         paths: one image file per row (local paths or bucket URIs), as an object array of str.
@@ -185,12 +193,20 @@ class FileRows(SquareImages):
         return self._decode(list(self.paths[key]))
 
     def _decode(self, paths: list[str]) -> np.ndarray:
+        return self._decoded(paths).images
+
+    def _decoded(self, paths: list[str]) -> Decoded:
         decoded = decode_paths(paths, self.resolution, self.threads, fill="blank")
         if decoded.skipped:
             self.skipped.extend(decoded.skipped)
             logger.warning("%d image(s) could not be decoded and were left blank, first %s",
                            len(decoded.skipped), decoded.reasons[0])
-        return decoded.images
+        return decoded
+
+    def decode(self, start: int, stop: int) -> Decoded:
+        """Rows ``start .. stop - 1`` decoded, with which of them (``rows``, counted from
+        ``start``) could not be and are blank: what an evaluation pass must leave out."""
+        return self._decoded(list(self.paths[start:stop]))
 
     def __iter__(self) -> Iterator[np.ndarray]:
         chunk = 64

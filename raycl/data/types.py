@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -185,6 +185,9 @@ class DatasetSplits:
     # Unlabelled images that pretraining uses beside ``train`` (STL-10's unlabeled split);
     # never probed, never scored. None: pretraining sees ``train`` only.
     pretrain_extra: ImageSet | None = None
+    # (file, why) of the unreadable image files left out of every split
+    # (data.skip_unreadable); counted as data/skipped and listed as an MLflow artifact.
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def split(self, name: str) -> ImageSet:
         """The split called ``name`` (one of :data:`SPLITS`)."""

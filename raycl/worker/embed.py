@@ -48,7 +48,9 @@ def embed_images(
     Each rank embeds a contiguous shard (padded to equal length, as all_gather requires), read
     a batch of rows at a time (a split is a view into the memory-mapped set: only the shard's
     rows are read; in stream mode only its files or shards are decoded); every rank returns
-    the full (N, D) array in dataset order. ``embed``
+    the full (N, D) array in dataset order. A file stream mode cannot decode is never embedded
+    as a blank image: its row is NaN, which the scoring leaves out
+    (:func:`raycl.worker.evaluate.decodable_rows`). ``embed``
     replaces ``method.embed`` (e.g. ``method.project`` for the projection spectrum).
     ``autocast``: the forward's precision (:func:`raycl.worker.optim.inference_autocast`: the
     trial's on CUDA, none on CPU); the features are float32 either way.
@@ -62,8 +64,9 @@ def embed_images(
     method.eval()
     try:
         with autocast():
-            chunks = [embed(to_float(torch.from_numpy(rows).to(device))).float()
-                      for rows in _row_batches(images, start, stop, batch_size)]
+            chunks = [_mark_undecodable(embed(to_float(torch.from_numpy(rows).to(device)))
+                                        .float(), bad)
+                      for rows, bad in _row_batches(images, start, stop, batch_size)]
             # A rank with an empty shard still needs the width for the padded all_gather.
             dim = chunks[0].shape[1] if chunks else embed(
                 to_float(torch.from_numpy(images[:1]).to(device))).shape[1]
@@ -77,17 +80,31 @@ def embed_images(
     return gather_no_grad(padded)[:total].cpu().numpy()
 
 
+def _mark_undecodable(features: torch.Tensor, bad: list[int]) -> torch.Tensor:
+    """``features`` with the rows ``bad`` (files that could not be decoded) set to NaN."""
+    if bad:
+        features[bad] = float("nan")
+    return features
+
+
 def _row_batches(
     images: EmbeddedImages, start: int, stop: int, batch_size: int
-) -> Iterator[np.ndarray]:
-    """Rows ``start .. stop - 1`` of ``images``, ``batch_size`` at a time: slices of an array, a
-    view or stream mode's files; stream mode's shards read in sequence (a slice would re-read
-    its shard from the start)."""
+) -> Iterator[tuple[np.ndarray, list[int]]]:
+    """Rows ``start .. stop - 1`` of ``images``, ``batch_size`` at a time, each with the rows of
+    the batch whose file could not be decoded (stream mode's files; blank, to be marked):
+    slices of an array, a view or stream mode's files; stream mode's shards read in sequence (a
+    slice would re-read its shard from the start; they skip what they cannot decode)."""
     if isinstance(images, ShardRows):
-        yield from images.rows(start, stop, batch_size)
+        for rows in images.rows(start, stop, batch_size):
+            yield rows, []
         return
     for first in range(start, stop, batch_size):
-        yield np.asarray(images[first:min(stop, first + batch_size)])
+        last = min(stop, first + batch_size)
+        if isinstance(images, FileRows):
+            decoded = images.decode(first, last)
+            yield decoded.images, decoded.rows
+        else:
+            yield np.asarray(images[first:last]), []
 
 
 def embed_splits(

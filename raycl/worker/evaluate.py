@@ -4,12 +4,18 @@
 stages, score (rank 0). Probes are fit on the training split and score validation
 (``val/...``: what a sweep selects on); after a stage's last epoch the test split and the
 transfer sets too (``test/...``, ``transfer/...``), and at the trial's end the diagnostics.
+
+A file stream mode cannot decode is embedded as a NaN row (:func:`raycl.worker.embed.embed_images`),
+never as a blank image: the scoring leaves those rows out of the split's features and labels
+together (:func:`decodable_rows`) and counts them (``data/eval_skipped``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -17,8 +23,9 @@ import numpy as np
 import torch
 
 from raycl.config.schema import CoreConfig
-from raycl.data import DatasetSplits, stratified_subset
+from raycl.data import SPLITS, DatasetSplits, ImageSet, stratified_subset
 from raycl.data.augment import BatchAugment, to_float
+from raycl.data.streamed import FileRows
 from raycl.distributed import CollectiveInSingleRankSection, single_rank_section
 from raycl.eval import evaluate_knn, evaluate_linear_splits
 from raycl.eval.diagnostics import representation_diagnostics
@@ -146,22 +153,80 @@ def evaluate_epoch(
         projections = embed_images(method, data.test.images, session, embed=method.project,
                                    autocast=autocast)
     metrics: dict[str, float] = {"perf/embed_seconds": time.perf_counter() - started}
+    # Only stream mode's files are marked: elsewhere a NaN is the model's, not to be hidden.
+    keep = {split: rows for split, rows
+            in decodable_rows([features, integrated, {"test": projections}]).items()
+            if isinstance(data.split(split).images, FileRows)}
+    if keep:  # stream mode met files it could not decode: scored without them, and counted
+        metrics["data/eval_skipped"] = float(sum(len(features[split]) - len(rows)
+                                                 for split, rows in keep.items()))
     diagnostics = None
     if session.rank == 0:
         started = time.perf_counter()
+        if projections is not None and "test" in keep:
+            projections = projections[keep["test"]]
         # Only rank 0 scores: a collective in here would wait forever for the other ranks.
         with single_rank_section("rank 0's scoring and diagnostics"):
-            metrics.update(_stage_and_trial_metrics(config, data, inputs, features, integrated,
-                                                    device, eval_sets, method,
-                                                    integrated_method))
-            retrieval = neighbour_retrieval_accuracy(method, data, splits[1:], device)
+            metrics.update(_stage_and_trial_metrics(
+                config, _keep_rows(data, keep), inputs, _keep_features(features, keep),
+                _keep_features(integrated, keep), device, eval_sets, method, integrated_method))
+            # The method's support set indexes the whole training split: only queries are cut.
+            queries = _keep_rows(data, {split: rows for split, rows in keep.items()
+                                        if split != "train"})
+            retrieval = neighbour_retrieval_accuracy(method, queries, splits[1:], device)
             prefix = f"stage{inputs.stage}/" if config.num_stages > 1 else ""
             metrics.update({prefix + key: value for key, value in retrieval.items()})
             if diagnose and data.attributes:
-                diagnostics = _trial_diagnostics(config, data, method, integrated, projections,
+                diagnostics = _trial_diagnostics(config, _keep_rows(data, keep), method,
+                                                 _keep_features(integrated, keep), projections,
                                                  metrics, device)
         metrics["perf/eval_seconds"] = time.perf_counter() - started
-    return features, metrics, diagnostics
+    # Clustering (MCL) and checkpoints need a row per image: an undecodable one's is zeros.
+    return _finite(features) if keep else features, metrics, diagnostics
+
+
+def decodable_rows(embedded: Sequence[Mapping[str, np.ndarray | None]]) -> dict[str, np.ndarray]:
+    """For each split (train, val, test) with a NaN row in any of ``embedded`` (a file stream
+    mode could not decode: :func:`raycl.worker.embed.embed_images`), the rows to score, sorted;
+    splits without one are absent (nothing to leave out)."""
+    keep: dict[str, np.ndarray] = {}
+    for values in embedded:
+        for split in SPLITS:
+            array = values.get(split)
+            if array is None:
+                continue
+            finite = np.isfinite(array).all(axis=1)
+            if split in keep:
+                finite[np.setdiff1d(np.arange(len(finite)), keep[split])] = False
+            if not finite.all():
+                keep[split] = np.flatnonzero(finite)
+    return keep
+
+
+def _keep_rows(data: DatasetSplits, keep: dict[str, np.ndarray]) -> DatasetSplits:
+    """``data`` with each split of ``keep`` cut to those rows: images, labels and captions."""
+    def rows_of(part: ImageSet, rows: np.ndarray) -> ImageSet:
+        images = part.images
+        return ImageSet(images=images.subset(rows) if isinstance(images, FileRows)
+                        else np.asarray(images[rows]),
+                        labels={name: values[rows] for name, values in part.labels.items()},
+                        captions=None if part.captions is None else part.captions[rows])
+
+    if not keep:
+        return data
+    return dataclasses.replace(data, **{split: rows_of(data.split(split), rows)
+                                        for split, rows in keep.items()})
+
+
+def _keep_features(features: Features, keep: dict[str, np.ndarray]) -> Features:
+    """``features`` with each split of ``keep`` cut to those rows (other keys as they are)."""
+    return {key: values[keep[key]] if key in keep else values
+            for key, values in features.items()}
+
+
+def _finite(features: Features) -> Features:
+    """``features`` with NaN rows (undecodable files) as zeros."""
+    return {key: np.nan_to_num(values, nan=0.0) for key, values in features.items()}
 
 
 def _stage_and_trial_metrics(

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import logging
 import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -67,6 +69,8 @@ def run_trial_loop(loop_config: dict[str, Any], session: Session) -> None:
     torch.set_num_threads(max(1, int(config.scaling.cpus_per_worker)))
     configure_cuda_backends(session.device)  # TF32, cuDNN autotuning; nothing on CPU
     data, eval_sets = _load_data(config)
+    if session.rank == 0 and data.skipped:
+        log_skipped_images(config, str(loop_config.get("trial_id", "local")), data.skipped)
     # Once per trial: on the device (data.on_device) every stage gathers its batches there.
     train_images = trial_training_images(config, data, session.device)
     clock = Clock(loop_config.get("trial_started_at"))
@@ -107,6 +111,20 @@ def _load_data(config: CoreConfig) -> tuple[DatasetSplits, EvalSets]:
     eval_sets = EvalSets(load_transfer_sets(config, data.channels),
                          load_mmvp_sets(config) if method_class(config).multimodal else {})
     return data, eval_sets
+
+
+def log_skipped_images(config: CoreConfig, trial_id: str, skipped: list[tuple[str, str]]) -> None:
+    """The unreadable image files ``data.skip_unreadable`` left out of every split, one per line
+    with why, as the trial run's artifact ``diagnostics/skipped_images.txt`` (their count is
+    ``data/skipped``, every epoch)."""
+    from raycl.tracking.relay import log_to_trial_run
+
+    logger.info("data: %d unreadable image file(s) left out of every split "
+                "(data.skip_unreadable), first %s", len(skipped), skipped[0][0])
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "skipped_images.txt"
+        path.write_text("".join(f"{name}\t{why}\n" for name, why in skipped))
+        log_to_trial_run(config, trial_id, {}, Path(directory))
 
 
 def _resume_point(

@@ -279,6 +279,8 @@ def _epoch_metrics(
     if len(stage.phases) > 1:
         metrics["phase"] = run.phase.name
     metrics.update(sampler_metrics(stage.parts.loader))
+    if stage.data.skipped:  # left out by data.skip_unreadable: counted beside stream's skips
+        metrics["data/skipped"] = metrics.get("data/skipped", 0.0) + len(stage.data.skipped)
     if config.num_stages > 1:
         metrics = {**metrics, **{f"stage{inputs.stage}/{key}": value
                                  for key, value in metrics.items() if "/" in key}}
