@@ -17,13 +17,25 @@ import argparse
 import os
 import sys
 
+from raycl.closed_stdout import CLOSED_EXIT_CODE, stdout_closed
 from raycl.config.sweep import resolve_tracking_uri
 from raycl.tracking.leaderboard import print_leaderboard
 from raycl.tracking.runs import ROLE_TAG, mlflow_client
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m raycl.leaderboard`` (and ``raycl-leaderboard``); returns the exit code."""
+    """``python -m raycl.leaderboard`` (and ``raycl-leaderboard``); returns the exit code. Piped
+    into a reader that stops early (``| head``), it stops quietly."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is caught below
+    except BrokenPipeError:
+        stdout_closed()
+        return CLOSED_EXIT_CODE
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m raycl.leaderboard",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", help="MLflow experiment (default: the most recent one)")

@@ -9,7 +9,8 @@ It prints plain, flushed lines to stdout: the same text in a terminal, in ``tee`
 
 :func:`quiet_ray` turns Ray's, Tune's and Optuna's own chatter down to warnings for the length
 of a sweep (``python -m raycl.tune -v`` keeps it); errors and tracebacks still reach the
-terminal. A failure inside the display is logged once and never stops a sweep.
+terminal, while other processes' chatter that Ray forwards is left out
+(:mod:`raycl.quiet_lines`). A failure inside the display is logged once and never stops a sweep.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ray.tune import Callback
 
+from raycl.closed_stdout import stdout_closed
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides, max_reports
+from raycl.quiet_lines import DropLines
 from raycl.tracking.naming import format_value, trial_index, trial_run_name
 from raycl.worker.outcome import FAIL_REASON_KEY, SKIP_REASON_KEY, trial_ending
 
@@ -147,7 +150,10 @@ class ProgressDisplay(Callback):
 
     def _print(self, text: str) -> None:
         elapsed = fmt_clock(time.monotonic() - self._start)
-        print(f"[{elapsed}] {text}", flush=True)
+        try:
+            print(f"[{elapsed}] {text}", flush=True)
+        except BrokenPipeError:  # the reader stopped (`| head`): the sweep goes on, unprinted
+            stdout_closed()
 
     def _resolved(self, trial: Trial) -> CoreConfig:
         return apply_overrides(self.config, trial.config)
@@ -265,7 +271,7 @@ class ProgressDisplay(Callback):
         parts.append(f"elapsed {fmt_duration(time.monotonic() - self._start)}")
         left = self.estimate_left(done, running, pending)
         if left is not None and (running or pending):
-            parts.append(f"about {fmt_duration(left)} left")
+            parts.append(f"about {fmt_duration(left)} left{self._estimate_basis()}")
         if running:
             parts.append(self._positions(running))
         return " · ".join(parts)
@@ -290,28 +296,71 @@ class ProgressDisplay(Callback):
         except ValueError:  # an unknown method: refused before launch, never here
             return max_reports(self.config)
 
+    def _asha(self) -> tuple[int, float] | None:
+        """ASHA's ``(grace period, reduction factor)`` when it stops this sweep's trials."""
+        scheduler = self.config.tune.scheduler
+        if scheduler.type != "asha" or not self.config.tune.search_space:
+            return None  # nothing searched: seed repeats, each run to its end (FIFO)
+        return scheduler.grace_period, scheduler.reduction_factor
+
     def estimate_left(
         self, done: list[Trial], running: list[Trial], pending: int,
         elapsed: float | None = None,
     ) -> float | None:
         """Seconds left: the sweep's own pace (wall-clock seconds per epoch reported since this
         driver started, so trial start-up, evaluation and trials running side by side count)
-        times the epochs to come: a running trial's to its end, a pending trial's as many as the
-        ended trials made on average (ASHA stops some early), else the most a trial makes. None
-        before the first report."""
+        times the epochs to come. Under ASHA most trials stop at its first rungs: a trial's
+        epochs to come are what ASHA leaves it on average (:func:`asha_expected_reports`, from
+        where it is); otherwise a running trial's run to its end, and a pending trial makes as
+        many as the ended trials made on average, else the most a trial makes. None before
+        the first report."""
         if self._reports_seen == 0:
             return None
         elapsed = time.monotonic() - self._start if elapsed is None else elapsed
         per_report = elapsed / self._reports_seen
-        ended = [int((trial.last_result or {}).get("training_iteration", 0)) for trial in done
+        asha = self._asha()
+        if asha is not None:
+            left = pending * asha_expected_reports(*asha, max_reports(self.config))
+            left += sum(asha_expected_reports(*asha, self._reports(trial), _reached(trial))
+                        for trial in running)
+            return left * per_report
+        ended = [_reached(trial) for trial in done
                  if self._ended.get(trial.trial_id) != "skipped"]
         ended = [count for count in ended if count > 0]
         per_trial = sum(ended) / len(ended) if ended else max_reports(self.config)
-        left = sum(max(0, self._reports(trial)
-                       - int((trial.last_result or {}).get("training_iteration", 0)))
-                   for trial in running)
+        left = sum(max(0, self._reports(trial) - _reached(trial)) for trial in running)
         left += pending * per_trial
         return left * per_report
+
+    def _estimate_basis(self) -> str:
+        """What the time left assumes, where it is not every trial to its end."""
+        asha = self._asha()
+        if asha is None:
+            return ""
+        longest = max_reports(self.config)
+        expected = asha_expected_reports(*asha, longest)
+        if expected > longest - 0.05:
+            return ""  # no rung before the end: every trial runs to it
+        return f" (ASHA: ~{expected:.1f} of {longest} epochs a trial)"
+
+
+def _reached(trial: Trial) -> int:
+    """Reports (epochs over all stages) the trial has made."""
+    return int((trial.last_result or {}).get("training_iteration", 0))
+
+
+def asha_expected_reports(grace: int, reduction: float, max_t: int, reached: int = 0) -> float:
+    """Reports a trial makes from ``reached`` on, on average, under ASHA (FinishingASHA runs
+    Ray's): its rungs are ``grace x reduction^k`` below ``max_t``, and past each rung only
+    ``1/reduction`` of the trials that reached it go on (its cutoff, once the rung has
+    results). Grace 2, reduction 2, 8 epochs: rungs 2 and 4, so 2 + 2/2 + 4/4 = 4 of 8."""
+    rungs = []
+    rung = float(grace)
+    while rung < max_t:
+        rungs.append(rung)
+        rung *= reduction
+    return sum(reduction ** -sum(1 for r in rungs if reached < r < epoch)
+               for epoch in range(reached + 1, max_t + 1))
 
 
 def fmt_clock(seconds: float) -> str:
@@ -334,10 +383,17 @@ _DROPPED = (
     # Ray 2.60 enables token authentication for a new local cluster and says so on every run;
     # only this notice goes ("is disabled" warnings stay). Nothing about security changes.
     "Token authentication is enabled for this Ray cluster",
+    # Optuna's grid sampler stops its study when the grid is covered, which Optuna refuses
+    # outside its own loop (Tune drives the study); Tune logs it per trial, the trial's result
+    # already told.
+    "`Study.stop` is supposed to be invoked inside an objective function",
+    # Tune times its own bookkeeping; on a busy laptop a step takes over 0.5 s now and then.
+    "which may be a performance bottleneck",
 )
-_FILTERED_LOGGERS = ("ray.tune.tune", "ray._private.authentication.authentication_token_setup")
+_FILTERED_LOGGERS = ("ray.tune.tune", "ray._private.authentication.authentication_token_setup",
+                     "ray.tune.search.optuna.optuna_search", "ray.tune.utils.util")
 # Loggers whose INFO lines are Ray's or MLflow's chatter in the driver.
-_QUIET_LOGGERS = ("ray", "ray.tune", "ray.train", "ray.air", "mlflow", "alembic")
+_QUIET_LOGGERS = ("ray", "ray.tune", "ray.train", "ray.air", "ray.data", "mlflow", "alembic")
 
 
 class _DropMessages(logging.Filter):
@@ -363,8 +419,9 @@ def quiet_env() -> dict[str, str]:
 @contextlib.contextmanager
 def quiet_ray(verbose: bool = False) -> Iterator[None]:
     """For the sweep's length: Ray, Tune, MLflow and Optuna log warnings and errors only in
-    the driver, and the messages raycl replaces are dropped. ``verbose`` changes nothing (Ray's
-    full output, as before). Everything is restored afterwards."""
+    the driver, the messages raycl replaces are dropped, and so are the lines of other
+    processes' chatter Ray forwards (:class:`raycl.quiet_lines.DropLines`). ``verbose``
+    changes nothing (Ray's full output, as before). Everything is restored afterwards."""
     if verbose:
         yield
         return
@@ -381,9 +438,15 @@ def quiet_ray(verbose: bool = False) -> Iterator[None]:
     for name in _FILTERED_LOGGERS:
         logging.getLogger(name).addFilter(drop)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = DropLines(sys.stdout), DropLines(sys.stderr)
     try:
         yield
     finally:
+        for filtered in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a closed pipe: nothing left to write
+                filtered.flush()
+        sys.stdout, sys.stderr = streams
         optuna.logging.set_verbosity(optuna_level)
         for name in _FILTERED_LOGGERS:
             logging.getLogger(name).removeFilter(drop)

@@ -15,20 +15,21 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
+from raycl.closed_stdout import CLOSED_EXIT_CODE, stdout_closed
 from raycl.config.checks import ENVIRONMENT_CHECKS, run_checks
-from raycl.config.identity import check_same_sweep, store_settings
+from raycl.config.identity import store_settings
 from raycl.config.load import load_search, with_absolute_paths
 from raycl.config.placement import CLUSTER_CHECKS, placement_warning, trial_bundles
-from raycl.config.schema import ConfigError, CoreConfig
+from raycl.config.problems import with_checks
+from raycl.config.schema import ConfigError, CoreConfig, error_lines
 from raycl.config.search_config import apply_overrides, max_reports, schema_markdown
+from raycl.data.folders import skip_notice
 from raycl.data.listed_once import listed_once
 from raycl.dry_run import collapse_notices, print_dry_run
+from raycl.sweep_plan import SweepPlan, plan_sweep, resolved_storage, storage_child
 
 EPILOG = """\
 examples:
@@ -38,8 +39,9 @@ examples:
       --storage s3://bucket/raycl --tracking-uri http://mlflow:5000
   python -m raycl.tune --show-schema        # every config key, its type, default and meaning
 
-Re-running a sweep with the same name (and storage) and settings resumes it; with other
-settings it stops and lists them (run them under --name NEW, or --fresh to start over).
+Re-running a sweep with the same name (and storage), settings and data resumes it; with other
+settings or data it stops before Ray starts and names what changed (run them under --name NEW,
+or --fresh to start over).
 Results: mlflow ui --backend-store-uri sqlite:///mlflow.db ; python -m raycl.leaderboard
 """
 
@@ -87,27 +89,6 @@ def resolve(args: argparse.Namespace, notices: list[str] | None = None) -> CoreC
         if flags[flag] is not None:
             overrides.append(f"{key}={flags[flag]}")
     return load_search(args.search, overrides, notices=notices)
-
-
-def _storage_path(path: str) -> str:
-    return path if "://" in path else str(Path(path).expanduser().resolve())
-
-
-def storage_child(storage: str, name: str) -> str:
-    """``storage``/``name``, before a URI's query: ``s3://b/raycl?endpoint_override=h:9000`` gives
-    ``s3://b/raycl/NAME?endpoint_override=h:9000`` (pyarrow reads the options from the query)."""
-    path, mark, query = storage.partition("?")
-    return f"{path.rstrip('/')}/{name}{mark}{query}"
-
-
-def _set_aside(experiment_path: str) -> None:
-    """--fresh keeps the old sweep's state (nothing a user ran is lost): it is renamed."""
-    if "://" in experiment_path:
-        raise ConfigError(f"--fresh: {experiment_path} is remote; choose a new --name instead")
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside = f"{experiment_path}.{stamp}"
-    shutil.move(experiment_path, aside)
-    print(f"raycl: --fresh: previous sweep state moved to {aside}", flush=True)
 
 
 def _print_notice(notice: str | None) -> None:
@@ -167,6 +148,7 @@ def build_tuner(
     fault: dict[str, Any] | None = None,
     verbose: bool = False,
     loader: str | None = None,
+    plan: SweepPlan | None = None,
 ) -> Any:
     """A ``Tuner`` for the sweep, or the restored one when a sweep of that name exists. Call it
     after ``ray.init``: it starts this driver's MLflow relay, which trials log through.
@@ -175,6 +157,7 @@ def build_tuner(
     ``loader``: ``data.loader`` as :func:`settle_loader` settled it for the trials. raycl's
     progress lines (:class:`raycl.progress.ProgressDisplay`) replace Tune's tables unless
     ``verbose``. A restored sweep keeps the callbacks and verbosity it was started with.
+    ``plan``: what :func:`plan_sweep` decided before Ray started (None: decided here).
     """
     from ray import tune
 
@@ -182,6 +165,7 @@ def build_tuner(
     from raycl.tracking.callback import MLflowSweepCallback
     from raycl.tracking.relay import start_relay
 
+    plan = plan or plan_sweep(config, search_file, fresh)
     start_relay()  # trials on other nodes log to MLflow through this one
     _keep_train_coordinator_on_this_node()
 
@@ -190,7 +174,7 @@ def build_tuner(
     # What the trials run: data.loader as settled at launch. The sweep's identity (a re-run's
     # comparison) keeps the user's setting, so "auto" settled differently is the same sweep.
     trial_config = apply_overrides(config, {"data.loader": loader}) if loader else config
-    storage = _storage_path(config.tune.storage_path)
+    storage = resolved_storage(config.tune.storage_path)
     trainable = _trainable(trial_config, storage_child(storage, f"{config.name}-train"), fault)
 
     param_space, search_alg, num_samples, scheduler = tuner_search(config)
@@ -203,16 +187,13 @@ def build_tuner(
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         verbose=1 if verbose else 0,  # 0: raycl.progress prints the sweep
     )
-    experiment_path = storage_child(storage, config.name)
-    if tune.Tuner.can_restore(experiment_path) and fresh:
-        _set_aside(experiment_path)
-    elif tune.Tuner.can_restore(experiment_path):
-        # Other settings stop here (ConfigError: exit 2); identical ones resume.
-        _print_notice(check_same_sweep(config, experiment_path, search_file))
+    experiment_path = plan.experiment_path
+    if plan.resume:
         print(f"raycl: resuming sweep {config.name!r} from {experiment_path}", flush=True)
         return tune.Tuner.restore(experiment_path, trainable, resume_unfinished=True,
                                   resume_errored=True, param_space=param_space)
-    _print_notice(store_settings(config, experiment_path))  # what a re-run is compared with
+    # What a re-run is compared with (the user's data.loader, not the settled one).
+    _print_notice(store_settings(config, experiment_path, plan.data))
     return tune.Tuner(
         trainable,
         param_space=param_space,
@@ -275,6 +256,57 @@ def _warn_if_trials_wait(config: CoreConfig) -> None:
         print(f"raycl: warning: {warning}", file=sys.stderr, flush=True)
 
 
+# Ray's switch to its local-only mode, read once at import by each Ray process (see below).
+_RAY_CLUSTER_MODE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _loopback_only(address: str | None, temp_dir: str | None) -> tuple[bool, str | None] | None:
+    """Ray's local-only mode on, when ``ray.init(address)`` is to start a Ray of its own (it
+    finds no cluster to join: no address, ``local``) or to join one on this machine's loopback;
+    returns what :func:`_restore_cluster_mode` puts back (None: a cluster, left as it is).
+
+    Otherwise a local Ray listens on the node's address, which Ray on Linux resolves to the
+    LAN's: GCS, raylet and worker gRPC servers on every interface, the agents and metrics
+    exporters on the LAN address. ``_node_ip_address="127.0.0.1"`` is no way out: Ray replaces a
+    loopback address with the LAN's (ray-project/ray#26293; and a loopback ``address`` too,
+    ray-project/ray#59110). Its local-only mode (node address and every server on 127.0.0.1,
+    the default on macOS and Windows) is selected by ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``:
+    this process read it at ``import ray`` (``ray_constants.ENABLE_RAY_CLUSTER``), the processes
+    Ray starts read it from the environment they inherit.
+    """
+    from ray._common.network_utils import is_localhost, parse_address
+    from ray._private import ray_constants, services
+
+    found = address
+    if found in (None, "auto"):  # where ray.init looks: $RAY_ADDRESS, then a `ray start` head
+        try:
+            found = services.get_ray_address_from_environment(found, temp_dir)
+        except ConnectionError:  # "auto" and nothing found: ray.init says so itself
+            return None
+    if found not in (None, "local"):
+        parsed = None if "://" in found else parse_address(found)
+        if parsed is None or not is_localhost(parsed[0]):
+            return None
+    before = (ray_constants.ENABLE_RAY_CLUSTER, os.environ.get(_RAY_CLUSTER_MODE))
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    os.environ[_RAY_CLUSTER_MODE] = "0"
+    return before
+
+
+def _restore_cluster_mode(before: tuple[bool, str | None] | None) -> None:
+    """Undo :func:`_loopback_only` once Ray is up: a later ``ray.init`` of this process (a
+    cluster's address) and the processes it starts see Ray as they did."""
+    if before is None:
+        return
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = before[0]
+    if before[1] is None:
+        os.environ.pop(_RAY_CLUSTER_MODE, None)
+    else:
+        os.environ[_RAY_CLUSTER_MODE] = before[1]
+
+
 def init_ray(quiet: bool = False, **init_kwargs: Any) -> None:
     """Start (or join) Ray the way every raycl sweep needs it; tests and benchmarks use it too.
 
@@ -286,6 +318,10 @@ def init_ray(quiet: bool = False, **init_kwargs: Any) -> None:
     (``ray.LoggingConfig``: no "Checkpoint successfully created" per epoch; Ray Train's own
     ``ray.train`` loggers follow ``RAYCL_TRAIN_LOG_LEVEL``, read by :mod:`raycl.pipeline`), and
     the dashboard's address is printed in one line.
+
+    A Ray started here (no cluster to join) listens on 127.0.0.1 only, every process of it;
+    so does one joined through a loopback address. A cluster is joined as Ray does
+    (:func:`_loopback_only`; docs/clusters.md "What listens where").
     """
     import ray
 
@@ -296,7 +332,11 @@ def init_ray(quiet: bool = False, **init_kwargs: Any) -> None:
     if quiet:
         env_vars["RAYCL_TRAIN_LOG_LEVEL"] = "WARNING"
         init_kwargs.setdefault("logging_config", ray.LoggingConfig(log_level="WARNING"))
-    context = ray.init(runtime_env={"env_vars": env_vars}, **init_kwargs)
+    before = _loopback_only(init_kwargs.get("address"), init_kwargs.get("_temp_dir"))
+    try:
+        context = ray.init(runtime_env={"env_vars": env_vars}, **init_kwargs)
+    finally:
+        _restore_cluster_mode(before)
     dashboard = getattr(context, "dashboard_url", None)
     if quiet and dashboard:
         url = dashboard if "://" in dashboard else f"http://{dashboard}"
@@ -304,18 +344,18 @@ def init_ray(quiet: bool = False, **init_kwargs: Any) -> None:
 
 
 def run(config: CoreConfig, search_file: str | None = None, fresh: bool = False,
-        address: str | None = None, verbose: bool = False) -> int:
+        address: str | None = None, verbose: bool = False, plan: SweepPlan | None = None) -> int:
     """Run the sweep on the current (or a new embedded) Ray; return the process exit code.
     Ray's, Tune's and Optuna's own output is turned down to warnings unless ``verbose``
     (:func:`raycl.progress.quiet_ray`)."""
     from raycl.progress import quiet_ray
 
     with quiet_ray(verbose):
-        return _run(config, search_file, fresh, address, verbose)
+        return _run(config, search_file, fresh, address, verbose, plan)
 
 
 def _run(config: CoreConfig, search_file: str | None, fresh: bool, address: str | None,
-         verbose: bool) -> int:
+         verbose: bool, plan: SweepPlan | None = None) -> int:
     from raycl.tracking.callback import INTERRUPTED
     from raycl.tracking.leaderboard import print_leaderboard
     from raycl.worker.outcome import FAILED_KEY
@@ -328,7 +368,7 @@ def _run(config: CoreConfig, search_file: str | None, fresh: bool, address: str 
     run_checks(settled, search_file or config.name, CLUSTER_CHECKS)
     _warn_if_trials_wait(settled)
     tuner = build_tuner(config, search_file, fresh=fresh, verbose=verbose,
-                        loader=settled.data.loader)
+                        loader=settled.data.loader, plan=plan)
     results = tuner.fit()
     finished = [r for r in results
                 if r.error is None and not (r.metrics or {}).get(FAILED_KEY)]
@@ -345,8 +385,14 @@ def _run(config: CoreConfig, search_file: str | None, fresh: bool, address: str 
 
 def main(argv: list[str] | None = None) -> int:
     # The launch's checks ask for a dataset's listing several times: one listing serves them.
-    with listed_once():
-        return _main(argv)
+    try:
+        with listed_once():
+            code = _main(argv)
+        sys.stdout.flush()  # here, where a reader that stopped early (`| head`) is caught
+    except BrokenPipeError:
+        stdout_closed()  # no traceback (a sweep's own lines already go on unprinted)
+        return CLOSED_EXIT_CODE
+    return code
 
 
 def _main(argv: list[str] | None) -> int:
@@ -365,8 +411,12 @@ def _main(argv: list[str] | None) -> int:
         config = resolve(args, notices)
         run_checks(config, args.search, ENVIRONMENT_CHECKS)
         notices.extend(collapse_notices(config))  # constraints that narrow the search
+        notices.extend(filter(None, [skip_notice(config.data)]))  # data.skip_unreadable's count
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        # Every problem at once, one line each (the environment's too, where the YAML's
+        # problems left a config to check): a config is fixed in one pass.
+        for line in with_checks(exc, args.search, ENVIRONMENT_CHECKS):
+            print(f"error: {line}", file=sys.stderr)
         return 2
     for notice in notices:
         print(f"raycl: {notice}", flush=True)
@@ -374,10 +424,13 @@ def _main(argv: list[str] | None) -> int:
         print_dry_run(config)  # never starts Ray
         return 0
     try:
+        # Resume, set aside or start: decided (a changed sweep refused) before Ray starts.
+        plan = plan_sweep(config, args.search, fresh=args.fresh)
         return run(config, args.search, fresh=args.fresh, address=args.address,
-                   verbose=args.verbose)
+                   verbose=args.verbose, plan=plan)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for line in error_lines(exc):
+            print(f"error: {line}", file=sys.stderr)
         return 2
 
 

@@ -233,8 +233,34 @@ def test_cli_subprocess_exits_2_without_launching(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "searches").glob("*.yaml")))
-def test_shipped_searches_are_valid(name: str) -> None:
+def test_shipped_searches_are_valid(name: str, tmp_path: Path) -> None:
+    if name == "folder.yaml":  # the user's folder comes from the command line
+        test_folder_search_needs_only_a_root(tmp_path)
+        return
     load_search(REPO / "searches" / name)
+
+
+def test_folder_search_needs_only_a_root(tmp_path: Path) -> None:
+    """searches/folder.yaml: SimCLR on your folder with one --set; without it, one line that
+    says how to give it."""
+    import numpy as np
+    from PIL import Image
+
+    search = REPO / "searches" / "folder.yaml"
+    with pytest.raises(ConfigError) as info:
+        load_search(search)
+    assert str(info.value) == (f"{search}: data: data.root is required when data.dataset is "
+                               f"'folder' (give it in the YAML or with --set data.root=...)")
+    for label in range(2):
+        (tmp_path / "images" / f"c{label}").mkdir(parents=True)
+        for index in range(60):
+            Image.fromarray(np.full((8, 8, 3), 40 * index % 256, np.uint8)).save(
+                tmp_path / "images" / f"c{label}" / f"{index}.png")
+    config = load_search(search, [f"data.root={tmp_path / 'images'}"])
+    assert (config.method, config.data.dataset, config.model.backbone) == (
+        "simclr", "folder", "small_cnn")
+    assert config.eval.transfer == [] and config.scaling.use_gpu is False
+    assert config.tune.search_space  # a search, not seed repeats
 
 
 def test_schema_choices_match_what_exists() -> None:
@@ -263,17 +289,17 @@ def test_trial_resources_and_demand() -> None:
 
 
 def test_fresh_sets_the_old_sweep_aside(tmp_path: Path) -> None:
-    from raycl.tune import _set_aside
+    from raycl.sweep_plan import set_aside
 
     old = tmp_path / "sweep"
     old.mkdir()
     (old / "experiment_state.json").write_text("{}")
-    _set_aside(str(old))
+    set_aside(str(old))
     assert not old.exists()
     (aside,) = tmp_path.glob("sweep.*")
     assert (aside / "experiment_state.json").read_text() == "{}"
     with pytest.raises(ConfigError, match="remote"):
-        _set_aside("s3://bucket/sweep")
+        set_aside("s3://bucket/sweep")
 
 
 # --- what the command line means beyond values --------------------------------------------

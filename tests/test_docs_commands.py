@@ -41,6 +41,9 @@ NOT_RUN: dict[str, str] = {
                    "here with --dry-run; checked to exist",
     "make bench": "benchmarks for minutes; checked to exist",
     "make bench-gpu": "benchmarks on a GPU for minutes; checked to exist",
+    "make clean": "deletes this checkout's caches; checked to exist",
+    "make clean-results": "lists this checkout's results; checked to exist",
+    "make clean-results CONFIRM=1": "deletes this checkout's results; checked to exist",
     "python -m raycl.tune searches/x.yaml --set k=v": "a pattern in architecture.md's data "
                                                      "flow, not a command",
 }
@@ -160,9 +163,27 @@ def _run_tune(args: list[str], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> in
         with pytest.raises(SystemExit) as exit_:
             main(["--help"])
         return int(exit_.value.code or 0)
+    if "data.root=/path/to/images" in args:  # the README's own folder: a small one here
+        args[args.index("data.root=/path/to/images")] = f"data.root={_image_folder(tmp)}"
     args = _redirect(args, "--storage", str(tmp / "ray_results"))
     args = _redirect(args, "--tracking-uri", f"sqlite:///{tmp}/mlflow.db")
     return main([*args, "--dry-run"])
+
+
+def _image_folder(tmp: Path) -> Path:
+    """``tmp/images/<class>/*.png``: 3 classes of 40 small images, enough for the training
+    split to hold searches/folder.yaml's batch."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label in range(3):
+        folder = tmp / "images" / f"class{label}"
+        folder.mkdir(parents=True)
+        for index in range(40):
+            pixels = rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"{index}.png")
+    return tmp / "images"
 
 
 def _run_server(args: list[str], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> int:
@@ -240,3 +261,18 @@ def _written() -> dict[str, int | None]:
     directory."""
     paths = [REPO / name for name in ("mlflow.db", "ray_results", "mlartifacts")]
     return {path.name: path.stat().st_mtime_ns if path.exists() else None for path in paths}
+
+
+def test_readme_lists_every_dataset_name_once() -> None:
+    """The README's data section has one line per name ``data.dataset`` accepts, no more."""
+    from typing import get_args
+
+    from raycl.config.training import DataConfig
+
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Data (nothing downloads)", 1)[1].split("\n## ", 1)[0]
+    first_list = re.search(r"^- `.*?(?=^[^- ])", section, re.M | re.S)
+    assert first_list is not None, "the data section lists no dataset"
+    listed = re.findall(r"^- `(\w+)`: ", first_list.group(0), re.M)
+    accepted = get_args(DataConfig.model_fields["dataset"].annotation)
+    assert listed == list(accepted), "README's data section vs data.dataset's names"

@@ -16,6 +16,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
+from raycl.config.identity import read_identity
 from raycl.config.load import load_search
 from raycl.config.schema import resolve_tracking_uri
 from raycl.config.search_config import SearchConfig, apply_overrides, max_reports
@@ -112,7 +113,10 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
     assert "simclr.temperature" in header and "test/linear/shape" in header
     assert len(rows) == 2
 
-    # Running the same sweep again resumes it: nothing new is launched or logged.
+    # The sweep's identity holds its data (Trifeature's key: its settings), which the re-run
+    # below finds unchanged: running the same sweep again resumes it, nothing new is launched.
+    assert read_identity(str(tmp_path / "ray" / "e2e-quick"))["data"] == {"data": {
+        "dataset": "trifeature", "samples_per_combination": 1, "seed": 0}}
     again = main(quickstart_args(tmp_path))
     assert again == 0
     assert "resuming sweep 'e2e-quick'" in capsys.readouterr().out

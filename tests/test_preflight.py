@@ -107,3 +107,32 @@ def test_a_trial_the_local_ray_cannot_place_is_refused(ray_session, tmp_path: Pa
         f"and nothing will add a node: the local Ray this command started has no autoscaler; "
         f"ask for less, or run on a larger cluster (--address)")
     assert not (tmp_path / "ray").exists()
+
+
+def test_every_problem_of_a_yaml_is_reported_at_once(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    """Three independent mistakes in the YAML (an unknown key, a bad search-space entry, a
+    missing data.root folder) and one in the environment (storage) come out together, one line
+    each, exit 2 (no fix, re-run, next error); a YAML that does not parse: one line."""
+    from raycl.tune import main
+
+    search = tmp_path / "three.yaml"
+    search.write_text(
+        "name: t\n"
+        f"data: {{dataset: folder, root: {tmp_path / 'missing'}, resoluton: 32}}\n"
+        "tune:\n"
+        "  search_space:\n"
+        "    train.lr: {loguniform: [0.001, 0.01], uniform: [0, 1]}\n")
+    assert main([str(search), "--storage", "/proc/version/ray"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(": ")[2] for line in lines] == [
+        "data.resoluton", "tune.search_space.train.lr", "data.root", "tune.storage_path"], lines
+    assert lines[0] == f"error: {search}: data.resoluton: unknown key (did you mean " \
+                       f"data.resolution?)"
+    assert lines[2] == f"error: {search}: data.root: not a directory: {tmp_path / 'missing'}"
+    assert all(line.startswith(f"error: {search}: ") for line in lines)
+
+    search.write_text("name: t\ntrain: {epochs: [1,\n")
+    assert main([str(search)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "invalid YAML" in lines[0]

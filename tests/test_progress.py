@@ -118,11 +118,39 @@ def test_summary_counts_best_and_estimate() -> None:
     text = display.summary([done, running])
     assert text.startswith("1 done, 1 running, 1 pending of 3 · best val/linear/mean 0.6 "
                            "(t02 τ=0.3 lr=0.001) · elapsed ")
-    # Left: the running trial's 6 epochs, the pending trial's 4 (as the ended one): 100 s.
-    assert text.endswith("about 1m40s left · now t02 τ=0.3 lr=0.001 epoch 2/8")
-    assert display.estimate_left([done], [running], 1, elapsed=60) == pytest.approx(100.0)
+    # Left under ASHA (grace 2, halving): rungs at epochs 2 and 4, so a new trial makes
+    # 2 + 2/2 + 4/4 = 4 of its 8 epochs on average, and the running one (at epoch 2) 2 + 4/2
+    # more: 8 epochs of 10 s. Every trial to its end would say 140 s.
+    assert text.endswith("about 1m20s left (ASHA: ~4.0 of 8 epochs a trial) · now t02 τ=0.3 "
+                         "lr=0.001 epoch 2/8")
+    assert display.estimate_left([done], [running], 1, elapsed=60) == pytest.approx(80.0)
+    # Without a scheduler: the running trial's 6 epochs, the pending one's 4 (as the ended one).
+    fifo = ProgressDisplay(_config(scheduler={"type": "none"}))
+    fifo._reports_seen, fifo._ended = 6, {"id1": "finished"}
+    assert fifo.estimate_left([done], [running], 1, elapsed=60) == pytest.approx(100.0)
+    assert "left ·" in fifo.summary([done, running])  # no ASHA note
     assert ProgressDisplay(_config()).estimate_left([], [], 3) is None  # nothing measured yet
     assert fmt_duration(3725) == "1h02m" and fmt_duration(59.6) == "1m00s"
+
+
+def test_asha_time_left_follows_its_rungs() -> None:
+    """A sweep of 16 pending trials of 16 epochs, grace 1, reduction 4 (rungs 1 and 4): a trial
+    makes 1 + 3/4 + 12/16 = 2.5 epochs on average, not 16 (the estimate used to assume every
+    trial ran to its end, several times too long)."""
+    from raycl.progress import asha_expected_reports
+
+    assert asha_expected_reports(1, 4, 16) == pytest.approx(2.5)
+    # A running trial past rung 1 makes 3 more, and a quarter of the 12 after rung 4; past
+    # rung 4 it runs to its end.
+    assert asha_expected_reports(1, 4, 16, reached=1) == pytest.approx(3 + 12 / 4)
+    assert asha_expected_reports(1, 4, 16, reached=4) == 12
+    assert asha_expected_reports(20, 2, 16) == 16  # no rung below the end: every epoch
+    display = ProgressDisplay(search_config_class().model_validate(
+        {"name": "a", "train": {"epochs": 16}, "eval": {"every_n_epochs": 1},
+         "tune": {"num_samples": 16, "search_space": SPACE,
+                  "scheduler": {"type": "asha", "grace_period": 1, "reduction_factor": 4}}}))
+    display._reports_seen = 10
+    assert display.estimate_left([], [], 16, elapsed=100) == pytest.approx(16 * 2.5 * 10)
 
 
 def test_summary_says_where_each_running_trial_is() -> None:

@@ -6,9 +6,10 @@ section, pretrained weights that do not fit, a batch larger than the training sp
 server that does not answer, storage that cannot be written.
 
 Every check is ``check_x(config) -> Iterator[Problem]``: it yields what is wrong, the first
-problem first, as ``Problem(key, why)``, and is lazy, so later (slower) work is skipped once a
-problem is found. :func:`run_checks` runs checks in order and raises the first problem as a
-:class:`ConfigError` whose message is one line, ``FILE: key: why``. :data:`CONFIG_CHECKS` need
+problem first, as ``Problem(key, why)``. :func:`run_checks` runs every check in order and raises
+all they find (:func:`raycl.config.problems.all_problems`: one per key) as a
+:class:`~raycl.config.schema.ConfigErrors`, one line each, ``FILE: key: why``, the first
+first: a user fixes a config in one pass. :data:`CONFIG_CHECKS` need
 only the config and the files it names (:func:`raycl.config.load.load_search` runs them);
 :data:`ENVIRONMENT_CHECKS` look at where the sweep writes, once every override is applied
 (``python -m raycl.tune`` runs them before Ray or MLflow start). Where trials' processes go is
@@ -31,7 +32,8 @@ from pydantic import BaseModel, ValidationError
 
 from raycl.config.feasibility import CONSTRAINED_KEYS, joint_domain, trial_problem
 from raycl.config.placement import check_gpu_sharing
-from raycl.config.schema import ConfigError, CoreConfig, Problem, resolve_tracking_uri
+from raycl.config.problems import all_problems
+from raycl.config.schema import ConfigErrors, CoreConfig, Problem, resolve_tracking_uri
 from raycl.config.search_config import (
     RENAMED_KEYS,
     apply_overrides,
@@ -46,7 +48,8 @@ Check = Callable[[CoreConfig], Iterator[Problem]]
 
 # Keys a search may not vary: they name the sweep, or they change what is measured (the
 # validation and test splits), which would make trials incomparable.
-UNSEARCHABLE_KEYS = ("name", "data.val_fraction", "data.test_fraction", "data.cache_dir")
+UNSEARCHABLE_KEYS = ("name", "data.val_fraction", "data.test_fraction", "data.cache_dir",
+                     "data.skip_unreadable")
 UNSEARCHABLE_SECTIONS = ("tune.", "mlflow.")
 # Keys that decide whether model.pretrained fits the backbone a trial builds.
 PRETRAINED_KEYS = ("model.pretrained", "model.backbone", "model.stem", "model.width",
@@ -109,11 +112,14 @@ def check_labels(config: CoreConfig) -> Iterator[Problem]:
 
 
 def _dataset_problems(dataset: str, root: str | None, section: str,
-                      layout: str = "auto", streamed: bool = False) -> Iterator[Problem]:
+                      layout: str = "auto", streamed: bool = False,
+                      skip: bool = False) -> Iterator[Problem]:
     """The dataset's files exist: a folder's images (both halves of a train/test layout, with
-    their classes aligned), the pairs file, Fashion-MNIST's package. ``streamed`` (stream mode):
-    a folder is listed but its files' headers are not read (a bucket of a million images);
-    training skips and counts an undecodable one instead."""
+    their classes aligned, every image decodable: the first few bad ones named, with their
+    count), the pairs file, Fashion-MNIST's package. ``streamed`` (stream mode): a folder is
+    listed but its files' headers are not read (a bucket of a million images); training skips
+    and counts an undecodable one instead. ``skip`` (``data.skip_unreadable``): unreadable
+    images are no problem, the trials leave them out (the launch's notice counts them)."""
     if dataset == "folder":
         from raycl.data.bucket_paths import is_remote
 
@@ -122,19 +128,19 @@ def _dataset_problems(dataset: str, root: str | None, section: str,
         if not remote and not Path(path).is_dir():
             yield Problem(f"{section}.root", f"not a directory: {root}")
             return
-        from raycl.data.folders import list_folder, unreadable_images_problem
+        from raycl.data.folders import folder_unreadable, list_folder, unreadable_message
 
         try:
-            parts = list_folder(path, layout)
+            list_folder(path, layout)
         except (OSError, ValueError) as exc:
             yield Problem(f"{section}.root", str(exc))
             return
-        if streamed:
+        if streamed or skip:
             return
-        unreadable = unreadable_images_problem(
-            [file for files in parts.values() for file, _ in files])
+        unreadable, counted = folder_unreadable(path, layout)
         if unreadable:
-            yield Problem(f"{section}.root", unreadable)
+            yield Problem(f"{section}.root",
+                          unreadable_message(unreadable, counted, hint=section == "data"))
     if dataset == "pairs":
         from raycl.data.image_text import read_pairs
 
@@ -171,14 +177,17 @@ def _reader_problems(data: Any, section: str) -> Iterator[Problem]:
     try:
         check(data)
     except (OSError, ValueError) as exc:
-        yield Problem(f"{section}.root", str(exc))
+        # A reader's message names data.root itself (a trial's error has no Problem around
+        # it); the Problem names the key already.
+        yield Problem(f"{section}.root", str(exc).removeprefix("data.root: "))
 
 
 def check_data(config: CoreConfig) -> Iterator[Problem]:
     """The files of the dataset (CIFAR's, STL-10's, ImageNet's by their readers' checks), of a
     real MMVP-VLM copy and of every transfer dataset."""
     yield from _dataset_problems(config.data.dataset, config.data.root, "data",
-                                 config.data.layout, streamed=config.data.loader == "stream")
+                                 config.data.layout, streamed=config.data.loader == "stream",
+                                 skip=config.data.skip_unreadable)
     yield from _reader_problems(config.data, "data")
     mmvp = config.eval.mmvp
     if mmvp not in (None, "synthetic"):
@@ -459,7 +468,7 @@ def first_problem(config: CoreConfig, checks: tuple[Check, ...] = ALL_CHECKS) ->
 
 
 def run_checks(config: CoreConfig, source: str, checks: tuple[Check, ...] = ALL_CHECKS) -> None:
-    """Run ``checks`` in order; raise the first problem.
+    """Run ``checks`` in order; raise every problem they find.
 
     Args:
         config: the validated config (every override applied).
@@ -467,11 +476,11 @@ def run_checks(config: CoreConfig, source: str, checks: tuple[Check, ...] = ALL_
         checks: which checks: :data:`CONFIG_CHECKS`, :data:`ENVIRONMENT_CHECKS` or all.
 
     Raises:
-        ConfigError: ``FILE: key: why``.
+        ConfigErrors: one ``FILE: key: why`` line per problem; the message is the first.
     """
-    problem = first_problem(config, checks)
-    if problem is not None:
-        raise ConfigError(problem.line(source))
+    problems = all_problems(config, checks)
+    if problems:
+        raise ConfigErrors([problem.line(source) for problem in problems])
 
 
 __all__ = ["ALL_CHECKS", "CONFIG_CHECKS", "ENVIRONMENT_CHECKS", "PRETRAINED_KEYS",

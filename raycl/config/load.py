@@ -1,25 +1,28 @@
 """Reading a search YAML: the file, ``--set`` overrides, pins, renamed keys, then the checks.
 
 Bad input never launches anything: :func:`load_search` raises
-:class:`~raycl.config.section.ConfigError` whose message is one line naming the file (or
-``--set``) and the dotted key, and ``python -m raycl.tune`` turns it into exit code 2. Decisions
-the loader takes for the user (a pinned search key, a clamped grace period) come back as notices,
-one line each. :func:`with_absolute_paths` readies a loaded config for trials that run in
-directories of their own.
+:class:`~raycl.config.schema.ConfigErrors` with one line per problem, each naming the file (or
+``--set``) and the dotted key, all of them at once, and ``python -m raycl.tune`` turns it into
+exit code 2. Decisions the loader takes for the user (a pinned search key, a clamped grace
+period) come back as notices, one line each. :func:`with_absolute_paths` readies a loaded
+config for trials that run in directories of their own.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
-from raycl.config.checks import CONFIG_CHECKS, run_checks
+from raycl.config.checks import CONFIG_CHECKS
 from raycl.config.feasibility import grid_size
-from raycl.config.schema import ConfigError, CoreConfig, resolve_tracking_uri
+from raycl.config.problems import all_problems
+from raycl.config.schema import ConfigError, ConfigErrors, CoreConfig, resolve_tracking_uri
 from raycl.config.search_config import (
     RENAMED_KEYS,
     SEARCH_SPACE_PREFIX,
@@ -63,30 +66,81 @@ def with_absolute_paths(config: CoreConfig) -> CoreConfig:
 
 
 
-def _format_error(source: str, error: ValidationError) -> str:
-    first = error.errors()[0]
-    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    message = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
+def _format_error(source: str, error: ErrorDetails, key: str) -> str:
+    """One pydantic error as ``SOURCE: key: why`` (an unknown key with its likely meaning)."""
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
         message = "unknown key" + did_you_mean(key)
-    elif "input" in first and first["type"] not in ("missing", "value_error"):
-        shown = repr(first["input"])
+    elif "input" in error and error["type"] not in ("missing", "value_error"):
+        shown = repr(error["input"])
         message = f"{message} (got {shown[:60]})"
-    more = len(error.errors()) - 1
-    suffix = f" (+{more} more problem{'s' if more > 1 else ''})" if more else ""
-    return f"{source}: {key}: {message}{suffix}"
+    required = re.match(r"([\w.]+) is required", message)
+    if required and "." in required.group(1):
+        # A file the YAML leaves to the command line (searches/folder.yaml's data.root).
+        message += f" (give it in the YAML or with --set {required.group(1)}=...)"
+    return f"{source}: {key}: {message}"
 
 
-def _error_source(source: str, error: ValidationError, overrides: list[str]) -> str:
-    """Whom a validation error blames: ``--set key=value`` when its key is (or lies under) one a
-    ``--set`` gave, the last such one winning as it does when applied; else the YAML file."""
-    key = ".".join(str(part) for part in error.errors()[0]["loc"])
+def _error_source(source: str, key: str, overrides: list[str]) -> str:
+    """Whom a validation error of ``key`` blames: ``--set key=value`` when its key is (or lies
+    under) one a ``--set`` gave, the last such one winning as it does when applied; else the
+    YAML file."""
     blamed = source
     for text in overrides:
         set_key = text.split("=", 1)[0].strip()
         if key == set_key or key.startswith(f"{set_key}."):
             blamed = f"--set {text}"
     return blamed
+
+
+def _droppable(loc: tuple[int | str, ...], kind: str) -> tuple[int | str, ...] | None:
+    """What to leave out of the YAML so that the rest can be checked despite an error at
+    ``loc``: an unknown key (it means nothing) or a whole search-space entry (then not
+    searched). None for a bad value elsewhere: a default in its place would be a guess, and
+    problems found on a guess would mislead."""
+    if loc[:2] == ("tune", "search_space") and len(loc) >= 3:
+        return loc[:3]
+    return loc if kind == "extra_forbidden" and loc else None
+
+
+def _drop(raw: Any, loc: tuple[int | str, ...]) -> None:
+    """Delete ``loc`` (dict keys and list indices) from ``raw`` if it is there."""
+    node = raw
+    for part in loc[:-1]:
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            return
+    if isinstance(node, dict):
+        node.pop(loc[-1], None)
+
+
+def _validate(raw: dict[str, Any], source: str, overrides: list[str],
+              lines: list[str], keys: list[str]) -> CoreConfig | None:
+    """The validated config, or every validation error appended to ``lines`` (their keys to
+    ``keys``) and the config validated without the unknown keys and bad search-space entries,
+    so the checks still run on the rest; None when other errors leave nothing to check."""
+    try:
+        return search_config_class().model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+    drops = []
+    for error in errors:
+        key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        lines.append(_format_error(_error_source(source, key, overrides), error, key))
+        keys.append(key)
+        drops.append(_droppable(error["loc"], error["type"]))
+    if any(drop is None for drop in drops):
+        return None
+    for drop in drops:
+        if drop is not None:  # all are (checked above); says so to the type checker
+            _drop(raw, drop)
+    try:
+        return search_config_class().model_validate(raw)
+    except ValidationError:
+        return None
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -102,15 +156,20 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def _check_renamed(raw: dict[str, Any], source: str) -> None:
-    """A renamed key in the YAML (or its search space) names the new key."""
+def _drop_renamed(raw: dict[str, Any], source: str, lines: list[str],
+                  keys: list[str]) -> None:
+    """A renamed key in the YAML (or its search space) names the new key, and leaves the YAML
+    (so validation does not call it unknown too)."""
     flat = flatten(raw)
     space = flat.get("tune.search_space")
     for old, new in RENAMED_KEYS.items():
         if old in flat or (isinstance(space, dict) and old in space):
             where = old if old in flat else f"tune.search_space.{old}"
-            raise ConfigError(f"{source}: {where}: renamed to {new} (a method's knobs live in "
-                              f"its own section)")
+            lines.append(f"{source}: {where}: renamed to {new} (a method's knobs live in its "
+                         f"own section)")
+            keys.append(where)
+            _drop(raw, ("tune", "search_space", old) if old not in flat else
+                  tuple(old.split(".")))
 
 
 def _pin_searched_keys(raw: dict[str, Any], pinned: dict[str, Any], notices: list[str]) -> None:
@@ -156,20 +215,30 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
     return copy.deepcopy(raw)
 
 
-def _apply_set(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def _apply_set(raw: dict[str, Any], overrides: list[str], lines: list[str],
+               keys: list[str]) -> dict[str, Any]:
     """Write the ``--set key=value`` overrides into ``raw``; the keys outside ``tune.`` they
-    set (which pin a searched key) and their values."""
+    set (which pin a searched key) and their values. A bad one is a line of ``lines`` (its key
+    in ``keys``) and is not applied."""
     pinned: dict[str, Any] = {}
     for text_override in overrides:
-        key, value = parse_override(text_override)
+        try:
+            key, value = parse_override(text_override)
+        except ConfigError as exc:
+            lines.append(str(exc))
+            keys.append(text_override.split("=", 1)[0].strip())
+            continue
         if key in RENAMED_KEYS:
-            raise ConfigError(f"--set {key}: renamed to {RENAMED_KEYS[key]} (a method's knobs "
-                              f"live in its own section)")
-        if key not in config_keys() and not key.startswith(SEARCH_SPACE_PREFIX):
-            raise ConfigError(f"--set {key}: unknown key{did_you_mean(key)}")
-        set_dotted(raw, key, value)
-        if not key.startswith("tune."):
-            pinned[key] = value
+            lines.append(f"--set {key}: renamed to {RENAMED_KEYS[key]} (a method's knobs live "
+                         f"in its own section)")
+        elif key not in config_keys() and not key.startswith(SEARCH_SPACE_PREFIX):
+            lines.append(f"--set {key}: unknown key{did_you_mean(key)}")
+        else:
+            set_dotted(raw, key, value)
+            if not key.startswith("tune."):
+                pinned[key] = value
+            continue
+        keys.append(key)
     return pinned
 
 
@@ -217,23 +286,32 @@ def load_search(
     ``notices`` as one line, for the command line to print. ``check_references`` runs
     :data:`~raycl.config.checks.CONFIG_CHECKS` (the environment checks are the caller's).
 
+    Every problem is reported at once (:class:`~raycl.config.schema.ConfigErrors`, one line
+    each, the first first): bad ``--set``s and unknown keys are left out, and the rest is still
+    validated and checked. Only a file that cannot be read or parsed stops at its one line.
+
     Raises:
-        ConfigError: one line naming the file (or ``--set``) and the dotted key.
+        ConfigError: one line per problem, naming the file (or ``--set``) and the dotted key.
     """
     source = str(path)
     notices = [] if notices is None else notices
-    raw = _read_yaml(path)
-    pinned = _apply_set(raw, overrides or [])
+    raw = _read_yaml(path)  # a file that does not parse: one line, nothing else to check
+    lines: list[str] = []  # every problem, one line each: a config is fixed in one pass
+    keys: list[str] = []  # the keys they name (the checks skip them)
+    pinned = _apply_set(raw, overrides or [], lines, keys)
     _pin_searched_keys(raw, pinned, notices)
-    _check_renamed(raw, source)
-    try:
-        config = search_config_class().model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(_format_error(_error_source(source, exc, overrides or []),
-                                        exc)) from None
-    config = _clamp_scheduler(config, notices)
+    _drop_renamed(raw, source, lines, keys)
+    config = _validate(raw, source, overrides or [], lines, keys)
+    if config is None:
+        raise ConfigErrors(lines)
+    config = _clamp_scheduler(config, [] if lines else notices)
     if check_references:
-        run_checks(config, source, CONFIG_CHECKS)
+        problems = all_problems(config, CONFIG_CHECKS, skip=tuple(keys))
+        lines += [problem.line(source) for problem in problems]
+        keys += [problem.key for problem in problems]
+    if lines:
+        raise ConfigErrors(lines, config, keys)
+    if check_references:
         grid = _grid_notice(config)
         if grid:
             notices.append(grid)

@@ -163,11 +163,29 @@ def _where(nodes: tuple[dict[str, float], ...], gpu: bool) -> str:
     return f"this Ray's {len(nodes)} node{'s' if len(nodes) != 1 else ''} ({shape or 'none'})"
 
 
+def _decoders(config: CoreConfig) -> str:
+    """``1 data.stream_cpus`` (``2 x 1 data.stream_cpus`` for two workers): stream mode's
+    decoder CPUs of one trial, named by the key that sets them."""
+    workers = config.scaling.num_workers
+    each = f"{config.data.stream_cpus:g} data.stream_cpus"
+    return f"{workers} x {each}" if workers > 1 else each
+
+
+def _parts(config: CoreConfig, own: dict[str, float], what: str, key: str) -> str:
+    """`` (2 for the trial + 1 data.stream_cpus for its decoders; lower KEY or
+    data.stream_cpus)``: what a CPU total is made of, and what to lower, in stream mode only
+    (in memory mode the total is the one key's)."""
+    if data_cpus(config) <= 0:
+        return ""
+    return (f" ({own.get('CPU', 0.0):g} for {what} + {_decoders(config)} for its decoders; "
+            f"lower {key} or data.stream_cpus)")
+
+
 def _shortfall(config: CoreConfig, nodes: tuple[dict[str, float], ...]) -> Problem | None:
     """Why no placement on ``nodes`` holds one trial of ``config``; None when one does."""
-    trial, worker = trial_resources(config), worker_resources(config)
+    own, worker = trial_resources(config), worker_resources(config)
     # The decoders' bundles counted with the trial's (conservative: Tune packs them together).
-    trial = {**trial, "CPU": trial.get("CPU", 0.0) + data_cpus(config)}
+    trial = {**own, "CPU": own.get("CPU", 0.0) + data_cpus(config)}
     workers = config.scaling.num_workers
     if fits(nodes, trial, worker, workers):
         return None
@@ -177,19 +195,25 @@ def _shortfall(config: CoreConfig, nodes: tuple[dict[str, float], ...]) -> Probl
     where = _where(nodes, config.scaling.use_gpu)
     per_worker = ("scaling.cpus_per_worker", "scaling.gpus_per_worker")
     if workers == 0:
-        return Problem(_short_key(trial, nodes, *per_worker),
-                       f"a trial trains in its own process (scaling.num_workers: 0) and needs "
-                       f"{_amounts(trial)}; none of {where} has that")
+        key = _short_key(trial, nodes, *per_worker)
+        return Problem(key, f"a trial trains in its own process (scaling.num_workers: 0) and "
+                            f"needs {_amounts(trial)}"
+                            f"{_parts(config, own, 'the trial', per_worker[0])}; none of "
+                            f"{where} has that")
     if all(_copies(node, worker) < 1 for node in nodes):
         return Problem(_short_key(worker, nodes, *per_worker),
                        f"one worker needs {_amounts(worker)}; none of {where} has that")
     if all(_copies(node, trial) < 1 for node in nodes):
-        return Problem("tune.trial_cpus", f"the trial process needs {_amounts(trial)}; none of "
-                                          f"{where} has that")
+        parts = _parts(config, own, "the trial process", "tune.trial_cpus")
+        # Blame the larger share: the decoders' CPUs dwarf the trial process's 0.01.
+        key = "data.stream_cpus" if data_cpus(config) > own.get("CPU", 0.0) else "tune.trial_cpus"
+        return Problem(key, f"the trial process needs {_amounts(trial)}{parts}; none of {where} "
+                            f"has that")
+    decoders = f" + {_decoders(config)} for its decoders" if data_cpus(config) > 0 else ""
     return Problem("scaling.num_workers",
                    f"one trial holds {_amounts(trial_demand(config))} at once ({workers} workers "
-                   f"x {_amounts(worker)} + {_amounts(trial)} for the trial process); {where} "
-                   f"cannot place it")
+                   f"x {_amounts(worker)} + {_amounts(own)} for the trial process{decoders}); "
+                   f"{where} cannot place it")
 
 
 @dataclass(frozen=True)

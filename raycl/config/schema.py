@@ -11,6 +11,7 @@ here imports the method registry: methods import this module.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from pydantic import Field
@@ -98,7 +99,35 @@ class CoreConfig(Section):
         return names
 
 
-__all__ = ["METHOD_SECTIONS", "AugmentConfig", "ConfigError", "CoreConfig", "DataConfig",
+class ConfigErrors(ConfigError):
+    """Every problem found in one pass over a config (a user fixes them all at once).
+
+    ``lines`` holds one ``FILE: key: why`` line per problem, the first first; the message
+    (``str()``) is the first line, so a caller that shows one line shows the one that decided.
+    ``config``: the config the lines were found on, when it validated (unknown keys and bad
+    search-space entries left out, ``dropped``), so the caller's own checks can run on it too.
+    """
+
+    def __init__(self, lines: Sequence[str], config: CoreConfig | None = None,
+                 dropped: Sequence[str] = ()) -> None:
+        super().__init__(lines[0])
+        self.lines = list(lines)
+        self.config = config
+        self.dropped = tuple(dropped)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled with its lines (Ray ships exceptions); the config stays behind.
+        return ConfigErrors, (self.lines,)
+
+
+def error_lines(error: ConfigError) -> list[str]:
+    """The problems a :class:`ConfigError` reports, one line each (one for a plain one)."""
+    return list(error.lines) if isinstance(error, ConfigErrors) else [str(error)]
+
+
+__all__ = ["METHOD_SECTIONS", "AugmentConfig", "ConfigError", "ConfigErrors", "CoreConfig",
+           "DataConfig",
            "Domain", "EvalConfig", "MCLConfig", "MLflowSection", "ModelConfig", "Problem",
            "ScalingSection", "SchedulerConfig", "Section", "SectionType", "TrainConfig",
-           "TransferConfig", "TuneSection", "reported_test_metric", "resolve_tracking_uri"]
+           "TransferConfig", "TuneSection", "error_lines", "reported_test_metric",
+           "resolve_tracking_uri"]

@@ -1,0 +1,60 @@
+"""Two pre-launch messages that used to confuse: a missing shard named its key twice, and a
+stream-mode trial too large for the machine did not say what its CPUs were for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from data_fixtures import write_webdataset
+
+from raycl.config.checks import check_data
+from raycl.config.placement import Cluster, check_placement
+from raycl.config.search_config import search_config_class
+
+LOCAL = "the local Ray this command started has no autoscaler"
+
+
+def test_a_missing_shard_names_data_root_once(tmp_path: Path) -> None:
+    write_webdataset(tmp_path, 3, 4)
+    pattern = f"{tmp_path}/{{00000..00003}}.tar"
+    config = search_config_class().model_validate(
+        {"name": "x", "method": "clip", "data": {"dataset": "webdataset", "root": pattern,
+                                                 "loader": "stream"}})
+    problems = list(check_data(config))
+    assert [problem.key for problem in problems] == ["data.root"]
+    line = problems[0].line("s.yaml")
+    assert line.count("data.root") == 1, line
+    assert line == (f"s.yaml: data.root: shard '{tmp_path / '00003.tar'}' (from the brace "
+                    f"pattern) not found")
+
+
+def test_a_stream_trial_too_large_names_its_parts_and_what_to_lower() -> None:
+    two_cpus = Cluster(({"CPU": 2.0},), False, LOCAL)
+    in_process = search_config_class().model_validate(
+        {"name": "x", "data": {"dataset": "folder", "root": "/images", "loader": "stream"},
+         "scaling": {"num_workers": 0, "cpus_per_worker": 2}})
+    [problem] = check_placement(in_process, two_cpus)
+    assert problem.key == "scaling.cpus_per_worker"
+    assert problem.why.startswith(
+        "a trial trains in its own process (scaling.num_workers: 0) and needs 3 CPU (2 for the "
+        "trial + 1 data.stream_cpus for its decoders; lower scaling.cpus_per_worker or "
+        "data.stream_cpus); none of this Ray's 1 node (2 CPU) has that")
+    # With workers: the trial process and each worker's decoders, named apart.
+    for stream_cpus, key, parts in (
+            (1, "data.stream_cpus", "needs 2.01 CPU (0.01 for the trial process + 2 x 1 "
+                                    "data.stream_cpus for its decoders; lower tune.trial_cpus "
+                                    "or data.stream_cpus)"),
+            (0.5, "scaling.num_workers", "(2 workers x 0.5 CPU + 0.01 CPU for the trial "
+                                         "process + 2 x 0.5 data.stream_cpus for its decoders)")):
+        workers = search_config_class().model_validate(
+            {"name": "x", "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
+             "data": {"dataset": "folder", "root": "/images", "loader": "stream",
+                      "stream_cpus": stream_cpus}})
+        [problem] = check_placement(workers, two_cpus)
+        assert problem.key == key and parts in problem.why, problem
+    # Memory mode: the one key's CPUs, as before.
+    memory = search_config_class().model_validate(
+        {"name": "x", "data": {"dataset": "folder", "root": "/images", "loader": "memory"},
+         "scaling": {"num_workers": 0, "cpus_per_worker": 3}})
+    [problem] = check_placement(memory, two_cpus)
+    assert "data.stream_cpus" not in problem.why and "needs 3 CPU; none of" in problem.why
