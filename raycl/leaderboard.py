@@ -20,6 +20,7 @@ import sys
 from raycl.closed_stdout import CLOSED_EXIT_CODE, stdout_closed
 from raycl.config.sweep import resolve_tracking_uri
 from raycl.tracking.leaderboard import print_leaderboard
+from raycl.tracking.retry import RETRY_ENV, TrackingUnavailableError
 from raycl.tracking.runs import ROLE_TAG, mlflow_client
 
 
@@ -32,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         stdout_closed()
         return CLOSED_EXIT_CODE
+    except TrackingUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return code
 
 
@@ -46,6 +50,9 @@ def _main(argv: list[str] | None) -> int:
                         default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"),
                         help="MLflow URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     args = parser.parse_args(argv)
+    # A person waiting at a terminal: a store that is away is said within seconds, not after
+    # a sweep's five minutes of retries (raycl.tracking.retry); a value the user set is kept.
+    os.environ.setdefault(RETRY_ENV, "10")
     experiment = args.experiment
     if experiment is None:
         client = mlflow_client(resolve_tracking_uri(args.tracking_uri))

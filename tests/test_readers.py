@@ -467,7 +467,9 @@ def test_unreadable_images_in_a_folder_are_named_and_counted_before_launch(
     message = search_error(tmp_path, f"{{dataset: folder, root: {root}}}")
     assert message.startswith(f"{tmp_path / 'search.yaml'}: data.root: cannot read image "
                               f"'{root / 'circle' / '1.png'}': ")
-    assert message.endswith("(2 of 6 image files unreadable)")
+    assert f"'{root / 'square' / '2.png'}': empty file" in message  # both named
+    assert message.endswith("(2 of 6 image files unreadable): set data.skip_unreadable: true "
+                            "to leave them out")
 
 
 def test_a_launch_lists_an_imagenet_root_once_and_nothing_is_kept_after(

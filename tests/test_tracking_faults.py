@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from listening import ListenerSampler
 from local_servers import free_port, marked_processes, spawn, wait_for_http
 from mlflow import MlflowClient
 from test_tracking import StubTrial
@@ -182,10 +183,16 @@ def test_driver_sigkilled_resumes_each_epoch_once_through_a_locked_store(tmp_pat
 
 
 @SWEEPS
-def test_mlflow_server_down_20s_mid_sweep_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+def test_mlflow_server_down_20s_mid_sweep_loses_nothing_on_a_loopback_only_ray(
+    tmp_path: Path,
+) -> None:
     """A real ``python -m raycl.server`` over sqlite, its process group SIGKILLed once the first
     epoch reached it and started again on the same port 20 s later: the sweep waits it out
-    (exit 0, every trial FINISHED) and the server holds every epoch of both trials once."""
+    (exit 0, every trial FINISHED) and the server holds every epoch of both trials once.
+
+    The sweep starts a Ray of its own (RAY_ADDRESS=local: a workstation without a cluster):
+    sampled every half second from start to end, nothing of its process tree listens beyond
+    127.0.0.1 / ::1 (tests/listening.py)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server_command = [sys.executable, "-m", "raycl.server", "--port", str(port), "--workers", "1",
@@ -198,6 +205,7 @@ def test_mlflow_server_down_20s_mid_sweep_loses_and_duplicates_nothing(tmp_path:
     try:
         wait_for_http(f"{url}/health", server.process, timeout_s=120, any_status=False)
         sweep = spawn(sweep_command(tmp_path, "outage", url), log=sweep_log, env=sweep_env())
+        listeners = ListenerSampler(sweep.process.pid).start()
         client = MlflowClient(tracking_uri=url)
         wait_until(lambda: any("train/loss" in r.data.metrics
                                for r in trial_runs(client, "outage")), sweep.process, sweep_log)
@@ -210,9 +218,11 @@ def test_mlflow_server_down_20s_mid_sweep_loses_and_duplicates_nothing(tmp_path:
         wait_for_http(f"{url}/health", server.process, timeout_s=120, any_status=False)
         print(f"MLflow was down {time.monotonic() - down:.0f} s")
         assert sweep.process.wait(timeout=400) == 0, sweep_log.read_text()[-3000:]
+        listeners.stop()
         out = sweep_log.read_text()
         assert "retrying for up to" in out and "back after" in out, out[-3000:]
         assert_one_run_per_trial_each_epoch_once(client, "outage")
+        listeners.assert_loopback_only()
     finally:
         if sweep is not None:
             sweep.stop(grace_s=5)
@@ -233,7 +243,7 @@ def test_a_store_away_past_the_bound_stops_with_a_clear_error(
     assert 2 <= time.monotonic() - started < 30
     message = str(error.value)
     assert f"MLflow at {uri} stayed unavailable" in message
-    assert "run the same command again to resume" in message and RETRY_ENV in message
+    assert "run the same command again" in message and RETRY_ENV in message
 
 
 def test_a_locked_store_is_waited_out_and_a_metric_logged_once(tmp_path: Path) -> None:

@@ -110,9 +110,9 @@ def with_retries(call: Callable[[], T], what: str, tracking_uri: str,
             if now - started >= bound:
                 raise TrackingUnavailableError(
                     f"MLflow at {tracking_uri} stayed unavailable for {now - started:.0f} s "
-                    f"({what}: {_first_line(exc)}); the sweep stops here. Bring the tracking "
-                    f"store back and run the same command again to resume; ${RETRY_ENV} sets "
-                    f"how long to wait (now {bound:.0f} s)") from exc
+                    f"({what}: {_first_line(exc)}). Bring the tracking store back and run "
+                    f"the same command again (a sweep resumes where it stopped); ${RETRY_ENV} "
+                    f"sets how long to wait (now {bound:.0f} s)") from exc
             time.sleep(min(delay, max(0.0, started + bound - now)))
             delay = min(delay * 2, 10.0)
             continue
