@@ -207,9 +207,11 @@ def test_a_trial_survives_losing_its_node(cloud: Outcome, sweep: str) -> None:
 def test_a_checkpoint_written_while_the_bucket_is_away_waits_for_it(cloud: Outcome) -> None:
     """The bucket's server stopped (connections refused) for ~20 s right after epoch 1's
     checkpoint, so epoch 2's checkpoint is written into the outage: the upload is retried until
-    the bucket is back, the trial goes on in place (no restart) and ends as an uninterrupted run
-    does, every epoch in MLflow once."""
-    outcome = cloud.results["outage"]
+    the bucket is back, the trial goes on in place (no restart), every epoch in MLflow once.
+
+    This is the reference sweep (one sweep fewer to start): the drained and killed trials,
+    restarted from epoch 1 on another node, end exactly as it does."""
+    outcome = cloud.results["reference"]
     assert outcome["errors"] == [], cloud.output[-4000:]
     assert outcome["refused"] is True, "the stopped bucket still took connections"
     assert outcome["restarted_at"] - outcome["stopped_at"] >= 19
@@ -217,7 +219,6 @@ def test_a_checkpoint_written_while_the_bucket_is_away_waits_for_it(cloud: Outco
     assert outcome["logged_at"]["2"] > outcome["restarted_at"]
     (metrics,) = outcome["metrics"]
     assert metrics["resumed_from_epoch"] == 0  # retried in place, not restarted
-    assert final_objective(cloud, "outage") == final_objective(cloud, "reference")
     (run,) = outcome["runs"]
     assert run["status"] == "FINISHED"
     assert run["steps"]["train/loss"] == [1, 2, 3]  # every epoch once
