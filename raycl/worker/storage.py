@@ -17,9 +17,10 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import ray.train
+if TYPE_CHECKING:  # Ray is imported where it is used: checkpoints are read without it too
+    import ray.train
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ def persist_checkpoint(checkpoint: ray.train.Checkpoint, name: str) -> ray.train
     ``retry_strategy`` is no way round: the strategy is lost when the filesystem is pickled to
     the workers, apache/arrow#47348.)
     """
+    import ray.train
+
     storage = ray.train.get_context().get_storage()
     where = f"{storage.storage_filesystem.type_name}://{storage.experiment_fs_path}"
     return with_storage_retry(lambda: storage.persist_current_checkpoint(checkpoint, name),
