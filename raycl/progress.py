@@ -31,7 +31,7 @@ from ray.tune import Callback
 from raycl.closed_stdout import stdout_closed
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides, max_reports
-from raycl.quiet_lines import DropLines
+from raycl.quiet_lines import DROPPED_LINES, DropLines
 from raycl.tracking.naming import format_value, trial_index, trial_run_name
 from raycl.worker.outcome import FAIL_REASON_KEY, SKIP_REASON_KEY, trial_ending
 
@@ -383,10 +383,6 @@ _DROPPED = (
     # Ray 2.60 enables token authentication for a new local cluster and says so on every run;
     # only this notice goes ("is disabled" warnings stay). Nothing about security changes.
     "Token authentication is enabled for this Ray cluster",
-    # Optuna's grid sampler stops its study when the grid is covered, which Optuna refuses
-    # outside its own loop (Tune drives the study); Tune logs it per trial, the trial's result
-    # already told.
-    "`Study.stop` is supposed to be invoked inside an objective function",
     # Tune times its own bookkeeping; on a busy laptop a step takes over 0.5 s now and then.
     "which may be a performance bottleneck",
 )
@@ -397,14 +393,17 @@ _QUIET_LOGGERS = ("ray", "ray.tune", "ray.train", "ray.air", "ray.data", "mlflow
 
 
 class _DropMessages(logging.Filter):
-    """Drops the records :data:`_DROPPED` names; everything else passes."""
+    """Drops the records :data:`_DROPPED` names, and the chatter
+    :data:`raycl.quiet_lines.DROPPED_LINES` matches when the driver logs it itself (Optuna's
+    ``Study.stop`` warning, through Tune's logger); everything else passes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             message = record.getMessage()
         except Exception:
             return True
-        return not any(text in message for text in _DROPPED)
+        return not (any(text in message for text in _DROPPED)
+                    or DROPPED_LINES.search(message))
 
 
 def quiet_env() -> dict[str, str]:

@@ -458,15 +458,6 @@ ENVIRONMENT_CHECKS: tuple[Check, ...] = (check_storage, check_tracking)
 ALL_CHECKS: tuple[Check, ...] = CONFIG_CHECKS + ENVIRONMENT_CHECKS
 
 
-def first_problem(config: CoreConfig, checks: tuple[Check, ...] = ALL_CHECKS) -> Problem | None:
-    """The first problem of the first check (in order) that finds one; None when all pass."""
-    for check in checks:
-        problem = next(iter(check(config)), None)
-        if problem is not None:
-            return problem
-    return None
-
-
 def run_checks(config: CoreConfig, source: str, checks: tuple[Check, ...] = ALL_CHECKS) -> None:
     """Run ``checks`` in order; raise every problem they find.
 
@@ -488,5 +479,5 @@ __all__ = ["ALL_CHECKS", "CONFIG_CHECKS", "ENVIRONMENT_CHECKS", "PRETRAINED_KEYS
            "check_data", "check_feasible", "check_gpu_sharing", "check_grid", "check_labels",
            "check_method", "check_method_settings", "check_metric", "check_pretrain_unlabeled",
            "check_pretrained", "check_search_space", "check_splits", "check_storage",
-           "check_tracking", "first_problem", "run_checks", "storage_path_problem",
+           "check_tracking", "run_checks", "storage_path_problem",
            "tracking_uri_problem"]

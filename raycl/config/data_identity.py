@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from types import SimpleNamespace
 from typing import Any
 
 from raycl.config.schema import CoreConfig
@@ -28,16 +27,11 @@ _UNIT = {"folder": "image", "imagenet": "image", "imagenet100": "image"}
 
 def _datasets(config: CoreConfig) -> list[tuple[str, Any]]:
     """(section, DataConfig-like) of every dataset the trials read, as they read it."""
-    datasets: list[tuple[str, Any]] = [("data", config.data)]
-    for i, entry in enumerate(config.eval.transfer):
-        # As raycl.eval.transfer reads it: a probe fits on labels, no unlabelled images.
-        datasets.append((f"eval.transfer.{i}", SimpleNamespace(
-            dataset=entry.dataset, resolution=config.data.resolution,
-            samples_per_combination=entry.samples_per_combination,
-            num_samples=entry.num_samples, root=entry.root, val_fraction=0.0,
-            test_fraction=entry.test_fraction, cache_dir=config.data.cache_dir,
-            download=False, pretrain_unlabeled=False)))
-    return datasets
+    from raycl.eval.transfer import transfer_data_config
+
+    return [("data", config.data)] + [
+        (f"eval.transfer.{i}", transfer_data_config(config, entry))
+        for i, entry in enumerate(config.eval.transfer)]
 
 
 def _digest(value: Any) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -81,19 +81,24 @@ def load_transfer_sets(config: CoreConfig, channels: int) -> list[TransferSet]:
     """
     sets = []
     for entry in config.eval.transfer:
-        # The probe trains on everything outside the held-out share: no validation split here.
-        data_config = SimpleNamespace(
-            dataset=entry.dataset, resolution=config.data.resolution,
-            samples_per_combination=entry.samples_per_combination,
-            num_samples=entry.num_samples, root=entry.root, val_fraction=0.0,
-            test_fraction=entry.test_fraction, cache_dir=config.data.cache_dir,
-            decode_workers=config.data.decode_workers, download=False,
-            pretrain_unlabeled=False)  # a probe fits on labels: no unlabelled images
-        splits = load_dataset(data_config, config.seed)
+        splits = load_dataset(transfer_data_config(config, entry), config.seed)
         converted = [ImageSet(match_channels(part.images, channels), part.labels)
                      for part in (splits.train, splits.test)]
         sets.append(TransferSet(entry.label, *converted))
     return sets
 
 
-__all__ = ["FEATURE_PREFIX", "TransferSet", "load_transfer_sets", "match_channels"]
+def transfer_data_config(config: CoreConfig, entry: Any) -> SimpleNamespace:
+    """The data settings a transfer ``entry`` (of ``config.eval.transfer``) is read with: the
+    pretraining set's resolution and cache, the probe trained on everything outside the
+    held-out share (no validation split), no unlabelled images (a probe fits on labels)."""
+    return SimpleNamespace(
+        dataset=entry.dataset, resolution=config.data.resolution,
+        samples_per_combination=entry.samples_per_combination,
+        num_samples=entry.num_samples, root=entry.root, val_fraction=0.0,
+        test_fraction=entry.test_fraction, cache_dir=config.data.cache_dir,
+        decode_workers=config.data.decode_workers, download=False, pretrain_unlabeled=False)
+
+
+__all__ = ["FEATURE_PREFIX", "TransferSet", "load_transfer_sets", "match_channels",
+           "transfer_data_config"]

@@ -70,7 +70,8 @@ def run_trial_loop(loop_config: dict[str, Any], session: Session) -> None:
     configure_cuda_backends(session.device)  # TF32, cuDNN autotuning; nothing on CPU
     data, eval_sets = _load_data(config)
     if session.rank == 0 and data.skipped:
-        log_skipped_images(config, str(loop_config.get("trial_id", "local")), data.skipped)
+        with single_rank_section("rank 0's list of skipped images"):
+            log_skipped_images(config, str(loop_config.get("trial_id", "local")), data.skipped)
     # Once per trial: on the device (data.on_device) every stage gathers its batches there.
     train_images = trial_training_images(config, data, session.device)
     clock = Clock(loop_config.get("trial_started_at"))
