@@ -4,7 +4,7 @@ A dry run shows a newcomer the config the sweep would run: only the method secti
 read (the method's own, its base's for MCL and FGVR; ``mcl`` only for MCL), each search domain
 on one line (``{choice: [2, 5, 10]}``, no ``null`` fields), and for constrained keys (batch
 size, MCL's K and N, the data size) the combinations that can train
-(:func:`raycl.config.feasibility.joint_domain`). :func:`collapse_notices` is the line a real
+(:func:`raycl.launch.feasibility.joint_domain`). :func:`collapse_notices` is the line a real
 run prints too: constraints that leave a searched key a single value make the search silently
 narrower than the YAML says.
 """
@@ -15,14 +15,14 @@ from typing import Any
 
 import yaml
 
-from raycl.config.feasibility import (
+from raycl.config.schema import CoreConfig
+from raycl.config.search_config import method_sections
+from raycl.launch.feasibility import (
     JointDomain,
     finite_values,
     joint_domain,
     train_split_size,
 )
-from raycl.config.schema import CoreConfig
-from raycl.config.search_config import method_sections
 
 
 class _FlowDict(dict):

@@ -5,10 +5,10 @@ objective and of every per-attribute probe stands beside it, reported, never use
 default the most recent sweep (parent run) of the experiment; ``--all`` ranks the trials of every
 sweep in it.
 
-The same table (:func:`raycl.tracking.leaderboard.trial_table`) is what the sweep's callback
+The same table (:func:`raycl.tracking.trial_table.trial_table`) is what the sweep's callback
 writes to its parent run after every trial: ``leaderboard.csv``, ``leaderboard.png`` and the
 run's description. This module is the command only; the table lives in
-:mod:`raycl.tracking.leaderboard`.
+:mod:`raycl.tracking.trial_table`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import sys
 
 from raycl.closed_stdout import CLOSED_EXIT_CODE, stdout_closed
 from raycl.config.sweep import resolve_tracking_uri
-from raycl.tracking.leaderboard import print_leaderboard
 from raycl.tracking.retry import RETRY_ENV, TrackingUnavailableError
 from raycl.tracking.runs import ROLE_TAG, mlflow_client
+from raycl.tracking.trial_table import print_leaderboard
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,19 +30,19 @@ from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig,
 from ray.train.torch import TorchTrainer
 
 from raycl.cluster import ami_matrix, group_size_histogram, pseudo_label_codes
-from raycl.config.feasibility import trial_problem
-from raycl.config.placement import data_cpus, worker_resources
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides, search_config_class
 from raycl.data import ATTRIBUTES, split_sizes_for
 from raycl.data.listed_once import listed_once
 from raycl.eval.diagnostics import plot_diagnostics
+from raycl.launch.feasibility import trial_problem
+from raycl.launch.placement import data_cpus, worker_resources
 from raycl.methods import method_class
 from raycl.worker.checkpoints import read_checkpoint
 from raycl.worker.loop import run_trial_loop, train_loop_per_worker
 from raycl.worker.outcome import FAILED_KEY, SKIP_REASON_KEY, SKIPPED_KEY
 from raycl.worker.session import InProcessSession
-from raycl.worker.stages import DIAGNOSTICS_FILE, StageInputs, next_stage_inputs
+from raycl.worker.stage_integration import DIAGNOSTICS_FILE, StageInputs, next_stage_inputs
 from raycl.worker.storage import download
 
 logger = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ def fit_trial(
 
 def _data_placement_group(config: CoreConfig) -> str | None:
     """Hex id of this trial's placement group when it holds stream mode's decoder bundles
-    (:func:`raycl.config.placement.trial_bundles`), for the workers' Ray Data tasks; else None."""
+    (:func:`raycl.launch.placement.trial_bundles`), for the workers' Ray Data tasks; else None."""
     if data_cpus(config) <= 0:
         return None
     from ray.util.placement_group import get_current_placement_group
@@ -173,7 +173,7 @@ def _run_trial(params: dict[str, Any], base_config: dict[str, Any], storage_path
                fault: dict[str, Any] | None) -> None:
     started = time.time()
     config = apply_overrides(search_config_class().model_validate(base_config), params)
-    # A safety net: the searcher only proposes feasible trials (raycl.config.feasibility), but a
+    # A safety net: the searcher only proposes feasible trials (raycl.launch.feasibility), but a
     # trial that still cannot train is pruned before any training. Optuna records a trial without
     # the metric as PRUNED.
     problem = trial_problem(config, split_sizes_for(config.data)["train"])

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch as _RayOptunaSearch
 
-from raycl.config.feasibility import JOINT_PREFIX, JointDomain, joint_domain
 from raycl.config.schema import CoreConfig, Domain
+from raycl.launch.feasibility import JOINT_PREFIX, JointDomain, joint_domain
 from raycl.worker.outcome import FAILED_KEY
 
 if TYPE_CHECKING:

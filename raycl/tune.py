@@ -19,17 +19,17 @@ import sys
 from typing import Any
 
 from raycl.closed_stdout import CLOSED_EXIT_CODE, stdout_closed
-from raycl.config.checks import ENVIRONMENT_CHECKS, run_checks
-from raycl.config.identity import store_settings
-from raycl.config.load import load_search, with_absolute_paths
-from raycl.config.placement import CLUSTER_CHECKS, placement_warning, trial_bundles
 from raycl.config.problems import with_checks
 from raycl.config.schema import ConfigError, CoreConfig, error_lines
 from raycl.config.search_config import apply_overrides, max_reports, schema_markdown
-from raycl.data.folders import skip_notice
 from raycl.data.listed_once import listed_once
+from raycl.data.sources.folders import skip_notice
 from raycl.dry_run import collapse_notices, print_dry_run
-from raycl.sweep_plan import SweepPlan, plan_sweep, resolved_storage, storage_child
+from raycl.launch.checks import ENVIRONMENT_CHECKS, run_checks
+from raycl.launch.identity import store_settings
+from raycl.launch.load import load_search, with_absolute_paths
+from raycl.launch.placement import CLUSTER_CHECKS, placement_warning, trial_bundles
+from raycl.launch.sweep_plan import SweepPlan, plan_sweep, resolved_storage, storage_child
 
 EPILOG = """\
 examples:
@@ -155,13 +155,13 @@ def build_tuner(
 
     ``fault`` is a test hook passed to every trial (see :mod:`raycl.worker.faults`).
     ``loader``: ``data.loader`` as :func:`settle_loader` settled it for the trials. raycl's
-    progress lines (:class:`raycl.progress.ProgressDisplay`) replace Tune's tables unless
+    progress lines (:class:`raycl.sweep_display.ProgressDisplay`) replace Tune's tables unless
     ``verbose``. A restored sweep keeps the callbacks and verbosity it was started with.
     ``plan``: what :func:`plan_sweep` decided before Ray started (None: decided here).
     """
     from ray import tune
 
-    from raycl.progress import ProgressDisplay
+    from raycl.sweep_display import ProgressDisplay
     from raycl.tracking.callback import MLflowSweepCallback
     from raycl.tracking.relay import start_relay
 
@@ -185,7 +185,7 @@ def build_tuner(
         failure_config=tune.FailureConfig(max_failures=config.tune.max_failures),
         # Two, so a corrupt latest checkpoint can fall back to the one before it.
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-        verbose=1 if verbose else 0,  # 0: raycl.progress prints the sweep
+        verbose=1 if verbose else 0,  # 0: raycl.sweep_display prints the sweep
     )
     experiment_path = plan.experiment_path
     if plan.resume:
@@ -347,8 +347,8 @@ def run(config: CoreConfig, search_file: str | None = None, fresh: bool = False,
         address: str | None = None, verbose: bool = False, plan: SweepPlan | None = None) -> int:
     """Run the sweep on the current (or a new embedded) Ray; return the process exit code.
     Ray's, Tune's and Optuna's own output is turned down to warnings unless ``verbose``
-    (:func:`raycl.progress.quiet_ray`)."""
-    from raycl.progress import quiet_ray
+    (:func:`raycl.sweep_display.quiet_ray`)."""
+    from raycl.sweep_display import quiet_ray
 
     with quiet_ray(verbose):
         return _run(config, search_file, fresh, address, verbose, plan)
@@ -357,7 +357,7 @@ def run(config: CoreConfig, search_file: str | None = None, fresh: bool = False,
 def _run(config: CoreConfig, search_file: str | None, fresh: bool, address: str | None,
          verbose: bool, plan: SweepPlan | None = None) -> int:
     from raycl.tracking.callback import INTERRUPTED
-    from raycl.tracking.leaderboard import print_leaderboard
+    from raycl.tracking.trial_table import print_leaderboard
     from raycl.worker.outcome import FAILED_KEY
 
     # Workers' warnings and errors (a trial's traceback) still reach this terminal.

@@ -122,7 +122,7 @@ def add_worker_node(cluster: Any) -> Any:
 
 
 def sweep_config(name: str, storage: str, tracking_uri: str, *extra: str) -> Any:
-    from raycl.config.load import load_search
+    from raycl.launch.load import load_search
 
     overrides = [f"{key}={value}" for key, value in SHRUNK.items()]
     overrides += [f"name={name}", f"tune.storage_path={storage}",
@@ -133,9 +133,9 @@ def sweep_config(name: str, storage: str, tracking_uri: str, *extra: str) -> Any
 
 def run_sweep(config: Any, fault: dict[str, Any] | None = None) -> dict[str, Any]:
     """What ``python -m raycl.tune`` does once Ray is up (raycl.tune._run), with a fault hook."""
-    from raycl.config.checks import run_checks
-    from raycl.config.placement import CLUSTER_CHECKS
-    from raycl.progress import quiet_ray
+    from raycl.launch.checks import run_checks
+    from raycl.launch.placement import CLUSTER_CHECKS
+    from raycl.sweep_display import quiet_ray
     from raycl.tune import build_tuner
 
     started = time.monotonic()
@@ -392,7 +392,7 @@ def wait_for_mlflow(server: Spawned, uri: str, timeout_s: float = 180) -> None:
 def four_trials(storage: str, tracking_uri: str) -> dict[str, Any]:
     """Four trials at once, each training in its own trial process (0.5 CPU each: two per
     worker node), logging to ``tracking_uri``."""
-    from raycl.config.load import load_search
+    from raycl.launch.load import load_search
 
     overrides = [f"{key}={value}" for key, value in SHRUNK.items()]
     overrides += ["name=four", f"tune.storage_path={storage}",

@@ -243,7 +243,7 @@ def write_imagenet(root: Path, wnids: list[str], per_class_train: int = 3,
 
 def imagenet100_wnids() -> list[str]:
     """The 100 wnids of ImageNet-100 as raycl ships them (CMC's order)."""
-    from raycl.data.imagenet import imagenet100_class_list
+    from raycl.data.sources.imagenet import imagenet100_class_list
 
     return imagenet100_class_list()
 

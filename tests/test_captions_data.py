@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from raycl.config.load import load_search
 from raycl.config.schema import ConfigError
 from raycl.data import (
     CHANNELS,
@@ -24,8 +23,9 @@ from raycl.data import (
     split_sizes_for,
     unlabelled_split_sizes,
 )
-from raycl.data.captions import CAPTION_ORDER, describe
-from raycl.data.folders import load_square_rgb
+from raycl.data.sources.captions import CAPTION_ORDER, describe
+from raycl.data.sources.folders import load_square_rgb
+from raycl.launch.load import load_search
 
 SPLIT_NAMES = ("train", "val", "test")
 

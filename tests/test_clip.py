@@ -23,7 +23,7 @@ from raycl.methods import Batch, build_method
 from raycl.methods.clip import CLIP, CLIPConfig, build_open_clip, clip_loss, read_clip_state
 from raycl.worker.embed import soup_method
 from raycl.worker.loop import run_trial_loop
-from raycl.worker.stages import average_weights, soup_weights
+from raycl.worker.stage_integration import average_weights, soup_weights
 
 TINY_CLIP: dict[str, Any] = {
     "name": "clip-test",

@@ -221,7 +221,7 @@ def test_mcl_clusters_on_the_gpu_of_the_session_that_calls(monkeypatch) -> None:
     """Between stages rank 0 clusters on its own device; the trial process (no device) on the
     CPU."""
     from raycl.config.search_config import SearchConfig
-    from raycl.worker import stages
+    from raycl.worker import stage_integration as stages
 
     seen: list[int | None] = []
     monkeypatch.setattr(faiss, "get_num_gpus", lambda: 4)

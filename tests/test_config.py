@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from raycl.config.feasibility import stage_budget_problem
-from raycl.config.load import load_search
 from raycl.config.schema import ConfigError, reported_test_metric
 from raycl.config.search_config import (
     CONFIG_KEYS,
@@ -20,6 +18,8 @@ from raycl.config.search_config import (
     max_reports,
     schema_markdown,
 )
+from raycl.launch.feasibility import stage_budget_problem
+from raycl.launch.load import load_search
 from raycl.tune import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -276,7 +276,7 @@ def test_schema_choices_match_what_exists() -> None:
 
 
 def test_trial_resources_and_demand() -> None:
-    from raycl.config.placement import trial_demand, trial_resources
+    from raycl.launch.placement import trial_demand, trial_resources
 
     in_process = SearchConfig.model_validate(
         {"name": "x", "scaling": {"num_workers": 0, "cpus_per_worker": 2}})
@@ -289,7 +289,7 @@ def test_trial_resources_and_demand() -> None:
 
 
 def test_fresh_sets_the_old_sweep_aside(tmp_path: Path) -> None:
-    from raycl.sweep_plan import set_aside
+    from raycl.launch.sweep_plan import set_aside
 
     old = tmp_path / "sweep"
     old.mkdir()
@@ -382,7 +382,7 @@ def test_knowable_problems_are_caught_at_load(
 
 
 def test_searched_batch_size_keeps_only_feasible_choices(tmp_path: Path) -> None:
-    from raycl.config.feasibility import joint_domain
+    from raycl.launch.feasibility import joint_domain
 
     config = load_search(write(tmp_path, BASE),
                          ["tune.search_space={train.batch_size: {choice: [64, 100000]}}"])

@@ -22,7 +22,7 @@ from raycl.data import (
     stratified_subset,
     trifeature,
 )
-from raycl.data.pairs import (
+from raycl.data.sources.packaged import (
     FASHION_MNIST_DIR,
     balanced_subset,
     load_digits_set,
@@ -30,7 +30,7 @@ from raycl.data.pairs import (
     load_mnist,
     make_mnist_fashion,
 )
-from raycl.data.trifeature import (
+from raycl.data.sources.trifeature import (
     COLORS,
     SHAPE_NAMES,
     TEXTURES,
@@ -313,7 +313,7 @@ def test_mnist_fashion_resizes_and_validates(tmp_path: Path) -> None:
 def test_missing_fashion_mnist_names_the_debian_package(tmp_path: Path, monkeypatch) -> None:
     with pytest.raises(FileNotFoundError, match="dataset-fashion-mnist"):
         load_fashion_mnist(tmp_path)
-    monkeypatch.setattr("raycl.data.pairs.FASHION_MNIST_DIR", tmp_path)
+    monkeypatch.setattr("raycl.data.sources.packaged.FASHION_MNIST_DIR", tmp_path)
     with pytest.raises(FileNotFoundError, match="apt-get install -y dataset-fashion-mnist"):
         make_mnist_fashion(num_samples=100, resolution=28, seed=0)
 
@@ -431,7 +431,7 @@ def _class_of_pixels(images: np.ndarray) -> list[int]:
 
 
 def test_train_test_folder_keeps_the_shipped_test_split(tmp_path: Path) -> None:
-    from raycl.data.folders import list_image_files, load_square_rgb
+    from raycl.data.sources.folders import list_image_files, load_square_rgb
 
     root = tmp_path / "cub"
     # cardinal has no test images: allowed (its index still follows the sorted union).
@@ -468,7 +468,7 @@ def test_train_test_folder_keeps_the_shipped_test_split(tmp_path: Path) -> None:
 
 
 def test_train_test_layout_is_detected_or_forced(tmp_path: Path) -> None:
-    from raycl.data.folders import resolve_layout
+    from raycl.data.sources.folders import resolve_layout
 
     split_root = tmp_path / "split"
     _make_train_test_folder(split_root, {"albatross": 2}, {"albatross": 1})
@@ -489,7 +489,7 @@ def test_train_test_layout_is_detected_or_forced(tmp_path: Path) -> None:
 
 
 def test_train_test_folder_errors_name_the_folder(tmp_path: Path) -> None:
-    from raycl.data.folders import list_folder
+    from raycl.data.sources.folders import list_folder
 
     only_train = tmp_path / "only_train"
     _make_train_test_folder(only_train, {"albatross": 2}, {})
@@ -518,7 +518,7 @@ def test_train_test_folder_errors_name_the_folder(tmp_path: Path) -> None:
 
 
 def test_train_test_cache_fingerprints_both_halves(tmp_path: Path, monkeypatch) -> None:
-    from raycl.data import folders
+    from raycl.data.sources import folders
 
     root = tmp_path / "cub"
     _make_train_test_folder(root, {"albatross": 3, "bunting": 3}, {"albatross": 1, "bunting": 1})
@@ -555,7 +555,7 @@ def test_transfer_style_config_without_layout_key_uses_the_test_folder(tmp_path:
 def test_config_validation_knows_the_train_test_layout(tmp_path: Path) -> None:
     from test_config import error_of, write  # one-line ConfigError of a YAML in tmp_path
 
-    from raycl.config.load import load_search
+    from raycl.launch.load import load_search
 
     root = tmp_path / "cub"
     _make_train_test_folder(root, {"albatross": 8, "bunting": 8}, {"albatross": 2, "bunting": 2})

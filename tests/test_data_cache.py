@@ -19,13 +19,13 @@ import torch
 from PIL import Image
 
 from raycl.data import ImageFiles, ImageRows, ImageSet, load_dataset, load_image_set
-from raycl.data import build as build_module
-from raycl.data.build import build_cache
-from raycl.data.cache import CACHE_VERSION, IMAGES_FILE, META_FILE, open_cached
+from raycl.data.cache import build as build_module
+from raycl.data.cache.build import build_cache
+from raycl.data.cache.store import CACHE_VERSION, IMAGES_FILE, META_FILE, open_cached
 from raycl.data.progress import Progress
-from raycl.data.resident import copy_to_device, keep_on_device, pretraining_images
+from raycl.data.sources.trifeature import generate_trifeature
 from raycl.data.splits import split_indices, stratified_split
-from raycl.data.trifeature import generate_trifeature
+from raycl.worker.resident import copy_to_device, keep_on_device, pretraining_images
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -231,7 +231,7 @@ import sys, time
 from pathlib import Path
 import numpy as np
 from raycl.data import ImageSet
-from raycl.data.build import build_cache
+from raycl.data.cache.build import build_cache
 
 directory, mode = Path(sys.argv[1]), sys.argv[2]
 
@@ -272,7 +272,8 @@ import sys, time
 from pathlib import Path
 from types import SimpleNamespace
 import numpy as np
-from raycl.data import build, load_image_set
+from raycl.data import load_image_set
+from raycl.data.cache import build
 
 root, cache, out, go = (Path(arg) for arg in sys.argv[1:5])
 real = build.load_square_rgb
@@ -444,7 +445,7 @@ def test_on_device_decision_follows_the_setting_and_a_quarter_of_device_memory(
 
 
 def test_copy_to_device_copies_in_chunks(monkeypatch) -> None:
-    monkeypatch.setattr("raycl.data.resident.COPY_ROWS", 3)
+    monkeypatch.setattr("raycl.worker.resident.COPY_ROWS", 3)
     base = np.random.default_rng(0).integers(0, 256, (10, 3, 2, 2), dtype=np.uint8)
     view = ImageRows(base, np.array([9, 0, 4, 4, 1, 2, 8]))
     resident = copy_to_device(view, torch.device("cpu"))

@@ -29,7 +29,7 @@ import raycl.worker.loop
 import raycl.worker.stage
 from raycl.worker.checkpoints import read_checkpoint, restore, write_checkpoint
 from raycl.worker.embed import soup_method
-from raycl.worker.stages import StageInputs, average_weights, soup_weights
+from raycl.worker.stage_integration import StageInputs, average_weights, soup_weights
 
 META = torch.device("meta")
 

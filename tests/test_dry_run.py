@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from raycl.config.load import load_search
 from raycl.dry_run import collapse_notices, dry_run_dict, used_sections
+from raycl.launch.load import load_search
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,7 +91,7 @@ def test_mcl_on_a_small_folder_says_it_runs_one_stage(
     """Issue 26's case: MCL on ~120 training images with a batch of 32 is one stage."""
     from PIL import Image
 
-    from raycl.config.feasibility import train_split_size
+    from raycl.launch.feasibility import train_split_size
     from raycl.tune import main
 
     for name in ("circle", "square"):

@@ -16,12 +16,12 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from raycl.config.identity import read_identity
-from raycl.config.load import load_search
 from raycl.config.schema import resolve_tracking_uri
 from raycl.config.search_config import SearchConfig, apply_overrides, max_reports
+from raycl.launch.identity import read_identity
+from raycl.launch.load import load_search
 from raycl.tracking import PARENT_TAG, ROLE_TAG
-from raycl.tracking.leaderboard import leaderboard_rows
+from raycl.tracking.trial_table import leaderboard_rows
 from raycl.tune import build_tuner, main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,7 +126,7 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
 
 def assert_progress_display(out: str, err: str, names: list[str]) -> None:
     """raycl's own progress lines, in MLflow's trial names, instead of Ray's and Optuna's
-    chatter (raycl.progress)."""
+    chatter (raycl.sweep_display)."""
     lines = out.splitlines()
     for name in names:
         assert sum(f"] {name}: started with " in line for line in lines) == 1, name

@@ -14,8 +14,8 @@ from test_config import error_of, write
 from test_reliability import StoredSession, run
 from torch import Tensor, nn
 
-from raycl.config.load import load_search
 from raycl.config.search_config import SearchConfig, max_reports
+from raycl.launch.load import load_search
 from raycl.methods import Batch, build_method, stage_epochs, stage_phases
 from raycl.methods.fgvr import (
     FGVR,

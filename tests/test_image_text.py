@@ -11,7 +11,7 @@ from PIL import Image
 
 import raycl.eval.image_text as image_text
 from raycl.cluster import l2_normalize
-from raycl.data.captions import CAPTION_ORDER, WORDS, describe
+from raycl.data.sources.captions import CAPTION_ORDER, WORDS, describe
 from raycl.eval.image_text import (
     caption_recall,
     image_text_similarity,

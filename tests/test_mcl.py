@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from raycl.config.search_config import SearchConfig
-from raycl.data.samplers import PseudoLabelBatchSampler
 from raycl.losses import nt_xent, same_label_mask
 from raycl.pipeline import next_stage_inputs
-from raycl.worker.stages import StageInputs, integrate
+from raycl.worker.samplers import PseudoLabelBatchSampler
+from raycl.worker.stage_integration import StageInputs, integrate
 
 
 def blobs(centres: np.ndarray, per_centre: int, seed: int) -> np.ndarray:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from data_fixtures import write_webdataset
 
-from raycl.config.checks import check_data
-from raycl.config.placement import Cluster, check_placement
 from raycl.config.search_config import search_config_class
+from raycl.launch.checks import check_data
+from raycl.launch.placement import Cluster, check_placement
 
 LOCAL = "the local Ray this command started has no autoscaler"
 

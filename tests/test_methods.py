@@ -190,7 +190,7 @@ def test_checkpoint_state_round_trips_under_weights_only(tmp_path) -> None:
     """raycl checkpoints hold tensors, numbers and plain containers only, so they load with
     ``torch.load(weights_only=True)``: a checkpoint on shared storage cannot run code."""
     from raycl.worker.checkpoints import write_checkpoint
-    from raycl.worker.stages import StageInputs
+    from raycl.worker.stage_integration import StageInputs
 
     source = build_simclr(seed=0)
     optimizer = torch.optim.AdamW([{"params": list(source.parameters()), "name": "default",

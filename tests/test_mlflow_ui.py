@@ -297,7 +297,7 @@ def test_experiment_opens_on_runs_and_the_parent_expands_to_its_trials(
         # MLflow 3.17 shows no metric column by default (not the experiment's primary metric
         # either). The link raycl prints opens the sweep's saved leaderboard view: the
         # objective, its test counterpart and the searched params as columns, best first.
-        from raycl.tracking.leaderboard import runs_page
+        from raycl.tracking.trial_table import runs_page
 
         page.goto(f"{mlflow_ui}/{runs_page(sweep.experiment_id, 'max', with_view=True)}")
         best = sweep.best
@@ -341,7 +341,7 @@ def test_leaderboard_view_names_the_objective_and_no_stopped_trial_is_failed(
     ``stopped_at_epoch``). The metric behind ``objective`` is named by a column of its own."""
     from playwright.sync_api import expect
 
-    from raycl.tracking.leaderboard import runs_page
+    from raycl.tracking.trial_table import runs_page
 
     _forget("mlflow_ui_ended_failed.png")
     try:

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from raycl.config.load import load_search
 from raycl.config.schema import ConfigError, CoreConfig
 from raycl.config.search_config import CONFIG_KEYS, schema_markdown, search_config_class
+from raycl.launch.load import load_search
 from raycl.losses import moco_infonce, simsiam_loss
 from raycl.methods import METHODS, Batch, build_method
 from raycl.methods.mocov2 import MoCoV2, MoCoV2Config

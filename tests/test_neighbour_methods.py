@@ -19,11 +19,11 @@ import yaml
 from test_config import error_of, write  # one-line ConfigError of a YAML in tmp_path
 from torch import Tensor
 
-from raycl.config.load import load_search
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import CONFIG_KEYS, schema_markdown, search_config_class
 from raycl.data import DatasetSplits, ImageSet
-from raycl.eval.retrieval import neighbour_retrieval_accuracy
+from raycl.eval.support_retrieval import neighbour_retrieval_accuracy
+from raycl.launch.load import load_search
 from raycl.losses import info_nce, redundancy_reduction_loss, sinusoidal_positional_encoding
 from raycl.methods import METHODS, Batch, build_method
 from raycl.methods.all4one import All4One, CentroidEncoder, centroid_positions, shift

@@ -27,8 +27,8 @@ from mlflow import MlflowClient
 from PIL import Image
 from test_image_text import _write_fake_mmvp_vlm  # the real MMVP-VLM layout, 4 statements
 
-from raycl.config.load import load_search
 from raycl.config.schema import resolve_tracking_uri
+from raycl.launch.load import load_search
 from raycl.tracking import ROLE_TAG
 from raycl.tune import main
 from raycl.worker.loop import run_trial_loop

@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
-from raycl.config.load import load_search
-from raycl.config.placement import (
+from raycl.config.schema import ConfigError
+from raycl.config.search_config import SearchConfig
+from raycl.launch.load import load_search
+from raycl.launch.placement import (
     CLUSTER_CHECKS,
     Cluster,
     check_gpu_sharing,
@@ -23,8 +25,6 @@ from raycl.config.placement import (
     read_cluster,
     readonly_autoscaler,
 )
-from raycl.config.schema import ConfigError
-from raycl.config.search_config import SearchConfig
 from raycl.tune import main
 
 BASE = """
@@ -203,7 +203,7 @@ def test_an_autoscalers_cluster_config_decides(monkeypatch: pytest.MonkeyPatch) 
     from ray._private.state import state
     from ray.core.generated import autoscaler_pb2
 
-    from raycl.config import placement
+    from raycl.launch import placement
 
     reported = autoscaler_pb2.ClusterConfig()
     group = reported.node_group_configs.add(name="gpu", min_count=0, max_count=8)
@@ -222,7 +222,7 @@ def test_an_autoscalers_cluster_config_decides(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_custom_resources_go_into_every_worker_bundle() -> None:
-    from raycl.config.placement import trial_demand, trial_resources, worker_resources
+    from raycl.launch.placement import trial_demand, trial_resources, worker_resources
 
     workers = config({"num_workers": 2, "cpus_per_worker": 1,
                       "resources_per_worker": {"gpu_node": 1}})

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from raycl.config.checks import storage_path_problem, tracking_uri_problem
+from raycl.launch.checks import storage_path_problem, tracking_uri_problem
 
 REPO = Path(__file__).resolve().parents[1]
 

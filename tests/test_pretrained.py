@@ -12,7 +12,7 @@ import torchvision
 from test_config import error_of, write  # one-line ConfigError of a YAML in tmp_path
 from torch import nn
 
-from raycl.config.load import load_search, with_absolute_paths
+from raycl.launch.load import load_search, with_absolute_paths
 from raycl.models import build_backbone, resolve_stem
 from raycl.models.weights import guess_backbone, read_backbone_state
 from raycl.tune import main

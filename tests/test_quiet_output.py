@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from raycl.progress import quiet_ray
 from raycl.quiet_lines import DropLines
+from raycl.sweep_display import quiet_ray
 
 REPO = Path(__file__).resolve().parents[1]
 

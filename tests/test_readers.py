@@ -29,12 +29,12 @@ from data_fixtures import (
     write_stl10,
 )
 
-from raycl.config.checks import check_pretrain_unlabeled
-from raycl.config.load import load_search
 from raycl.config.schema import ConfigError, DataConfig
 from raycl.data import load_dataset, load_image_set, split_sizes_for
 from raycl.data.registry import reader
-from raycl.data.shipped import StackedImages, download_if_missing
+from raycl.data.sources.shipped import StackedImages, download_if_missing
+from raycl.launch.checks import check_pretrain_unlabeled
+from raycl.launch.load import load_search
 
 REPO = Path(__file__).resolve().parents[1]
 WNIDS = ["n01558993", "n02869837", "n01749939"]  # sorted: n01558993, n01749939, n02869837
@@ -477,8 +477,8 @@ def test_a_launch_lists_an_imagenet_root_once_and_nothing_is_kept_after(
     """The launch's checks (data, split sizes, batch feasibility) all need the root's listing,
     which in a bucket is a request per thousand files: the CLI lists each half once. Outside a
     launch nothing is remembered: an image added since is seen."""
-    from raycl.data import imagenet
     from raycl.data.listed_once import listed_once
+    from raycl.data.sources import imagenet
     from raycl.tune import main
 
     root = write_imagenet(tmp_path / "imagenet", WNIDS, per_class_train=10, per_class_val=2)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from raycl.data.samplers import PseudoLabelBatchSampler
+from raycl.worker.samplers import PseudoLabelBatchSampler
 
 
 def _labels(sizes: list[int], seed: int = 0) -> np.ndarray:

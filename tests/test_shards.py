@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from raycl.data.shard_sources import PARQUET_READER, WEBDATASET_READER, shard_splits
-from raycl.data.shards import (
+from raycl.data.sources.sharded import PARQUET_READER, WEBDATASET_READER, shard_splits
+from raycl.data.stream.shards import (
     CHUNK,
     Shard,
     ShardRows,
@@ -115,7 +115,7 @@ def test_corrupt_jpeg_and_captionless_sample_are_skipped_and_named(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     (path,) = write_webdataset(tmp_path, 1, 6, bad={0: [1, 5]}, no_caption={0: [3]})
     shard = Shard(str(path), 6, 0)
-    with caplog.at_level(logging.WARNING, logger="raycl.data.shards"):
+    with caplog.at_level(logging.WARNING, logger="raycl.data.stream.shards"):
         (chunk,) = read_shard(shard, "webdataset", SIDE, need_captions=True)
     assert chunk.index.tolist() == [0, 2, 4]
     assert which_samples(chunk.images) == [0, 2, 4]

@@ -13,15 +13,15 @@ import torch
 from PIL import Image
 from test_end_to_end import assert_each_epoch_logged_once, runs_of, tiny_config
 
-from raycl.config.checks import check_loader
-from raycl.config.placement import data_cpus, trial_bundles, trial_demand
 from raycl.config.search_config import apply_overrides
 from raycl.data import load_dataset
 from raycl.data.load import choose_loader
-from raycl.data.streamed import FileRows
+from raycl.data.stream.files import FileRows
+from raycl.launch.checks import check_loader
+from raycl.launch.placement import data_cpus, trial_bundles, trial_demand
 from raycl.tune import build_tuner, settle_loader
 from raycl.worker.loader import IndexedImages, build_loader, set_sampler_epoch
-from raycl.worker.stages import StageInputs
+from raycl.worker.stage_integration import StageInputs
 from raycl.worker.stream_loader import StreamLoader
 
 # Their own group, on the other xdist worker (a second Ray session there): the shared session's

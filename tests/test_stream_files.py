@@ -17,7 +17,7 @@ import pytest
 from data_fixtures import write_imagenet
 from PIL import Image
 
-from raycl.data.folders import (
+from raycl.data.sources.folders import (
     READER,
     folder_class_counts,
     folder_fingerprint,
@@ -26,8 +26,8 @@ from raycl.data.folders import (
     resolve_layout,
     unreadable_images_problem,
 )
-from raycl.data.imagenet import IMAGENET_READER
-from raycl.data.streamed import FileRows, decode_paths, decode_square_rgb
+from raycl.data.sources.imagenet import IMAGENET_READER
+from raycl.data.stream.files import FileRows, decode_paths, decode_square_rgb
 
 RESOLUTION = 8
 BUCKET = "raycl-stream"
@@ -85,7 +85,7 @@ def test_a_corrupt_file_is_left_blank_and_named(folder: list[Path], caplog: Any)
     bad.write_bytes(b"\x89PNG not really")
     paths = [folder[0], bad, folder[4]]
     rows = FileRows([str(path) for path in paths], RESOLUTION)
-    with caplog.at_level(logging.WARNING, logger="raycl.data.streamed"):
+    with caplog.at_level(logging.WARNING, logger="raycl.data.stream.files"):
         images = rows[:]
     assert not images[1].any()  # blank: the row stays aligned with its label
     np.testing.assert_array_equal(images[[0, 2]], decoded_one_by_one([folder[0], folder[4]]))
@@ -242,8 +242,8 @@ def test_an_unreadable_bucket_is_one_line(bucket: SimpleNamespace) -> None:
 
 def test_an_unreadable_bucket_fails_the_config_before_launch(bucket: SimpleNamespace,
                                                              tmp_path: Path) -> None:
-    from raycl.config.load import load_search
     from raycl.config.schema import ConfigError
+    from raycl.launch.load import load_search
 
     uri = bucket.uri("flat").replace(BUCKET, "no-such-bucket")
     search = tmp_path / "search.yaml"

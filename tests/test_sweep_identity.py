@@ -13,8 +13,10 @@ import pytest
 from PIL import Image
 
 import raycl.tune
-from raycl.config.data_identity import data_changes, dataset_key, key_change
-from raycl.config.identity import (
+from raycl.config.schema import ConfigError, CoreConfig
+from raycl.data.listed_once import listed_once
+from raycl.launch.data_identity import data_changes, dataset_key, key_change
+from raycl.launch.identity import (
     SWEEP_FILE,
     check_same_sweep,
     read_identity,
@@ -22,10 +24,8 @@ from raycl.config.identity import (
     setting_changes,
     store_settings,
 )
-from raycl.config.load import with_absolute_paths
-from raycl.config.schema import ConfigError, CoreConfig
-from raycl.data.listed_once import listed_once
-from raycl.sweep_plan import plan_sweep
+from raycl.launch.load import with_absolute_paths
+from raycl.launch.sweep_plan import plan_sweep
 from raycl.tune import main, parse_args, resolve
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,7 +124,7 @@ def test_a_data_change_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     write_images(folder, 3)
     cfg = SimpleNamespace(dataset="folder", root=str(folder), layout="auto")
     listed = dataset_key(cfg, 0)
-    monkeypatch.setattr("raycl.config.data_identity.LISTED_FILES", 5)
+    monkeypatch.setattr("raycl.launch.data_identity.LISTED_FILES", 5)
     assert dataset_key(cfg, 0)["files"]["count"] == 6
     assert key_change(listed, dataset_key(cfg, 0)) is None  # stored under another limit
     write_images(folder, 4)

@@ -19,10 +19,10 @@ from mlflow import MlflowClient
 from raycl.config.schema import Domain
 from raycl.config.search_config import SearchConfig, search_config_class
 from raycl.tracking.callback import MLflowSweepCallback
-from raycl.tracking.leaderboard import print_leaderboard, runs_page, trial_runs, trial_table
 from raycl.tracking.leaderboard_plot import leaderboard_figure
 from raycl.tracking.naming import trial_run_name
 from raycl.tracking.runs import EXPERIMENT_KIND_TAG, TRIAL_TAG, mlflow_ui_command
+from raycl.tracking.trial_table import print_leaderboard, runs_page, trial_runs, trial_table
 
 
 @dataclass

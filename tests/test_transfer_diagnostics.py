@@ -13,7 +13,7 @@ from raycl.config.search_config import SearchConfig
 from raycl.eval.diagnostics import plot_diagnostics, representation_diagnostics
 from raycl.eval.transfer import load_transfer_sets, match_channels
 from raycl.worker.loop import run_trial_loop
-from raycl.worker.stages import DIAGNOSTICS_FILE
+from raycl.worker.stage_integration import DIAGNOSTICS_FILE
 
 
 def test_match_channels() -> None:

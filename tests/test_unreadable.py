@@ -17,9 +17,9 @@ from data_fixtures import _write_jpeg, class_images
 from PIL import Image
 
 from raycl.data import load_dataset
-from raycl.data.folders import image_folder_files
 from raycl.data.load import split_sizes_for
-from raycl.data.streamed import FileRows
+from raycl.data.sources.folders import image_folder_files
+from raycl.data.stream.files import FileRows
 from raycl.tune import main
 from raycl.worker.embed import embed_images
 from raycl.worker.evaluate import _keep_rows, decodable_rows
@@ -165,7 +165,7 @@ def test_an_evaluation_pass_never_scores_a_file_it_cannot_decode(tmp_path: Path)
     from raycl.worker.evaluate import evaluate_epoch
     from raycl.worker.session import InProcessSession
     from raycl.worker.stage import build_stage_method
-    from raycl.worker.stages import StageInputs
+    from raycl.worker.stage_integration import StageInputs
 
     config = SearchConfig.model_validate({
         "name": "unreadable", "method": "simclr",

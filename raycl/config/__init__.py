@@ -6,10 +6,10 @@
   (:mod:`~raycl.config.training`, :mod:`~raycl.config.sweep`);
 - :mod:`raycl.config.search_config`: the whole schema with the method sections plugged in, and
   its dotted keys (``apply_overrides``, ``flatten``, ``schema_markdown``, ...);
-- :mod:`raycl.config.feasibility`: which trials can train, and the feasible joint domain of the
+- :mod:`raycl.launch.feasibility`: which trials can train, and the feasible joint domain of the
   searched keys that decide it;
-- :mod:`raycl.config.checks`: everything knowable before launch, one convention;
-- :mod:`raycl.config.load`: ``load_search``: the YAML, ``--set``, pins, renames, then the checks.
+- :mod:`raycl.launch.checks`: everything knowable before launch, one convention;
+- :mod:`raycl.launch.load`: ``load_search``: the YAML, ``--set``, pins, renames, then the checks.
 
 Import the submodule that owns a name; this package face imports nothing, so that importing
 one submodule (the schema, from a method file) never drags in the loader and its checks.

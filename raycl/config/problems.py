@@ -1,6 +1,6 @@
 """Collecting every problem of a config at once, so a user fixes it in one pass.
 
-The checks (:mod:`raycl.config.checks`, :mod:`raycl.config.placement`) each yield what they
+The checks (:mod:`raycl.launch.checks`, :mod:`raycl.launch.placement`) each yield what they
 find; :func:`all_problems` runs them all and keeps one problem per key. A check that runs after
 a problem was found may meet a config that is wrong in a way it does not expect: its failure is
 then a consequence of a reported problem, not news. :func:`with_checks` adds a caller's own

@@ -197,7 +197,7 @@ def max_reports(config: CoreConfig) -> int:
     longest_config = apply_overrides(config, longest) if longest else config
     try:
         epochs = stage_epochs(longest_config)
-    except ValueError:  # an unknown method: reported by raycl.config.checks, not here
+    except ValueError:  # an unknown method: reported by raycl.launch.checks, not here
         epochs = longest_config.train.epochs
     return max(1, epochs * longest_config.num_stages)
 

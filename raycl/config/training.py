@@ -130,7 +130,7 @@ class DataConfig(Section):
     @field_validator("captions")
     @classmethod
     def _known_caption_rates(cls, rates: dict[str, float] | None) -> dict[str, float] | None:
-        # The names of raycl.data.captions.CAPTION_ORDER, written out: importing that module
+        # The names of raycl.data.sources.captions.CAPTION_ORDER, written out: importing that module
         # here would load the Trifeature renderer whenever a config is read.
         known = ("color", "texture", "shape")
         for name, rate in (rates or {}).items():

@@ -7,25 +7,25 @@ one way; no module imports this face:
 - :mod:`~raycl.data.types`: :class:`ImageSet`, :class:`ImageFiles` (files a reader lists,
   decoded by the builder), :class:`ImageRows` (a split: rows of the cached set, not a copy),
   :class:`DatasetSplits`, the reader contract;
-- one reader per source (:mod:`~raycl.data.trifeature`, :mod:`~raycl.data.pairs`,
-  :mod:`~raycl.data.folders`, :mod:`~raycl.data.image_text`), on types only;
+- one reader per source (:mod:`~raycl.data.sources.trifeature`, :mod:`~raycl.data.sources.packaged`,
+  :mod:`~raycl.data.sources.folders`, :mod:`~raycl.data.sources.pairs`), on types only;
 - :mod:`~raycl.data.registry`: every dataset name, what it is and its reader (imported when
   the source is read); a new dataset is one reader module and one entry there;
 - :mod:`~raycl.data.splits` (stratified, random, around a shipped test split; their sizes),
-  :mod:`~raycl.data.cache` (one memory-mapped directory per content: one decoded copy per
-  node, shared by every process through the page cache) and :mod:`~raycl.data.build` (its
+  :mod:`~raycl.data.cache.store` (one memory-mapped directory per content: one decoded copy per
+  node, shared by every process through the page cache) and :mod:`~raycl.data.cache.build` (its
   first build: atomic, locked against a second builder, decoded on every core with
   :mod:`~raycl.data.progress`);
 - :mod:`~raycl.data.load`: loading by name, splitting, split sizes from the config alone.
 
-Beside them: :mod:`~raycl.data.augment` (batched, on device), :mod:`~raycl.data.resident`
+Beside them: :mod:`~raycl.data.augment` (batched, on device), :mod:`~raycl.worker.resident`
 (whether a trial keeps its training images on the GPU, ``data.on_device``),
-:mod:`~raycl.data.samplers` (MCL's batches) and :mod:`~raycl.data.captions` (Trifeature's
+:mod:`~raycl.worker.samplers` (MCL's batches) and :mod:`~raycl.data.sources.captions` (Trifeature's
 synthetic captions). This face
 re-exports the names ``raycl.data`` has always offered.
 """
 
-from raycl.data.cache import CACHE_VERSION, default_cache_dir
+from raycl.data.cache.store import CACHE_VERSION, default_cache_dir
 from raycl.data.load import (
     caption_rates,
     caption_seed,

@@ -1,8 +1,9 @@
 """The one place that reads "a local path or a bucket URI" (``s3://``, ``gs://``, ``hdfs://``):
 :func:`is_remote` tells them apart, :func:`root_path` opens a root as a :class:`pathlib.Path` or a
 :class:`BucketPath`, and :func:`read_bytes`, :func:`open_stream` and :func:`open_random` read a
-file of either kind. The folder and ImageNet readers (:mod:`raycl.data.folders`,
-:mod:`raycl.data.imagenet`) and the shard listing (:mod:`raycl.data.shard_listing`) walk a
+file of either kind. The folder and ImageNet readers (:mod:`raycl.data.sources.folders`,
+:mod:`raycl.data.sources.imagenet`) and the shard listing (:mod:`raycl.data.stream.shard_listing`)
+walk a
 bucket through the same code as a directory.
 
 :class:`BucketPath` has the few methods of :class:`pathlib.Path` those readers use (``is_dir``,

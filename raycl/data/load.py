@@ -9,7 +9,7 @@ attributes of `cfg` (a `DataConfig` or anything with the same field names):
 - samples_per_combination (trifeature), num_samples (mnist_fashion), root and layout (folder;
   ``layout`` may be absent: "auto"), root (pairs: the CSV/TSV file)
 - captions (trifeature; may be absent: None): attribute -> probability that an image's caption
-  names it; when set, every image gets a synthetic caption (:mod:`raycl.data.captions`)
+  names it; when set, every image gets a synthetic caption (:mod:`raycl.data.sources.captions`)
 - val_fraction, test_fraction: share of each class (of the first attribute) held out for
   validation (model selection) and for the final test. A folder in the train/test layout ships
   its test split (root/test/): test_fraction is ignored and validation is carved from train/.
@@ -21,7 +21,8 @@ attributes of `cfg` (a `DataConfig` or anything with the same field names):
   split (before the split is made; listed in ``DatasetSplits.skipped``) instead of raising
 
 The full image set is cached once per content as an uncompressed memory-mapped array
-(:mod:`raycl.data.cache`), built once per node (:mod:`raycl.data.build`: atomic, locked, decoded
+(:mod:`raycl.data.cache.store`), built once per node (:mod:`raycl.data.cache.build`: atomic,
+locked, decoded
 on every core), so Ray workers and later trials map it instead of generating it again, and every
 process on a node reads the one copy in the page cache. The split is recomputed from the seed on
 every call (it is cheap) as index arrays: each split's images are an
@@ -42,9 +43,8 @@ from typing import Any
 import numpy as np
 
 from raycl.data.bucket_paths import is_remote
-from raycl.data.build import Unreadable, build_cache, decode_workers, read_unreadable
-from raycl.data.cache import cache_key, cache_path, open_cached
-from raycl.data.folders import image_problem, unreadable_message
+from raycl.data.cache.build import Unreadable, build_cache, decode_workers, read_unreadable
+from raycl.data.cache.store import cache_key, cache_path, open_cached
 from raycl.data.registry import (
     CHANNELS,
     FIXED_NUM_CLASSES,
@@ -55,13 +55,14 @@ from raycl.data.registry import (
     streams,
     unknown_dataset,
 )
+from raycl.data.sources.folders import image_problem, unreadable_message
 from raycl.data.splits import (
     class_split_counts,
     split_indices,
     split_sizes,
     unlabelled_split_sizes,
 )
-from raycl.data.streamed import FileRows, decoded_bytes
+from raycl.data.stream.files import FileRows, decoded_bytes
 from raycl.data.types import DatasetSplits, ImageFiles, ImageRows, ImageSet
 
 # Keeps the synthetic captions' draws apart from the Trifeature generator's, which is seeded
@@ -142,7 +143,7 @@ def load_marked_set(cfg: Any, seed: int) -> tuple[ImageSet, list[Unreadable]]:
     if rates is not None:
         # Drawn here rather than cached: a cache keyed by the rates would store one copy of the
         # images per caption setting a sweep tries, and the captions take well under a second.
-        from raycl.data.captions import caption_corpus
+        from raycl.data.sources.captions import caption_corpus
 
         captions = caption_corpus(image_set.labels, rates, caption_seed(seed))
         image_set = dataclasses.replace(image_set, captions=captions)
@@ -242,7 +243,7 @@ def load_streamed(cfg: Any, seed: int) -> DatasetSplits:
         ValueError: the dataset is not one that streams, or what its reader raises.
     """
     if streamed_only(cfg.dataset):
-        from raycl.data.shard_sources import shard_splits  # pyarrow, tarfile: when used
+        from raycl.data.sources.sharded import shard_splits  # pyarrow, tarfile: when used
 
         return shard_splits(cfg, seed)
     listed = reader(cfg.dataset).read(cfg, seed)
@@ -285,7 +286,8 @@ def split_image_set(cfg: Any, image_set: ImageSet, unreadable: Sequence[Unreadab
 def streamed_unreadable(cfg: Any, seed: int, paths: Sequence[Any],
                         threads: int = 1) -> list[Unreadable]:
     """(row, file, why) of the local image files of ``paths`` that cannot be decoded
-    (:func:`raycl.data.folders.image_problem`: header, end marker, a full decode when that is
+    (:func:`raycl.data.sources.folders.image_problem`: header, end marker, a full decode when that
+    is
     missing), for stream mode to leave out before the split. Checked once per content and node:
     the result is kept beside the cache (``<cache>.unreadable.json``), so the trials of a sweep
     do not read a million headers each. Files in a bucket are not read here (a request each):

@@ -54,57 +54,58 @@ SOURCES: dict[str, Source] = {
     "trifeature": Source(
         "generated shapes x textures x colours (10 each), RGB; attributes shape, texture, "
         "color; size set by samples_per_combination",
-        ("shape", "texture", "color"), 3, "raycl.data.trifeature:READER", num_classes=10),
+        ("shape", "texture", "color"), 3, "raycl.data.sources.trifeature:READER", num_classes=10),
     "mnist_fashion": Source(
         "MNIST digit (channel 0) + independent Fashion-MNIST garment (channel 1); attributes "
         "digit, garment; needs Debian package dataset-fashion-mnist",
-        ("digit", "garment"), 2, "raycl.data.pairs:MNIST_FASHION_READER", num_classes=10),
+        ("digit", "garment"), 2, "raycl.data.sources.packaged:MNIST_FASHION_READER",
+        num_classes=10),
     "digits": Source(
         "scikit-learn 8x8 digits (1 797 images), 1 channel; attribute digit",
-        ("digit",), 1, "raycl.data.pairs:DIGITS_READER", num_classes=10),
+        ("digit",), 1, "raycl.data.sources.packaged:DIGITS_READER", num_classes=10),
     "folder": Source(
         "ImageFolder layout root/<class>/*.png|jpg, or root/train/<class>/ and "
         "root/test/<class>/ (the shipped test split), RGB; attribute class; needs root",
-        ("class",), 3, "raycl.data.folders:READER", stream="files"),
+        ("class",), 3, "raycl.data.sources.folders:READER", stream="files"),
     "pairs": Source(
         "image-caption pairs listed in a CSV/TSV file (root; columns image|filepath|path and "
         "caption|title|text, image paths relative to the file), RGB; no labels, one caption "
         "per image; split at random",
-        (), 3, "raycl.data.image_text:READER", stream="files"),
+        (), 3, "raycl.data.sources.pairs:READER", stream="files"),
     "cifar10": Source(
         "CIFAR-10 from its python pickle batches (root: cifar-10-batches-py/ or its parent), "
         "32x32 RGB; attribute class; its test_batch is the test split",
-        ("class",), 3, "raycl.data.cifar:CIFAR10_READER", num_classes=10),
+        ("class",), 3, "raycl.data.sources.cifar:CIFAR10_READER", num_classes=10),
     "cifar100": Source(
         "CIFAR-100 from its python pickles (root: cifar-100-python/ or its parent), 32x32 RGB; "
         "attributes fine (100 classes) and coarse (20 superclasses); its test file is the test "
         "split",
-        ("fine", "coarse"), 3, "raycl.data.cifar:CIFAR100_READER",
+        ("fine", "coarse"), 3, "raycl.data.sources.cifar:CIFAR100_READER",
         num_classes={"fine": 100, "coarse": 20}),
     "stl10": Source(
         "STL-10 from its binary files (root: stl10_binary/ or its parent), 96x96 RGB; attribute "
         "class; pretraining on unlabeled + train (data.pretrain_unlabeled), probes on train, "
         "test on test",
-        ("class",), 3, "raycl.data.stl10:READER", num_classes=10),
+        ("class",), 3, "raycl.data.sources.stl10:READER", num_classes=10),
     "imagenet": Source(
         "ImageNet in its wnid folders (root/train/<wnid>/*.JPEG, root/val/<wnid>/*.JPEG), RGB; "
         "attribute class; val is the test split, validation is carved from train",
-        ("class",), 3, "raycl.data.imagenet:IMAGENET_READER", stream="files"),
+        ("class",), 3, "raycl.data.sources.imagenet:IMAGENET_READER", stream="files"),
     "imagenet100": Source(
         "ImageNet-100, CMC's 100-class subset (the list solo-learn and All4One use, shipped with "
         "raycl), read from an ImageNet root in its wnid folders; attribute class",
-        ("class",), 3, "raycl.data.imagenet:IMAGENET100_READER", num_classes=100,
+        ("class",), 3, "raycl.data.sources.imagenet:IMAGENET100_READER", num_classes=100,
         stream="files"),
     "webdataset": Source(
         "WebDataset tar shards of image-caption samples as img2dataset writes them (root: a "
         "directory, a .tar or dir/{00000..00099}.tar; local or s3:// / gs://), RGB; no labels; "
         "validation and test are whole shards; streamed only (data.loader: stream)",
-        (), 3, "raycl.data.shard_sources:WEBDATASET_READER", stream="only"),
+        (), 3, "raycl.data.sources.sharded:WEBDATASET_READER", stream="only"),
     "parquet": Source(
         "Parquet files with an image-bytes column (image|jpg|png) and an optional caption "
         "column (caption|txt|text) (root: a directory or a file; local or s3:// / gs://), RGB; "
         "no labels; validation and test are whole files; streamed only (data.loader: stream)",
-        (), 3, "raycl.data.shard_sources:PARQUET_READER", stream="only"),
+        (), 3, "raycl.data.sources.sharded:PARQUET_READER", stream="only"),
 }
 
 # The registry by field, as the names raycl.data has always offered.

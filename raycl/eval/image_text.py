@@ -214,7 +214,8 @@ def zero_shot_accuracy(
         image_features: (N, N_stages * D) image features.
         labels: attribute -> (N,) true class indices.
         class_text_features: attribute -> (C, D) text features of the class prompts, row c
-            for class c (e.g. of ``raycl.data.captions.class_prompts(attribute)``). Attributes
+            for class c (e.g. of ``raycl.data.sources.captions.class_prompts(attribute)``).
+            Attributes
             not in ``labels`` are ignored.
 
     Returns:

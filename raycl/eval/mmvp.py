@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from raycl.data.captions import CAPTION_ORDER, WORDS, describe
-from raycl.data.folders import load_square_rgb
-from raycl.data.trifeature import NOISE_TABLE_SIZE, RADIUS_FRACTION, render_object
+from raycl.data.sources.captions import CAPTION_ORDER, WORDS, describe
+from raycl.data.sources.folders import load_square_rgb
+from raycl.data.sources.trifeature import NOISE_TABLE_SIZE, RADIUS_FRACTION, render_object
 
 # Patterns of the synthetic set: the attribute in which a pair's two images differ.
 SYNTHETIC_PATTERNS: tuple[str, ...] = CAPTION_ORDER
@@ -80,7 +80,7 @@ def synthetic_mmvp(pairs_per_attribute: int, resolution: int, seed: int) -> MMVP
     image's shape, texture and colour are drawn uniformly; the second image takes a different
     value of the pattern's attribute (uniform among the other classes) and keeps the other two.
     Both images share one pose (rotation, centre, texture offset, noise cells, drawn as in
-    :func:`raycl.data.trifeature.generate_trifeature`), so the named attribute is the only
+    :func:`raycl.data.sources.trifeature.generate_trifeature`), so the named attribute is the only
     difference. Statements are full captions, ``describe(labels, CAPTION_ORDER)``: e.g.
     "a red striped triangle" and "a blue striped triangle".
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from raycl.data.captions import WORDS, class_prompts
+from raycl.data.sources.captions import WORDS, class_prompts
 from raycl.eval.image_text import (
     caption_recall,
     image_text_similarity,

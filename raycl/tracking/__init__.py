@@ -9,7 +9,7 @@ Layered one way, each module importing only those listed before it:
 - :mod:`~raycl.tracking.naming`: a child run's name (``t03 K=5 N=2 τ=0.31``);
 - :mod:`~raycl.tracking.relay`: trials log through an actor on the driver's node
   (:func:`log_to_trial_run`);
-- :mod:`~raycl.tracking.leaderboard`: a sweep's trials ranked, as a table, CSV, markdown or
+- :mod:`~raycl.tracking.trial_table`: a sweep's trials ranked, as a table, CSV, markdown or
   terminal text; :mod:`~raycl.tracking.leaderboard_plot`: the same as ``leaderboard.png``;
 - :mod:`~raycl.tracking.callback`: :class:`MLflowSweepCallback`, the Tune callback in the
   driver that writes all of the above.

@@ -32,11 +32,10 @@ import yaml
 from ray.tune import Callback
 
 import raycl
-from raycl.config.feasibility import JOINT_PREFIX
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides, flatten
 from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
-from raycl.tracking.leaderboard import markdown_summary, trial_runs, trial_table, write_csv
+from raycl.launch.feasibility import JOINT_PREFIX
 from raycl.tracking.leaderboard_plot import plot_leaderboard
 from raycl.tracking.naming import trial_index, trial_run_name
 from raycl.tracking.runs import (
@@ -61,6 +60,7 @@ from raycl.tracking.runs import (
     mlflow_client,
     write_leaderboard_view,
 )
+from raycl.tracking.trial_table import markdown_summary, trial_runs, trial_table, write_csv
 from raycl.worker.outcome import FAIL_REASON_KEY, SKIP_REASON_KEY, trial_ending
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """``leaderboard.png``: a sweep's objective against each searched parameter, one point per
 trial, the best one highlighted (:func:`leaderboard_figure`). Sits on
-:mod:`raycl.tracking.leaderboard` (the ranked table it plots).
+:mod:`raycl.tracking.trial_table` (the ranked table it plots).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from raycl.config.search_config import key_symbol
 from raycl.config.sweep import Domain
-from raycl.tracking.leaderboard import TrialTable, searched_values
 from raycl.tracking.runs import TRIAL_INDEX_TAG
+from raycl.tracking.trial_table import TrialTable, searched_values
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

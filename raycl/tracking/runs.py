@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import raycl
-from raycl.config.feasibility import JOINT_PREFIX
 from raycl.config.schema import CoreConfig
+from raycl.launch.feasibility import JOINT_PREFIX
 from raycl.tracking.retry import retrying_client
 
 if TYPE_CHECKING:

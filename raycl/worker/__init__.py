@@ -12,7 +12,8 @@ Modules, each one responsibility; import them directly (this package face import
 - :mod:`raycl.worker.checkpoints`: write, read, fall back to an older one, restore.
 - :mod:`raycl.worker.embed`: features across the workers, the stages integrated (concat, soup).
 - :mod:`raycl.worker.evaluate`: scoring an epoch: probes, kNN, retrieval, transfer, diagnostics.
-- :mod:`raycl.worker.stages`: what one MCL stage hands the next (StageInputs, clustering, soup
+- :mod:`raycl.worker.stage_integration`: what one MCL stage hands the next (StageInputs,
+  clustering, soup
   weights) and the checkpoint's file names.
 - :mod:`raycl.worker.session`: the loop's runtime: a Ray Train worker or the trial process.
 - :mod:`raycl.worker.perf`: the start-up clock and peak memory (``perf/*``).

@@ -1,6 +1,6 @@
 """A trial's checkpoints: written complete or not at all, read back with a fallback.
 
-A checkpoint directory holds (file names in :mod:`raycl.worker.stages`):
+A checkpoint directory holds (file names in :mod:`raycl.worker.stage_integration`):
 
 - ``state.pt``: ``{"model", "optimizer", "scaler"}`` state dicts, plus ``"soup"`` (a finished
   stage's share of a model soup); tensors and plain containers only (``weights_only`` loads).
@@ -32,7 +32,7 @@ import torch
 
 from raycl.methods.base import Method
 from raycl.worker.session import Session
-from raycl.worker.stages import (
+from raycl.worker.stage_integration import (
     DIAGNOSTICS_FILE,
     FEATURES_FILE,
     METRICS_FILE,

@@ -19,13 +19,19 @@ import torch
 from raycl.config.schema import CoreConfig
 from raycl.data import DatasetSplits, ImageRows
 from raycl.data.augment import to_float
-from raycl.data.shards import ShardRows
-from raycl.data.streamed import FileRows
+from raycl.data.stream.files import FileRows
+from raycl.data.stream.shards import ShardRows
 from raycl.distributed import gather_no_grad
 from raycl.eval.multimodal import EvalSets
 from raycl.methods.base import Method
 from raycl.worker.optim import Autocast
-from raycl.worker.stages import Features, StageInputs, StageWeights, average_weights, soup_weights
+from raycl.worker.stage_integration import (
+    Features,
+    StageInputs,
+    StageWeights,
+    average_weights,
+    soup_weights,
+)
 
 if TYPE_CHECKING:  # the embedding pass itself needs no Ray (benchmarks/gpu.py runs it bare)
     from raycl.worker.session import Session

@@ -25,20 +25,20 @@ import torch
 from raycl.config.schema import CoreConfig
 from raycl.data import SPLITS, DatasetSplits, ImageSet, stratified_subset
 from raycl.data.augment import BatchAugment, to_float
-from raycl.data.streamed import FileRows
+from raycl.data.stream.files import FileRows
 from raycl.distributed import CollectiveInSingleRankSection, single_rank_section
 from raycl.eval import evaluate_knn, evaluate_linear_splits
 from raycl.eval.diagnostics import representation_diagnostics
 from raycl.eval.image_retrieval import retrieval_scores
 from raycl.eval.label_fractions import label_fraction_subset
 from raycl.eval.multimodal import EvalSets, image_text_metrics
-from raycl.eval.retrieval import neighbour_retrieval_accuracy
+from raycl.eval.support_retrieval import neighbour_retrieval_accuracy
 from raycl.eval.transfer import TransferSet
 from raycl.methods.base import Batch, Method
 from raycl.worker.embed import embed_images, embed_splits, integrate_stages
 from raycl.worker.optim import inference_autocast
 from raycl.worker.session import Session
-from raycl.worker.stages import Features, StageInputs
+from raycl.worker.stage_integration import Features, StageInputs
 
 logger = logging.getLogger(__name__)
 

@@ -19,12 +19,12 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Rando
 
 from raycl.config.schema import CoreConfig
 from raycl.data import DatasetSplits, ImageRows
-from raycl.data.resident import training_images
-from raycl.data.samplers import PseudoLabelBatchSampler
-from raycl.data.shards import ShardRows
-from raycl.data.streamed import FileRows
+from raycl.data.stream.files import FileRows
+from raycl.data.stream.shards import ShardRows
 from raycl.methods import method_class
-from raycl.worker.stages import StageInputs
+from raycl.worker.resident import training_images
+from raycl.worker.samplers import PseudoLabelBatchSampler
+from raycl.worker.stage_integration import StageInputs
 from raycl.worker.stream_loader import StreamLoader
 
 if TYPE_CHECKING:  # the loader itself needs no Ray
@@ -57,7 +57,7 @@ def trial_training_images(
     config: CoreConfig, data: DatasetSplits, device: torch.device
 ) -> TrainImages:
     """The images this trial pretrains on (train, then ``pretrain_extra``), on ``device`` when
-    ``data.on_device`` says so (:mod:`raycl.data.resident`); built once per trial.
+    ``data.on_device`` says so (:mod:`raycl.worker.resident`); built once per trial.
 
     Raises:
         ValueError: the dataset has pretraining-only images and the trial cannot use them:

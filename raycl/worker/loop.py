@@ -5,7 +5,8 @@ readable checkpoint when there is one (:mod:`raycl.worker.checkpoints`), and tra
 (one for most methods, N for MCL; :mod:`raycl.worker.stage`), each epoch reporting ``train/*``
 metrics, evaluations (:mod:`raycl.worker.evaluate`), ``perf/*`` figures and a checkpoint.
 Between MCL stages the workers embed their shards, rank 0 clusters and broadcasts the
-assignment (:mod:`raycl.worker.stages`), and training goes on with a fresh encoder in the same
+assignment (:mod:`raycl.worker.stage_integration`), and training goes on with a fresh encoder in
+the same
 processes.
 
 A loss that turns NaN/inf ends the trial (:mod:`raycl.worker.epoch`) with a report naming the
@@ -38,7 +39,7 @@ from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY, NonFiniteLossError
 from raycl.worker.perf import Clock
 from raycl.worker.session import RayTrainSession, Session
 from raycl.worker.stage import train_stage
-from raycl.worker.stages import (
+from raycl.worker.stage_integration import (
     Features,
     StageInputs,
     StageWeights,

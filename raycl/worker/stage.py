@@ -43,7 +43,7 @@ from raycl.worker.optim import (
 )
 from raycl.worker.perf import Clock, peak_rss_mb
 from raycl.worker.session import InProcessSession, Session
-from raycl.worker.stages import Features, StageInputs, StageWeights, soup_weights
+from raycl.worker.stage_integration import Features, StageInputs, StageWeights, soup_weights
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Stream mode's loader (``data.loader: stream``): batches decoded by Ray Data tasks, epoch by
 epoch, for training sets larger than memory.
 
-Image files (:class:`~raycl.data.streamed.FileRows`) are read in the order the memory-mode
+Image files (:class:`~raycl.data.stream.files.FileRows`) are read in the order the memory-mode
 samplers draw (:func:`raycl.worker.loader.batch_sampler`): a global shuffle per epoch seeded by
 (seed, stage, epoch), each rank its share of every global batch, MCL's batches within one
 pseudo label. Each epoch the rank's batches become a Ray Dataset of file lists that Ray Data
@@ -9,7 +9,7 @@ tasks decode, a batch per task, in order (``preserve_order``), at most about
 :data:`BUFFERED_BATCHES` ahead; the rank gets exactly the batches the sampler drew, so a
 resumed epoch replays them.
 
-Shards (:class:`~raycl.data.shards.ShardRows`) are read in sequence: per epoch the shards are
+Shards (:class:`~raycl.data.stream.shards.ShardRows`) are read in sequence: per epoch the shards are
 permuted (seeded by seed, stage, epoch), each rank takes every world-th, and Ray Data tasks
 decode them into a seeded shuffle buffer (``data.shuffle_buffer``). Every rank yields exactly
 ``len(loader)`` batches (a rank whose shards run short reads them again), so no rank enters a
@@ -21,7 +21,7 @@ Ray's execution count, which restarts with a restored trial; the epoch's order h
 by the loop for reproducible epochs, exact resumption and MCL's pseudo-label batches.
 
 Decoding tasks run in the trial's placement group when it reserved CPUs for them
-(``data.stream_cpus``; :func:`raycl.config.placement.trial_bundles`), so concurrent trials never
+(``data.stream_cpus``; :func:`raycl.launch.placement.trial_bundles`), so concurrent trials never
 take each other's decoders and a sweep never waits on CPUs it already holds.
 
 An image that cannot be decoded is replaced by another image of its batch (a file) or skipped
@@ -39,9 +39,9 @@ import numpy as np
 import torch
 
 from raycl.config.schema import CoreConfig
-from raycl.data.shards import Shard, ShardRows, shard_chunks_as_columns
-from raycl.data.streamed import FileRows, decode_paths
-from raycl.worker.stages import StageInputs
+from raycl.data.stream.files import FileRows, decode_paths
+from raycl.data.stream.shards import Shard, ShardRows, shard_chunks_as_columns
+from raycl.worker.stage_integration import StageInputs
 
 logger = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ class StreamLoader:
                 prefetch_batches=PREFETCH_BATCHES,
                 local_shuffle_buffer_size=self.shuffle_buffer or None,
                 local_shuffle_seed=seed if self.shuffle_buffer else None):
-            # Counted only: the decoding task named them (raycl.data.shards' skip log).
+            # Counted only: the decoding task named them (raycl.data.stream.shards' skip log).
             self.skipped += int(np.asarray(batch["skipped"]).sum())
             if len(batch["index"]) < self.per_rank:
                 continue

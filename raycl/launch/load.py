@@ -19,8 +19,6 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from raycl.config.checks import CONFIG_CHECKS
-from raycl.config.feasibility import grid_size
 from raycl.config.problems import all_problems
 from raycl.config.schema import ConfigError, ConfigErrors, CoreConfig, resolve_tracking_uri
 from raycl.config.search_config import (
@@ -35,6 +33,8 @@ from raycl.config.search_config import (
     search_config_class,
     set_dotted,
 )
+from raycl.launch.checks import CONFIG_CHECKS
+from raycl.launch.feasibility import grid_size
 
 
 def with_absolute_paths(config: CoreConfig) -> CoreConfig:
@@ -284,7 +284,7 @@ def load_search(
     A ``--set`` of a key in ``tune.search_space`` pins it (the key leaves the space); an ASHA
     grace period longer than the longest trial is clamped. Each such decision is appended to
     ``notices`` as one line, for the command line to print. ``check_references`` runs
-    :data:`~raycl.config.checks.CONFIG_CHECKS` (the environment checks are the caller's).
+    :data:`~raycl.launch.checks.CONFIG_CHECKS` (the environment checks are the caller's).
 
     Every problem is reported at once (:class:`~raycl.config.schema.ConfigErrors`, one line
     each, the first first): bad ``--set``s and unknown keys are left out, and the rest is still

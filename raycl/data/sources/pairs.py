@@ -7,7 +7,7 @@ one pair. Image paths are relative to the file's directory (absolute paths are k
 delimiter is a tab for ``.tsv``/``.tab``, a comma for ``.csv``, and sniffed otherwise.
 
 A corpus has no class labels: :func:`image_text_files` returns the rows' image files with
-``labels == {}`` and one caption per row; the cache builder (:mod:`raycl.data.build`) decodes
+``labels == {}`` and one caption per row; the cache builder (:mod:`raycl.data.cache.build`) decodes
 them. An image named by several rows (COCO has five captions per image) is decoded once and
 copied to each of its rows.
 """

@@ -1,5 +1,5 @@
 """The samples of one shard as stored, read in sequence without decoding: WebDataset tar
-members grouped by key, Parquet rows a batch at a time. For :mod:`raycl.data.shards`."""
+members grouped by key, Parquet rows a batch at a time. For :mod:`raycl.data.stream.shards`."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ is ~50% of the image and shapes stay recognisable at 32 px.
 
 Speed (one core of this 2-core machine, shared): 5 000 images at 32 px
 (samples_per_combination=5) take 2.7-3.4 s; 1 000 images at 128 px take about 8 s. Measured with
-`.venv/bin/python -c "import time; from raycl.data.trifeature import generate_trifeature as g;
-t=time.perf_counter(); g(5, 32, 0); print(time.perf_counter()-t)"`.
+`.venv/bin/python -c "import time; from raycl.data.sources.trifeature import
+generate_trifeature as g; t=time.perf_counter(); g(5, 32, 0); print(time.perf_counter()-t)"`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ clean pages and reads them again instead of killing a worker. Opening it costs a
 faults, not a read of the set, so loading from the cache takes the same time at any size. An
 ``.npz`` cannot be mapped (it is a zip), which is why the images are a bare ``.npy``.
 
-A cache directory appears whole or not at all: :mod:`raycl.data.build` writes it under a
+A cache directory appears whole or not at all: :mod:`raycl.data.cache.build` writes it under a
 temporary name in ``cache_dir`` and renames it into place, behind a lock file, so two processes
 building the same set at once neither both decode it nor read half of it.
 """

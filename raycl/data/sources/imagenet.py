@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 
 from raycl.data.bucket_paths import as_listed, root_path
-from raycl.data.folders import (
+from raycl.data.listed_once import remembered
+from raycl.data.sources.folders import (
     FileList,
     Listed,
     count_classes,
     list_image_files,
     require_trained_classes,
 )
-from raycl.data.listed_once import remembered
 from raycl.data.types import ImageFiles
 
 # The halves of an ImageNet root, as read: val is the shipped test split.

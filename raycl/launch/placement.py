@@ -1,7 +1,7 @@
 """Where a trial's processes go, checked before launch: ranks that would share a GPU, and trials
 that no node set of the cluster can ever hold.
 
-Both follow :mod:`raycl.config.checks`' convention (``check_x(config) -> Iterator[Problem]``) and
+Both follow :mod:`raycl.launch.checks`' convention (``check_x(config) -> Iterator[Problem]``) and
 look at every combination of the searched scaling keys. Their bounds suffice (a continuous
 domain's ends, a ``randint``'s ends, every choice): each rule here is monotone in each key.
 

@@ -30,8 +30,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from raycl.data.shard_samples import Raw, parquet_samples, webdataset_samples
-from raycl.data.streamed import SquareImages, decode_square_rgb
+from raycl.data.stream.files import SquareImages, decode_square_rgb
+from raycl.data.stream.shard_samples import Raw, parquet_samples, webdataset_samples
 from raycl.data.types import rows_then_rest
 
 logger = logging.getLogger(__name__)
@@ -124,7 +124,8 @@ def _decode(raw: Raw, resolution: int, need_captions: bool) -> tuple[np.ndarray 
 def read_shard(
     shard: Shard, fmt: ShardFormat, resolution: int, need_captions: bool
 ) -> Iterator[Chunk]:
-    """The samples of ``shard`` in order, decoded (:func:`raycl.data.streamed.decode_square_rgb`)
+    """The samples of ``shard`` in order, decoded
+    (:func:`raycl.data.stream.files.decode_square_rgb`)
     in chunks of at most :data:`CHUNK`. Never raises for a bad sample: an undecodable image, or
     a missing caption when ``need_captions``, is skipped and reported in ``Chunk.skipped``.
 
@@ -376,7 +377,7 @@ def list_shards(cfg: Any, fmt: ShardFormat) -> list[Shard]:
             ``data.samples_per_shard``), or the bucket cannot be listed: one line naming
             ``data.root`` and what is wrong.
     """
-    from raycl.data.shard_listing import parquet_counts, webdataset_counts
+    from raycl.data.stream.shard_listing import parquet_counts, webdataset_counts
 
     root = str(getattr(cfg, "root", None) or "")
     if not root:

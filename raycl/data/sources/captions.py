@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from raycl.data.trifeature import COLOR_NAMES, SHAPE_NAMES, TEXTURES
+from raycl.data.sources.trifeature import COLOR_NAMES, SHAPE_NAMES, TEXTURES
 
 # Attribute order in a caption, and the words for each class index.
 CAPTION_ORDER: tuple[str, ...] = ("color", "texture", "shape")

@@ -1,5 +1,5 @@
-"""What the readers of datasets in their distributed files share (:mod:`~raycl.data.cifar`,
-:mod:`~raycl.data.stl10`): finding the dataset's directory (``data.root`` may be it or its
+"""What the readers of datasets in their distributed files share (:mod:`~raycl.data.sources.cifar`,
+:mod:`~raycl.data.sources.stl10`): finding the dataset's directory (``data.root`` may be it or its
 parent), naming missing files in one line, a fingerprint of the files for the cache key,
 torchvision's download on request, a chunked resize of uint8 images, and
 :class:`StackedImages`: a reader's images read (and resized) only when the cache builder copies
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from raycl.data.streamed import SquareImages
+from raycl.data.stream.files import SquareImages
 
 # Images resized per call to torch: bounds the float copy (512 x 3 x 96 x 96 x 4 B = 57 MB).
 RESIZE_CHUNK = 512

@@ -31,7 +31,7 @@ from PIL import Image, UnidentifiedImageError
 
 from raycl.data.bucket_paths import BucketPath, as_listed, is_remote, read_bytes, root_path
 from raycl.data.listed_once import remembered
-from raycl.data.streamed import square_rgb
+from raycl.data.stream.files import square_rgb
 from raycl.data.types import ImageFiles
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".webp"})
@@ -270,7 +270,7 @@ def unreadable_images(paths: Sequence[Listed | str]) -> tuple[list[tuple[str, st
     launch. Files in a bucket (URIs) cost a request each: at most :data:`REMOTE_HEADER_SAMPLE`
     (64) of them are read, evenly spread, so that a wrong prefix or a folder of non-images is
     caught before launch; a bad file the sample misses is replaced and counted when training
-    reads it in stream mode (:mod:`raycl.data.streamed`), and found by the cache build in
+    reads it in stream mode (:mod:`raycl.data.stream.files`), and found by the cache build in
     memory mode.
     """
     checked, counted = _header_sample(paths)
@@ -382,7 +382,7 @@ def load_square_rgb(path: Path | str, resolution: int) -> np.ndarray:
 
 def image_folder_files(root: str | Path, layout: str = "auto") -> ImageFiles:
     """Every image file of an ImageFolder tree with its class, for the cache builder to decode
-    (:mod:`raycl.data.build`: RGB squares, centre-cropped and resized by
+    (:mod:`raycl.data.cache.build`: RGB squares, centre-cropped and resized by
     :func:`load_square_rgb`).
 
     Args:

@@ -2,7 +2,7 @@
 Ray starts (:func:`plan_sweep`, called by ``python -m raycl.tune``).
 
 A sweep of the name that exists resumes only with the settings and data it was launched with
-(:mod:`raycl.config.identity`); otherwise the launch stops with one line (exit 2) before Ray has
+(:mod:`raycl.launch.identity`); otherwise the launch stops with one line (exit 2) before Ray has
 spent its ~10 s starting. ``--fresh`` sets the old state aside (renamed, never deleted) and
 starts over. A new sweep's identity is stored when its ``Tuner`` is built
 (:func:`raycl.tune.build_tuner`), so a dry run or a refused launch writes nothing.
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raycl.config.data_identity import data_keys
-from raycl.config.identity import check_same_sweep
-from raycl.config.load import with_absolute_paths
 from raycl.config.schema import ConfigError, CoreConfig
+from raycl.launch.data_identity import data_keys
+from raycl.launch.identity import check_same_sweep
+from raycl.launch.load import with_absolute_paths
 
 
 def resolved_storage(path: str) -> str:
@@ -52,7 +52,7 @@ class SweepPlan:
         experiment_path: the sweep's state (Ray Tune's experiment directory or URI).
         resume: a sweep of this name exists, with these settings and data: restore it.
             False: a new sweep (any old one was set aside by --fresh).
-        data: the data's content keys (:func:`~raycl.config.data_identity.data_keys`),
+        data: the data's content keys (:func:`~raycl.launch.data_identity.data_keys`),
             stored with the settings of a new sweep.
     """
 

@@ -1,4 +1,5 @@
-"""Building a cache directory (:mod:`raycl.data.cache`) once per node: atomic, locked, parallel.
+"""Building a cache directory (:mod:`raycl.data.cache.store`) once per node: atomic, locked,
+parallel.
 
 - Atomic: the set is written into a temporary directory beside the cache
   (``<name>.tmp-XXXX``) and renamed into place, so a build that crashes halfway leaves no
@@ -36,9 +37,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from raycl.data.cache import IMAGES_FILE, open_cached, write_metadata
-from raycl.data.folders import image_problem, load_square_rgb, unreadable_message
+from raycl.data.cache.store import IMAGES_FILE, open_cached, write_metadata
 from raycl.data.progress import Progress
+from raycl.data.sources.folders import image_problem, load_square_rgb, unreadable_message
 from raycl.data.types import ImageFiles, ImageSet
 
 # Images one decoding task handles: large enough to amortise the pool's overhead, small enough
@@ -72,10 +73,10 @@ def build_cache(
     """Build the cache directory ``directory`` unless another process has, and open it.
 
     Args:
-        directory: the cache directory (:func:`raycl.data.cache.cache_path`).
+        directory: the cache directory (:func:`raycl.data.cache.store.cache_path`).
         read: returns the full set (a reader's ``read``); called only by the one process that
             builds.
-        key: the cache key, written beside the set (:func:`raycl.data.cache.cache_key`).
+        key: the cache key, written beside the set (:func:`raycl.data.cache.store.cache_key`).
         resolution: image side of decoded files.
         workers: decoding threads (:func:`decode_workers`: 0 is every core).
         stream: where the decoding progress goes (default: stderr).
@@ -145,7 +146,7 @@ def write_set(
     stream: TextIO | None = None,
     keep_unreadable: bool = False,
 ) -> None:
-    """Write ``source`` into ``directory`` (:mod:`raycl.data.cache`'s layout): its images into
+    """Write ``source`` into ``directory`` (:mod:`raycl.data.cache.store`'s layout): its images into
     a new memory map (decoded there when they are files), its labels beside them.
 
     Args:
@@ -221,7 +222,8 @@ def decode_files(
 
     Args:
         paths: one image file per row.
-        resolution: side of the decoded squares (:func:`~raycl.data.folders.load_square_rgb`).
+        resolution: side of the decoded squares
+        (:func:`~raycl.data.sources.folders.load_square_rgb`).
         out: uint8 (len(paths), 3, resolution, resolution), typically a writable memory map.
         workers: threads, >= 1.
         progress: counts the decoded files.

@@ -2,7 +2,8 @@
 stream``) for datasets larger than a node's memory.
 
 In memory mode a dataset is decoded once per node into a memory-mapped cache
-(:mod:`raycl.data.cache`). In stream mode nothing is decoded up front: a split's ``images`` is a
+(:mod:`raycl.data.cache.store`). In stream mode nothing is decoded up front: a split's ``images``
+is a
 lazy array-like that decodes the rows it is asked for.
 
 - :class:`FileRows`: one image file per row (a folder, ImageNet's wnid folders, a pairs file;
@@ -10,7 +11,8 @@ lazy array-like that decodes the rows it is asked for.
   access: indexing decodes exactly those files, so training batches are the same samplers'
   batches as in memory mode (a global shuffle per epoch, MCL's pseudo-label batches), decoded
   by Ray Data tasks (:mod:`raycl.worker.stream_loader`).
-- :class:`~raycl.data.shards.ShardRows`: samples packed in shards read in sequence (WebDataset
+- :class:`~raycl.data.stream.shards.ShardRows`: samples packed in shards read in sequence
+  (WebDataset
   tar files, Parquet files with an image-bytes column). Shards are shuffled per epoch and
   samples pass through a seeded shuffle buffer.
 
@@ -42,7 +44,8 @@ logger = logging.getLogger(__name__)
 
 def decode_square_rgb(data: bytes, resolution: int, name: str = "image") -> np.ndarray:
     """Decode encoded image bytes, centre-crop to a square, resize: uint8 (3, resolution,
-    resolution), the crop and resize of :func:`raycl.data.folders.load_square_rgb`. A JPEG of
+    resolution), the crop and resize of :func:`raycl.data.sources.folders.load_square_rgb`. A JPEG
+    of
     more than twice the target side is decoded at a reduced scale first (still at least twice
     the side), which is several times cheaper; its pixels differ slightly from memory mode's.
 

@@ -1,5 +1,5 @@
 """Finding a dataset's shards and their sample counts without reading a sample, for
-:func:`raycl.data.shards.list_shards` (see :mod:`raycl.data.shards` for the layouts).
+:func:`raycl.data.stream.shards.list_shards` (see :mod:`raycl.data.stream.shards` for the layouts).
 
 The root is walked as a :class:`pathlib.Path` or a :class:`~raycl.data.bucket_paths.BucketPath`
 (:func:`~raycl.data.bucket_paths.root_path`); the shard paths handed on are strings: a local
@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from raycl.data.bucket_paths import BucketPath, is_remote, open_random, read_bytes, root_path
-from raycl.data.shard_samples import CAPTION_COLUMNS, IMAGE_COLUMNS, parquet_columns
+from raycl.data.stream.shard_samples import CAPTION_COLUMNS, IMAGE_COLUMNS, parquet_columns
 
 SIZES_FILE = "sizes.json"
 # WebDataset's brace pattern: dir/{00000..00099}.tar (the start's width is the names' width).
@@ -155,7 +155,7 @@ def webdataset_counts(root: str, per_shard: int | None) -> list[tuple[str, int]]
     """``(shard path, samples)`` of every tar shard of ``root``, sorted by name.
 
     Raises:
-        ValueError: see :func:`raycl.data.shards.list_shards`.
+        ValueError: see :func:`raycl.data.stream.shards.list_shards`.
     """
     braced = _brace_shards(root)
     if braced is not None:
@@ -180,7 +180,7 @@ def parquet_counts(root: str) -> list[tuple[str, int]]:
     metadata (their footers; no row is read).
 
     Raises:
-        ValueError: see :func:`raycl.data.shards.list_shards`; also a file without an image
+        ValueError: see :func:`raycl.data.stream.shards.list_shards`; also a file without an image
             column.
     """
     import pyarrow as pa

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from raycl.data.shipped import (
+from raycl.data.sources.shipped import (
     StackedImages,
     dataset_directory,
     dataset_root,
@@ -178,7 +178,8 @@ def read_cifar(fmt: CifarFormat, directory: Path, resolution: int) -> ImageSet:
 
     Returns:
         ImageSet, images (N, 3, resolution, resolution) uint8 when read (a
-        :class:`~raycl.data.shipped.StackedImages` of the files' arrays: resized chunk by chunk
+        :class:`~raycl.data.sources.shipped.StackedImages` of the files' arrays: resized chunk by
+        chunk
         as the cache builder copies them, never all at once), labels per attribute of ``fmt``,
         ``test_mask`` marking the test file's images.
     """

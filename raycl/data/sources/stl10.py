@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from raycl.data.shipped import (
+from raycl.data.sources.shipped import (
     StackedImages,
     dataset_directory,
     dataset_root,
@@ -97,7 +97,8 @@ def upright_images(path: Path) -> np.ndarray:
 
 def read_stl10(directory: Path, resolution: int, pretrain_unlabeled: bool) -> ImageSet:
     """train, then test, then (if asked) unlabeled, as one ImageSet whose images are read from
-    the files only when indexed (:class:`~raycl.data.shipped.StackedImages` over memory maps).
+    the files only when indexed (:class:`~raycl.data.sources.shipped.StackedImages` over memory
+    maps).
 
     Args:
         directory: the ``stl10_binary`` directory.

@@ -1,4 +1,4 @@
-"""The data a sweep was launched on, as part of its identity (:mod:`raycl.config.identity`).
+"""The data a sweep was launched on, as part of its identity (:mod:`raycl.launch.identity`).
 
 Each dataset a sweep reads (``data``, and every ``eval.transfer`` entry) is named by the content
 key its reader already computes for the on-disk cache (:meth:`Reader.content_key

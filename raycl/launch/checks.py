@@ -10,10 +10,10 @@ problem first, as ``Problem(key, why)``. :func:`run_checks` runs every check in 
 all they find (:func:`raycl.config.problems.all_problems`: one per key) as a
 :class:`~raycl.config.schema.ConfigErrors`, one line each, ``FILE: key: why``, the first
 first: a user fixes a config in one pass. :data:`CONFIG_CHECKS` need
-only the config and the files it names (:func:`raycl.config.load.load_search` runs them);
+only the config and the files it names (:func:`raycl.launch.load.load_search` runs them);
 :data:`ENVIRONMENT_CHECKS` look at where the sweep writes, once every override is applied
 (``python -m raycl.tune`` runs them before Ray or MLflow start). Where trials' processes go is
-:mod:`raycl.config.placement`: ranks sharing a GPU (a config check) and trials no node set of the
+:mod:`raycl.launch.placement`: ranks sharing a GPU (a config check) and trials no node set of the
 running Ray can hold (its ``CLUSTER_CHECKS``, run once Ray has started).
 """
 
@@ -30,8 +30,6 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ValidationError
 
-from raycl.config.feasibility import CONSTRAINED_KEYS, joint_domain, trial_problem
-from raycl.config.placement import check_gpu_sharing
 from raycl.config.problems import all_problems
 from raycl.config.schema import ConfigErrors, CoreConfig, Problem, resolve_tracking_uri
 from raycl.config.search_config import (
@@ -43,6 +41,8 @@ from raycl.config.search_config import (
     searched_note,
     searched_variants,
 )
+from raycl.launch.feasibility import CONSTRAINED_KEYS, joint_domain, trial_problem
+from raycl.launch.placement import check_gpu_sharing
 
 Check = Callable[[CoreConfig], Iterator[Problem]]
 
@@ -128,7 +128,7 @@ def _dataset_problems(dataset: str, root: str | None, section: str,
         if not remote and not Path(path).is_dir():
             yield Problem(f"{section}.root", f"not a directory: {root}")
             return
-        from raycl.data.folders import folder_unreadable, list_folder, unreadable_message
+        from raycl.data.sources.folders import folder_unreadable, list_folder, unreadable_message
 
         try:
             list_folder(path, layout)
@@ -142,14 +142,14 @@ def _dataset_problems(dataset: str, root: str | None, section: str,
             yield Problem(f"{section}.root",
                           unreadable_message(unreadable, counted, hint=section == "data"))
     if dataset == "pairs":
-        from raycl.data.image_text import read_pairs
+        from raycl.data.sources.pairs import read_pairs
 
         try:
             read_pairs(Path(str(root)).expanduser())
         except (OSError, ValueError) as exc:
             yield Problem(f"{section}.root", str(exc))
     if dataset == "mnist_fashion":
-        from raycl.data.pairs import FASHION_MNIST_DIR, FASHION_MNIST_PACKAGE
+        from raycl.data.sources.packaged import FASHION_MNIST_DIR, FASHION_MNIST_PACKAGE
 
         if not FASHION_MNIST_DIR.is_dir():
             yield Problem(f"{section}.dataset", f"mnist_fashion needs Fashion-MNIST in "

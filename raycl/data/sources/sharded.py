@@ -1,8 +1,8 @@
 """The readers of ``data.dataset: webdataset`` and ``data.dataset: parquet``: samples packed in
-shards (:mod:`raycl.data.shards`), streamed only (``data.loader: stream``).
+shards (:mod:`raycl.data.stream.shards`), streamed only (``data.loader: stream``).
 
 Nothing is cached: :meth:`ShardReader.read` refuses, and :func:`shard_splits` gives the splits
-as whole shards, each split's images a lazy :class:`~raycl.data.shards.ShardRows`. The checks
+as whole shards, each split's images a lazy :class:`~raycl.data.stream.shards.ShardRows`. The checks
 list the shards (and read their counts) without reading a sample.
 """
 
@@ -14,7 +14,13 @@ from typing import Any
 import numpy as np
 
 from raycl.data.bucket_paths import is_remote
-from raycl.data.shards import ShardFormat, ShardRows, list_shards, read_captions, split_shards
+from raycl.data.stream.shards import (
+    ShardFormat,
+    ShardRows,
+    list_shards,
+    read_captions,
+    split_shards,
+)
 from raycl.data.types import DatasetSplits, ImageSet
 
 
@@ -64,8 +70,8 @@ def shard_split_sizes(cfg: Any) -> dict[str, int]:
     shards, not random shares).
 
     Raises:
-        ValueError: see :func:`~raycl.data.shards.list_shards` and
-            :func:`~raycl.data.shards.split_shards`.
+        ValueError: see :func:`~raycl.data.stream.shards.list_shards` and
+            :func:`~raycl.data.stream.shards.split_shards`.
     """
     splits = split_shards(list_shards(cfg, _format(cfg)), float(cfg.val_fraction),
                           float(cfg.test_fraction))
@@ -73,7 +79,8 @@ def shard_split_sizes(cfg: Any) -> dict[str, int]:
 
 
 def shard_splits(cfg: Any, seed: int) -> DatasetSplits:
-    """The splits of a shard dataset: whole shards (see :mod:`raycl.data.shards`), images lazy.
+    """The splits of a shard dataset: whole shards (see :mod:`raycl.data.stream.shards`), images
+    lazy.
 
     Args:
         cfg: DataConfig-like (dataset, root, samples_per_shard, val_fraction, test_fraction,
@@ -81,13 +88,14 @@ def shard_splits(cfg: Any, seed: int) -> DatasetSplits:
         seed: unused (the split is by shard name); kept for load_dataset's signature.
 
     Returns:
-        DatasetSplits whose splits' images are :class:`~raycl.data.shards.ShardRows`; no labels;
+        DatasetSplits whose splits' images are :class:`~raycl.data.stream.shards.ShardRows`; no
+        labels;
         training captions None (they stream with the samples), validation and test captions
         read now (text only, ``""`` for a sample without one; None when the split has none).
 
     Raises:
-        ValueError: see :func:`~raycl.data.shards.list_shards` and
-            :func:`~raycl.data.shards.split_shards`.
+        ValueError: see :func:`~raycl.data.stream.shards.list_shards` and
+            :func:`~raycl.data.stream.shards.split_shards`.
         OSError: a validation or test shard cannot be read.
     """
     fmt = _format(cfg)

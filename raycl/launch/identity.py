@@ -1,8 +1,8 @@
 """A sweep's settings and data are its identity: a re-run with other ones never resumes it.
 
 At launch, ``python -m raycl.tune`` stores the resolved config every trial gets (after
-:func:`~raycl.config.load.with_absolute_paths`) and the content key of every dataset it reads
-(:mod:`raycl.config.data_identity`: a folder's files with their sizes and mtimes, ImageNet's
+:func:`~raycl.launch.load.with_absolute_paths`) and the content key of every dataset it reads
+(:mod:`raycl.launch.data_identity`: a folder's files with their sizes and mtimes, ImageNet's
 digest, shard lists, a generated set's settings) beside Ray Tune's experiment state, as
 ``<experiment>/raycl_sweep.json``. A re-run of the same name (and storage) compares both with its
 own before anything launches, before Ray starts: identical ones resume the sweep; other settings
@@ -145,7 +145,7 @@ def data_line(source: str, name: str, experiment_path: str,
 def _compare_data(stored: dict[str, Any] | None, data: dict[str, Any] | None, source: str,
                   name: str, experiment_path: str) -> str | None:
     """Raise ConfigError when the data changed; a notice where it cannot be compared."""
-    from raycl.config.data_identity import data_changes
+    from raycl.launch.data_identity import data_changes
 
     if data is None:
         return None
@@ -161,7 +161,7 @@ def _compare_data(stored: dict[str, Any] | None, data: dict[str, Any] | None, so
 def check_same_sweep(config: CoreConfig, experiment_path: str, source: str | None = None,
                      data: dict[str, Any] | None = None) -> str | None:
     """Before resuming the sweep at ``experiment_path`` with ``config`` (absolute paths, as
-    trials get it) and ``data`` (:func:`~raycl.config.data_identity.data_keys`; None: the data
+    trials get it) and ``data`` (:func:`~raycl.launch.data_identity.data_keys`; None: the data
     is not compared): raise when its stored settings or data differ; a notice where they cannot
     be compared.
 
