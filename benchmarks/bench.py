@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def bench_config(root: Path, name: str, *overrides: str, search: str = "quickstart.yaml"):
-    from raycl.config.load import load_search
+    from raycl.launch.load import load_search
 
     return load_search(REPO / "searches" / search, [
         "tune.search_space={}", "tune.num_samples=1", f"name={name}",
@@ -293,7 +293,7 @@ def memory(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 def sweep_efficiency(root: Path) -> dict[str, Any]:
     """The quickstart space with its ASHA scheduler against every trial run to the end."""
-    from raycl.config.load import load_search
+    from raycl.launch.load import load_search
     from raycl.tune import build_tuner
 
     out = {}

@@ -68,10 +68,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from raycl.config.training import DataConfig
 
 REPO = Path(__file__).resolve().parents[1]
 RESOLUTION = 224  # the default; --resolution changes it
@@ -102,11 +104,13 @@ def write_jpegs(folder: Path, count: int, seed: int = 0) -> None:
 
 
 def data_config(folder: Path, cache: Path, workers: int,
-                resolution: int = RESOLUTION) -> SimpleNamespace:
-    """The DataConfig fields load_dataset reads, for the folder at ``resolution`` px."""
-    return SimpleNamespace(dataset="folder", root=str(folder), layout="flat",
-                           resolution=resolution, val_fraction=0.1, test_fraction=0.2,
-                           cache_dir=str(cache), decode_workers=workers)
+                resolution: int = RESOLUTION) -> DataConfig:
+    """The data settings load_dataset reads, for the folder at ``resolution`` px."""
+    from raycl.config.training import DataConfig
+
+    return DataConfig(dataset="folder", root=str(folder), layout="flat", resolution=resolution,
+                      val_fraction=0.1, test_fraction=0.2, cache_dir=str(cache),
+                      decode_workers=workers, loader="memory")
 
 
 def memory_now() -> dict[str, float]:
@@ -156,8 +160,8 @@ def child_load(args: argparse.Namespace) -> dict[str, Any]:
 def child_touch(args: argparse.Namespace) -> dict[str, Any]:
     """Load the set from the cache and read every training row in batches, as an epoch does;
     then wait for ``args.go`` (so both processes map the set when measured) and measure."""
-    import raycl.data.build
-    import raycl.data.folders  # noqa: F401 (what loading imports, so "before" holds it too)
+    import raycl.data.cache.build
+    import raycl.data.sources.folders  # noqa: F401 (what loading imports, so "before" holds it too)
     from raycl.data import load_dataset
 
     before = memory_now()  # an "empty" process: interpreter, numpy, Pillow, raycl.data
@@ -293,12 +297,12 @@ def ray_worker_loop(loop_config: dict[str, Any]) -> None:
     import torch.distributed as dist
     from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
-    import raycl.data.build
-    import raycl.data.folders  # noqa: F401 (what loading imports, so "empty" holds it too)
+    import raycl.data.cache.build
+    import raycl.data.sources.folders  # noqa: F401 (what loading imports, so "empty" holds it too)
     from raycl.data import load_dataset
-    from raycl.data.cache import IMAGES_FILE
-    from raycl.data.resident import pretraining_images
+    from raycl.data.cache.store import IMAGES_FILE
     from raycl.worker.loader import IndexedImages
+    from raycl.worker.resident import pretraining_images
 
     for name in ("", "ray.train"):  # not every report's metrics at INFO
         logging.getLogger(name).setLevel(logging.WARNING)

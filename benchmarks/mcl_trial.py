@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def trial_seconds(stages: int, num_workers: int, epochs: int, samples: int) -> float:
-    from raycl.config.load import load_search
+    from raycl.launch.load import load_search
     from raycl.tune import build_tuner
 
     root = Path(tempfile.mkdtemp(prefix="raycl-mcl-bench-"))

@@ -109,7 +109,7 @@ def write_jpegs(folder: Path, count: int, seed: int = 0) -> None:
 
 def trial_config(folder: Path, cache: Path, loader: str) -> Any:
     """quickstart.yaml on the folder at 64 px, ``data.loader`` = ``loader``."""
-    from raycl.config.load import load_search
+    from raycl.launch.load import load_search
 
     overrides = ["data.dataset=folder", f"data.root={folder}", "data.layout=flat",
                  f"data.loader={loader}", f"data.resolution={SIDE}", f"data.cache_dir={cache}",
@@ -125,7 +125,7 @@ def raycl_loader(config: Any) -> tuple[Any, Any]:
 
     from raycl.data import load_dataset
     from raycl.worker.loader import build_loader, trial_training_images
-    from raycl.worker.stages import StageInputs
+    from raycl.worker.stage_integration import StageInputs
 
     session = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"))
     data = load_dataset(config.data, config.seed)
@@ -134,12 +134,11 @@ def raycl_loader(config: Any) -> tuple[Any, Any]:
 
 
 def endless(loader: Any) -> Iterator[Any]:
-    """The loader's batches, epoch after epoch (each epoch reshuffled)."""
-    from raycl.worker.loader import set_sampler_epoch
-
+    """The loader's batches (:class:`raycl.worker.batches.TrainBatch`), epoch after epoch
+    (each epoch reshuffled)."""
     epoch = 0
     while True:
-        set_sampler_epoch(loader, epoch)
+        loader.set_epoch(epoch)
         yield from loader
         epoch += 1
 
@@ -256,11 +255,13 @@ def child_memory(args: argparse.Namespace) -> dict[str, Any]:
             optimizer = torch.optim.AdamW(method.parameters(), lr=config.train.lr)
             augment = BatchAugment(config.augment)
             started, losses = time.perf_counter(), []
-            for step, (batch, index) in enumerate(endless(loader)):
+            for step, loaded in enumerate(endless(loader)):
                 if step == args.steps:
                     break
+                batch = loaded.images
                 views = [augment(batch), augment(batch)]
-                loss = method(Batch(images=to_float(batch), views=views, index=index))["loss"]
+                loss = method(Batch(images=to_float(batch), views=views,
+                                    index=loaded.index))["loss"]
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -313,8 +314,8 @@ def raycl_batches(args: argparse.Namespace, loader_kind: str) -> Generator[int, 
     config = trial_config(Path(args.folder), Path(args.cache), loader_kind)
     _, loader = raycl_loader(config)  # memory mode: the cache is built here, before timing
     augment = BatchAugment(config.augment)
-    for batch, _ in endless(loader):
-        views = [augment(batch), augment(batch)]
+    for loaded in endless(loader):
+        views = [augment(loaded.images), augment(loaded.images)]
         yield len(views[0])
 
 

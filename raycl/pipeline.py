@@ -12,9 +12,9 @@ from storage.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -29,20 +29,26 @@ from ray import tune
 from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
-from raycl.cluster import ami_matrix, group_size_histogram, pseudo_label_codes
+import raycl.methods  # noqa: F401  (fills the schema's method sections in a trial process)
+from raycl.config.metric_names import MCL, metric_name
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides, search_config_class
 from raycl.data import ATTRIBUTES, split_sizes_for
 from raycl.data.listed_once import listed_once
-from raycl.eval.diagnostics import plot_diagnostics
+from raycl.eval.diagnostics import SPECTRUM, plot_diagnostics
+from raycl.eval.figures import mcl_figure, method_figures
 from raycl.launch.feasibility import trial_problem
 from raycl.launch.placement import data_cpus, worker_resources
-from raycl.methods import method_class
-from raycl.worker.checkpoints import read_checkpoint
+from raycl.worker.context import TrialContext
 from raycl.worker.loop import run_trial_loop, train_loop_per_worker
 from raycl.worker.outcome import FAILED_KEY, SKIP_REASON_KEY, SKIPPED_KEY
 from raycl.worker.session import InProcessSession
-from raycl.worker.stage_integration import DIAGNOSTICS_FILE, StageInputs, next_stage_inputs
+from raycl.worker.stage_integration import (
+    DIAGNOSTICS_FILE,
+    MCL_AMI,
+    MCL_GROUP_SIZES,
+    MCL_STAGE_METRICS,
+)
 from raycl.worker.storage import download
 
 logger = logging.getLogger(__name__)
@@ -79,10 +85,7 @@ class TrialOutput:
 
 
 def fit_trial(
-    config: CoreConfig,
-    storage_path: str,
-    fault: dict[str, Any] | None = None,
-    trial_started_at: float | None = None,
+    config: CoreConfig, storage_path: str, trial_started_at: float | None = None
 ) -> TrialOutput:
     """Train every stage of one trial.
 
@@ -90,14 +93,15 @@ def fit_trial(
     restarted trial's trainer resumes from Ray Train's storage. ``0``: the same loop in this
     process (see :class:`raycl.worker.session.InProcessSession`), resuming from Tune's checkpoint.
     """
-    loop_config = {"config": config.to_dict(), "fault": fault, "trial_id": _trial_id(),
-                   "trial_started_at": trial_started_at or time.time(),
-                   "data_placement_group": _data_placement_group(config)}
+    context = TrialContext(config=config, trial_id=_trial_id(),
+                           started_at=trial_started_at or time.time(),
+                           data_placement_group=_data_placement_group(config))
     if config.scaling.num_workers == 0:
         session = InProcessSession(_device(config), tune.get_checkpoint() if _in_tune() else None)
-        run_trial_loop(loop_config, session)
+        run_trial_loop(context, session)
         directory = session.last_checkpoint_dir
-        return TrialOutput(session.last_report, Path(directory) if directory else None)
+        return TrialOutput(last_report=session.last_report,
+                           checkpoint_dir=Path(directory) if directory else None)
 
     callbacks = []
     if _in_tune():
@@ -105,8 +109,9 @@ def fit_trial(
 
         callbacks.append(TuneReportCallback())
     trainer = TorchTrainer(
-        _train_loop,
-        train_loop_config=loop_config,
+        # The context travels with the function (pickled once per worker): Ray Train's
+        # per-worker config argument is a plain dict.
+        functools.partial(_train_loop, context),
         scaling_config=ScalingConfig(
             num_workers=config.scaling.num_workers,
             use_gpu=config.scaling.use_gpu,
@@ -129,7 +134,7 @@ def fit_trial(
     directory = None
     if result.checkpoint is not None:
         directory = download(result.checkpoint, Path(tempfile.mkdtemp(prefix="raycl-final-")))
-    return TrialOutput(dict(result.metrics or {}), directory)
+    return TrialOutput(last_report=dict(result.metrics or {}), checkpoint_dir=directory)
 
 
 def _data_placement_group(config: CoreConfig) -> str | None:
@@ -143,7 +148,7 @@ def _data_placement_group(config: CoreConfig) -> str | None:
     return group.id.hex() if group is not None else None
 
 
-def _train_loop(loop_config: dict[str, Any]) -> None:
+def _train_loop(context: TrialContext) -> None:
     """``train_loop_per_worker`` at the sweep's log level: Ray Train 2.60 sets a worker's root
     and ``ray.train`` loggers to INFO whatever ``LoggingConfig`` says ("Reporting training
     result ..." per epoch); ``RAYCL_TRAIN_LOG_LEVEL`` (a quiet sweep, :func:`raycl.tune
@@ -152,25 +157,16 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
     if level:
         for name in ("", "ray.train"):
             logging.getLogger(name).setLevel(level)
-    train_loop_per_worker(loop_config)
+    train_loop_per_worker(context)
 
 
-def run_trial(
-    params: dict[str, Any],
-    base_config: dict[str, Any],
-    storage_path: str,
-    fault: dict[str, Any] | None = None,
-) -> None:
-    """The Tune trainable: apply the sampled ``params`` (dotted keys) and train the trial.
-
-    ``fault`` is a test hook (see :mod:`raycl.worker.faults`).
-    """
+def run_trial(params: dict[str, Any], base_config: dict[str, Any], storage_path: str) -> None:
+    """The Tune trainable: apply the sampled ``params`` (dotted keys) and train the trial."""
     with listed_once():  # the trial's checks and (in this process) its data: one listing
-        _run_trial(params, base_config, storage_path, fault)
+        _run_trial(params, base_config, storage_path)
 
 
-def _run_trial(params: dict[str, Any], base_config: dict[str, Any], storage_path: str,
-               fault: dict[str, Any] | None) -> None:
+def _run_trial(params: dict[str, Any], base_config: dict[str, Any], storage_path: str) -> None:
     started = time.time()
     config = apply_overrides(search_config_class().model_validate(base_config), params)
     # A safety net: the searcher only proposes feasible trials (raycl.launch.feasibility), but a
@@ -183,18 +179,11 @@ def _run_trial(params: dict[str, Any], base_config: dict[str, Any], storage_path
         tune.report({SKIPPED_KEY: 1.0, SKIP_REASON_KEY: reason})
         return
 
-    output = fit_trial(config, storage_path, fault, trial_started_at=started)
+    output = fit_trial(config, storage_path, trial_started_at=started)
     try:
         if output.last_report.get(FAILED_KEY) or output.checkpoint_dir is None:
             return
-        log_representation_plots(config, output.checkpoint_dir / DIAGNOSTICS_FILE)
-        if config.num_stages > 1:
-            final = read_checkpoint(output.checkpoint_dir)
-            assert final.features is not None, "the last checkpoint of a trial is a stage's end"
-            # After the last stage the clustering only feeds the diagnostics (AMI between
-            # stages).
-            log_mcl_diagnostics(config, next_stage_inputs(config, final.inputs, final.features,
-                                                          final.metrics))
+        log_trial_figures(config, output.checkpoint_dir / DIAGNOSTICS_FILE)
     finally:
         if output.checkpoint_dir is not None:
             shutil.rmtree(output.checkpoint_dir, ignore_errors=True)
@@ -204,10 +193,11 @@ def _run_trial(params: dict[str, Any], base_config: dict[str, Any], storage_path
 # Diagnostics
 
 
-def log_representation_plots(config: CoreConfig, path: Path) -> None:
-    """The spectrum and principal-angle plots of the worker's end-of-trial diagnostics (their
-    numbers, ``diag/*``, came with the last report)."""
-    if not path.exists():  # eval.diagnostics off, or a trial restored from an older checkpoint
+def log_trial_figures(config: CoreConfig, path: Path) -> None:
+    """The figures of the worker's end-of-trial diagnostics (``diagnostics.npz`` of the last
+    checkpoint), logged to the trial's run: the spectrum and principal angles (their numbers,
+    ``diag/*``, came with the last report), the method's pictures, and MCL's summary."""
+    if not path.exists():  # no diagnostics, or a trial restored from an older checkpoint
         return
     from raycl.tracking.relay import log_to_trial_run
 
@@ -215,22 +205,26 @@ def log_representation_plots(config: CoreConfig, path: Path) -> None:
         arrays = {key: stored[key] for key in stored.files}
     with tempfile.TemporaryDirectory() as directory:
         title = f"{config.name} {_trial_id()}"
-        plot_diagnostics(arrays, Path(directory), title)
-        method_class(config).plot_diagnostics(arrays, Path(directory), title)
-        log_to_trial_run(config, _trial_id(), {}, Path(directory))
+        # No spectrum with eval.diagnostics off: MCL's summary may come alone.
+        written = plot_diagnostics(arrays, Path(directory), title) if SPECTRUM in arrays else []
+        written += method_figures(arrays, Path(directory), title)
+        if written:
+            log_to_trial_run(config, _trial_id(), {}, Path(directory))
+    if MCL_AMI in arrays:
+        log_mcl_diagnostics(config, arrays)
 
 
-def log_mcl_diagnostics(config: CoreConfig, final: StageInputs) -> None:
-    """AMI between stage clusterings, pseudo-label group sizes, per-stage accuracy plot."""
+def log_mcl_diagnostics(config: CoreConfig, arrays: dict[str, np.ndarray]) -> None:
+    """AMI between stage clusterings, pseudo-label group sizes, per-stage accuracy figure, from
+    the summary the worker made after the last stage (:func:`raycl.worker.stage_integration
+    .mcl_summary`): nothing is clustered here."""
     from raycl.tracking.relay import log_to_trial_run
 
-    ami = ami_matrix(final.assignments)
-    codes = pseudo_label_codes(final.assignments[:-1], config.mcl.clusters)
-    sizes = group_size_histogram(codes)  # largest first
+    ami, sizes = arrays[MCL_AMI], arrays[MCL_GROUP_SIZES]  # sizes: largest first
     metrics: dict[str, float] = {}
     for i in range(len(ami)):
         for j in range(i + 1, len(ami)):
-            metrics[f"mcl/ami/stage{i}_stage{j}"] = float(ami[i, j])
+            metrics[metric_name(MCL, "ami", f"stage{i}_stage{j}")] = float(ami[i, j])
     metrics["mcl/groups"] = float(len(sizes))
     metrics["mcl/group_size_min"] = float(sizes.min())
     metrics["mcl/group_size_max"] = float(sizes.max())
@@ -239,42 +233,6 @@ def log_mcl_diagnostics(config: CoreConfig, final: StageInputs) -> None:
         out = Path(directory)
         (out / "ami_matrix.json").write_text(json.dumps(ami.round(4).tolist()))
         np.savetxt(out / "group_sizes.txt", sizes, fmt="%d")
-        attributes = list(ATTRIBUTES[config.data.dataset])
-        _plot_diagnostics(out, ami, sizes, final.stage_metrics, attributes, config.num_stages)
+        mcl_figure(out, ami, sizes, json.loads(str(arrays[MCL_STAGE_METRICS])),
+                   list(ATTRIBUTES[config.data.dataset]))
         log_to_trial_run(config, _trial_id(), metrics, out)
-
-
-def _plot_diagnostics(
-    out: Path,
-    ami: np.ndarray,
-    sizes: np.ndarray,
-    stage_metrics: list[dict[str, Any]],
-    attributes: list[str],
-    stages: int,
-) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, 3, figsize=(15, 4))
-    axes[0].bar(range(len(sizes)), sizes)
-    axes[0].set(title="pseudo-label group sizes (last stage)", xlabel="group (sorted)",
-                ylabel="samples")
-    image = axes[1].imshow(ami, vmin=0, vmax=1, cmap="viridis")
-    axes[1].set(title="AMI between stage clusterings", xlabel="stage", ylabel="stage")
-    figure.colorbar(image, ax=axes[1])
-    width = 0.8 / (len(attributes) + 1)
-    positions = np.arange(stages + 1)
-    for a, attribute in enumerate([*attributes, "mean"]):
-        values = [stage_metrics[j].get(f"stage{j}/test/linear/{attribute}", math.nan)
-                  for j in range(stages)]
-        values.append(stage_metrics[-1].get(f"test/linear/{attribute}", math.nan))
-        axes[2].bar(positions + a * width, values, width, label=attribute)
-    axes[2].set_xticks(positions + 0.4 - width / 2,
-                       [f"stage {j}" for j in range(stages)] + ["integrated"])
-    axes[2].set(title="linear probe accuracy (test split)", ylim=(0, 1.05))
-    axes[2].legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(out / "mcl_diagnostics.png", dpi=100)
-    plt.close(figure)

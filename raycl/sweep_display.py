@@ -30,7 +30,8 @@ from ray.tune import Callback
 
 from raycl.closed_stdout import stdout_closed
 from raycl.config.schema import CoreConfig
-from raycl.config.search_config import apply_overrides, max_reports
+from raycl.config.search_config import apply_overrides
+from raycl.launch.feasibility import max_reports
 from raycl.quiet_lines import DROPPED_LINES, DropLines
 from raycl.tracking.naming import format_value, trial_index, trial_run_name
 from raycl.worker.outcome import FAIL_REASON_KEY, SKIP_REASON_KEY, trial_ending

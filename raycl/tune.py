@@ -21,11 +21,13 @@ from typing import Any
 from raycl.closed_stdout import CLOSED_EXIT_CODE, stdout_closed
 from raycl.config.problems import with_checks
 from raycl.config.schema import ConfigError, CoreConfig, error_lines
-from raycl.config.search_config import apply_overrides, max_reports, schema_markdown
+from raycl.config.search_config import apply_overrides, schema_markdown
 from raycl.data.listed_once import listed_once
+from raycl.data.load import LoaderChoice, choose_loader
 from raycl.data.sources.folders import skip_notice
 from raycl.dry_run import collapse_notices, print_dry_run
 from raycl.launch.checks import ENVIRONMENT_CHECKS, run_checks
+from raycl.launch.feasibility import max_reports
 from raycl.launch.identity import store_settings
 from raycl.launch.load import load_search, with_absolute_paths
 from raycl.launch.placement import CLUSTER_CHECKS, placement_warning, trial_bundles
@@ -145,15 +147,13 @@ def build_tuner(
     config: CoreConfig,
     search_file: str | None,
     fresh: bool = False,
-    fault: dict[str, Any] | None = None,
     verbose: bool = False,
-    loader: str | None = None,
+    loader: LoaderChoice | None = None,
     plan: SweepPlan | None = None,
 ) -> Any:
     """A ``Tuner`` for the sweep, or the restored one when a sweep of that name exists. Call it
     after ``ray.init``: it starts this driver's MLflow relay, which trials log through.
 
-    ``fault`` is a test hook passed to every trial (see :mod:`raycl.worker.faults`).
     ``loader``: ``data.loader`` as :func:`settle_loader` settled it for the trials. raycl's
     progress lines (:class:`raycl.sweep_display.ProgressDisplay`) replace Tune's tables unless
     ``verbose``. A restored sweep keeps the callbacks and verbosity it was started with.
@@ -175,7 +175,7 @@ def build_tuner(
     # comparison) keeps the user's setting, so "auto" settled differently is the same sweep.
     trial_config = apply_overrides(config, {"data.loader": loader}) if loader else config
     storage = resolved_storage(config.tune.storage_path)
-    trainable = _trainable(trial_config, storage_child(storage, f"{config.name}-train"), fault)
+    trainable = _trainable(trial_config, storage_child(storage, f"{config.name}-train"))
 
     param_space, search_alg, num_samples, scheduler = tuner_search(config)
     run_config = tune.RunConfig(
@@ -223,10 +223,9 @@ def smallest_node_memory() -> float:
 
 
 def settle_loader(config: CoreConfig) -> CoreConfig:
-    """``data.loader: auto`` settled once for the sweep, and the choice printed: every trial
-    then reads the data the same way (:func:`raycl.data.load.choose_loader`)."""
-    from raycl.data.load import choose_loader
-
+    """``data.loader: auto`` settled once for the sweep (:func:`raycl.data.load.choose_loader`
+    on the smallest node's memory), and the choice printed: the trials' config carries it, and
+    every reader after this one (placement, the worker's loader) takes it as it is."""
     if config.data.loader != "auto":
         return config
     choice, why = choose_loader(config.data, smallest_node_memory())
@@ -234,7 +233,7 @@ def settle_loader(config: CoreConfig) -> CoreConfig:
     return apply_overrides(config, {"data.loader": choice})
 
 
-def _trainable(config: CoreConfig, storage_path: str, fault: dict[str, Any] | None) -> Any:
+def _trainable(config: CoreConfig, storage_path: str) -> Any:
     """The Tune trainable of ``config``'s trials with the resources each reserves: the trial
     process, and in stream mode its decoders' bundles (one placement group per trial)."""
     from ray import tune
@@ -242,7 +241,7 @@ def _trainable(config: CoreConfig, storage_path: str, fault: dict[str, Any] | No
     from raycl.pipeline import run_trial
 
     trainable = tune.with_parameters(run_trial, base_config=config.to_dict(),
-                                     storage_path=storage_path, fault=fault)
+                                     storage_path=storage_path)
     bundles = trial_bundles(config)
     return tune.with_resources(
         trainable, tune.PlacementGroupFactory(bundles) if len(bundles) > 1 else bundles[0])
@@ -397,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
+    import raycl.methods  # noqa: F401  (after --help, which needs none: the schema's sections)
+
     if not args.verbose:
         # The pre-launch MLflow check may create a new database: MLflow says so at INFO.
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)

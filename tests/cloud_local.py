@@ -44,9 +44,11 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from faults import injected_fault, name_fault_file
 from local_servers import Spawned, free_port, marked_env, spawn
 
 REPO = Path(__file__).resolve().parents[1]
@@ -132,16 +134,17 @@ def sweep_config(name: str, storage: str, tracking_uri: str, *extra: str) -> Any
 
 
 def run_sweep(config: Any, fault: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What ``python -m raycl.tune`` does once Ray is up (raycl.tune._run), with a fault hook."""
+    """What ``python -m raycl.tune`` does once Ray is up (raycl.tune._run); ``fault``: the
+    keyword arguments of :func:`faults.injected_fault`, installed while the sweep runs."""
     from raycl.launch.checks import run_checks
     from raycl.launch.placement import CLUSTER_CHECKS
     from raycl.sweep_display import quiet_ray
     from raycl.tune import build_tuner
 
     started = time.monotonic()
-    with quiet_ray():
+    with quiet_ray(), injected_fault(**fault) if fault else nullcontext():
         run_checks(config, config.name, CLUSTER_CHECKS)
-        results = build_tuner(config, None, fault=fault).fit()
+        results = build_tuner(config, None).fit()
     return {"seconds": round(time.monotonic() - started, 1),
             "errors": [str(result.error)[:500] for result in results if result.error],
             "metrics": [{key: value for key, value in (result.metrics or {}).items()
@@ -559,6 +562,7 @@ def autoscale(root: Path, storage: str) -> dict[str, Any]:
 
 
 def main(root: Path, scenarios: list[str]) -> None:
+    name_fault_file(root)  # before any Ray process starts: each of them looks there
     if scenarios == ["autoscale"]:
         # Token authentication, as on the shipped clusters (`ray start` turns it on), with a
         # token of this process's own for the head and this driver; nothing under ~/.ray is

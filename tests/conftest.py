@@ -13,7 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from faults import name_fault_file
 from local_servers import TRAIN_POLL, stop_all, stop_orphans
+
+# The whole schema (SearchConfig) holds the sections of the methods registered so far: every
+# test module may name it at import, as the entry points do after importing the methods.
+import raycl.methods  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,6 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAY_ADDRESS", "local")
 # Every Ray the suite starts inherits it (local_servers.TRAIN_POLL says why).
 os.environ.setdefault(*TRAIN_POLL)
+# Where the fault hook looks (tests/faults.py): named before Ray starts, so that every Ray
+# worker of this process's session, and every sweep it starts as a subprocess, inherits it.
+name_fault_file()
 
 
 @pytest.fixture(scope="session")
@@ -66,6 +74,12 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 RAY_GROUP = "ray-session"
 
 
+# tryfirst: xdist's own hook appends each item's group to its node id (what the scheduler
+# groups by); it is registered after this conftest, so pluggy would call it first and the
+# groups added here would never reach the scheduler (the Ray session's tests then ran on both
+# workers, each starting a Ray of its own). The scheduler then queues the groups by their number
+# of tests, largest first (xdist's --loadscope-reorder); the order set here only breaks ties.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests on the shared Ray session: one xdist group, run first (see the module docstring);
     then the other groups (tests/test_cloud_local.py's clusters; tests/test_stream.py, whose

@@ -42,6 +42,10 @@ from pathlib import Path
 # 2 s. Set for every Ray the suite starts (tests/conftest.py; the tests that start Ray from a
 # cleared environment pass it on).
 TRAIN_POLL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
+# An MLflow server (``python -m raycl.server``, ``mlflow ui``) starts seven huey consumers for
+# MLflow's job runner, which nothing in raycl or the tests uses: ~16 s of CPU to start and ~0.3
+# of a core while they poll, taken from the trials the test waits on. Every spawn turns it off.
+NO_MLFLOW_JOBS = ("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
 
 MARKER = "RAYCL_TEST_SPAWNS"  # the spawn tokens a process descends from, space-separated
 # Ray's unix sockets live at TEMP/ray/session_<date>_<pid>/sockets/plasma_store, and a socket
@@ -117,6 +121,7 @@ def marked_env(env: dict[str, str] | None = None) -> tuple[dict[str, str], Spawn
     # The chain comes from this process's own environment: a spawn inside a spawn (the cloud
     # scenarios' PostgreSQL) is still found by the outer one's token.
     marked[MARKER] = " ".join([*os.environ.get(MARKER, "").split(), token])
+    marked.setdefault(*NO_MLFLOW_JOBS)
     if not _at_exit:
         atexit.register(stop_all)
         _at_exit.append(True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 from PIL import Image
 
 from raycl.config.schema import ConfigError
+from raycl.config.training import DataConfig
 from raycl.data import (
     CHANNELS,
     DATASETS,
@@ -23,20 +23,20 @@ from raycl.data import (
     split_sizes_for,
     unlabelled_split_sizes,
 )
+from raycl.data.decode import decode_square
 from raycl.data.sources.captions import CAPTION_ORDER, describe
-from raycl.data.sources.folders import load_square_rgb
 from raycl.launch.load import load_search
 
 SPLIT_NAMES = ("train", "val", "test")
 
 
-def data_cfg(tmp_path: Path, **overrides: Any) -> SimpleNamespace:
-    """Stand-in for raycl.config.DataConfig: same field names, small defaults."""
-    fields = dict(dataset="trifeature", resolution=16, samples_per_combination=1,
-                  num_samples=None, val_fraction=0.1, test_fraction=0.2, root=None,
-                  captions=None, cache_dir=str(tmp_path / "cache"))
+def data_cfg(tmp_path: Path, **overrides: Any) -> DataConfig:
+    """The data settings with small defaults (the schema's for every other key)."""
+    fields: dict[str, Any] = dict(dataset="trifeature", resolution=16, samples_per_combination=1,
+                                  val_fraction=0.1, test_fraction=0.2,
+                                  cache_dir=str(tmp_path / "cache"))
     fields.update(overrides)
-    return SimpleNamespace(**fields)
+    return DataConfig(**fields)
 
 
 def _labels_of(part: Any, i: int) -> dict[str, int]:
@@ -100,7 +100,9 @@ def test_same_seed_same_captions_other_seed_other_draws(tmp_path: Path) -> None:
 
 
 def test_captions_on_another_dataset_are_refused_by_the_data_layer(tmp_path: Path) -> None:
-    cfg = data_cfg(tmp_path, dataset="digits", resolution=8, captions={"color": 1.0})
+    # Settings the schema never validated (it refuses this too): the data layer still does.
+    cfg = DataConfig.model_construct(dataset="digits", resolution=8, captions={"color": 1.0},
+                                     cache_dir=str(tmp_path / "cache"))
     with pytest.raises(ValueError, match=r"data\.captions.*trifeature"):
         load_dataset(cfg, seed=0)
 
@@ -160,7 +162,7 @@ def test_csv_and_tsv_corpora_load_in_row_order(
     assert full.images.shape == (6, 3, 16, 16) and full.images.dtype == np.uint8
     assert full.captions.tolist() == [_CAPTIONS[i] for i in order]
     assert _colour_index(full.images) == order
-    np.testing.assert_array_equal(full.images[0], load_square_rgb(paths[3], 16))
+    np.testing.assert_array_equal(full.images[0], decode_square(paths[3], 16))
 
     splits = load_dataset(cfg, seed=0)
     assert splits.attributes == [] and splits.num_classes == {} and splits.channels == 3

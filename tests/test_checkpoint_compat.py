@@ -19,6 +19,8 @@ import pytest
 import torch
 from test_reliability import StoredSession  # keeps every checkpoint, resumes from the newest
 
+from raycl.config.search_config import SearchConfig
+from raycl.worker.context import TrialContext
 from raycl.worker.loop import run_trial_loop
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "old_checkpoints"
@@ -62,7 +64,7 @@ def test_old_checkpoint_resumes_where_it_stopped(
     shutil.copytree(FIXTURES / name / checkpoint, root / "checkpoint_000000")
 
     session = StoredSession(root)
-    run_trial_loop({"config": old["config"]}, session)
+    run_trial_loop(TrialContext(config=SearchConfig.model_validate(old["config"])), session)
 
     expected = old["reports"][first:]
     assert len(session.reports) == len(expected)

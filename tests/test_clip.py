@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import socket
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from faults import injected_fault
 from test_config import error_of
 from test_reliability import StoredSession
 
@@ -21,6 +23,7 @@ import raycl.worker.stage
 from raycl.config.search_config import SearchConfig
 from raycl.methods import Batch, build_method
 from raycl.methods.clip import CLIP, CLIPConfig, build_open_clip, clip_loss, read_clip_state
+from raycl.worker.context import TrialContext
 from raycl.worker.embed import soup_method
 from raycl.worker.loop import run_trial_loop
 from raycl.worker.stage_integration import average_weights, soup_weights
@@ -51,7 +54,8 @@ def clip_config(**sections: dict[str, Any]) -> SearchConfig:
 def run_clip(root: Path, fault: dict[str, Any] | None = None,
              **sections: dict[str, Any]) -> StoredSession:
     session = StoredSession(root)
-    run_trial_loop({"config": clip_config(**sections).to_dict(), "fault": fault}, session)
+    with injected_fault(**fault) if fault else nullcontext():
+        run_trial_loop(TrialContext(config=clip_config(**sections)), session)
     return session
 
 

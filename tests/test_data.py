@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from raycl.config.training import DataConfig
 from raycl.data import (
     DATASETS,
     class_counts,
@@ -20,8 +20,8 @@ from raycl.data import (
     split_sizes_for,
     stratified_split,
     stratified_subset,
-    trifeature,
 )
+from raycl.data.sources import trifeature
 from raycl.data.sources.packaged import (
     FASHION_MNIST_DIR,
     balanced_subset,
@@ -44,13 +44,18 @@ needs_fashion = pytest.mark.skipif(
 )
 
 
-def data_cfg(tmp_path: Path, **overrides: Any) -> SimpleNamespace:
-    """Stand-in for raycl.config.DataConfig: same field names, small defaults."""
-    fields = dict(dataset="trifeature", resolution=16, samples_per_combination=1,
-                  num_samples=None, val_fraction=0.1, test_fraction=0.2, root=None,
-                  cache_dir=str(tmp_path))
+def data_cfg(tmp_path: Path, **overrides: Any) -> DataConfig:
+    """The data settings with small defaults (the schema's for every other key)."""
+    fields: dict[str, Any] = dict(dataset="trifeature", resolution=16, samples_per_combination=1,
+                                  val_fraction=0.1, test_fraction=0.2, cache_dir=str(tmp_path))
     fields.update(overrides)
-    return SimpleNamespace(**fields)
+    return DataConfig(**fields)
+
+
+def unvalidated_cfg(tmp_path: Path, **overrides: Any) -> DataConfig:
+    """:func:`data_cfg` built as a transfer set's settings are, without the schema's validation:
+    what the data layer itself refuses or accepts."""
+    return DataConfig.model_construct(**{**data_cfg(tmp_path).model_dump(), **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -256,9 +261,9 @@ def test_cache_dir_none_uses_raycl_cache_env(tmp_path: Path, monkeypatch) -> Non
 
 def test_unknown_dataset_and_folder_without_root_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"(?s)unknown dataset 'cifar'.*trifeature"):
-        load_dataset(data_cfg(tmp_path, dataset="cifar"), seed=0)
+        load_dataset(unvalidated_cfg(tmp_path, dataset="cifar"), seed=0)
     with pytest.raises(ValueError, match=r"needs data\.root"):
-        load_dataset(data_cfg(tmp_path, dataset="folder"), seed=0)
+        load_dataset(unvalidated_cfg(tmp_path, dataset="folder"), seed=0)
     assert set(DATASETS) == {"trifeature", "mnist_fashion", "digits", "folder", "pairs",
                              "cifar10", "cifar100", "stl10", "imagenet", "imagenet100",
                              "webdataset", "parquet"}
@@ -431,7 +436,8 @@ def _class_of_pixels(images: np.ndarray) -> list[int]:
 
 
 def test_train_test_folder_keeps_the_shipped_test_split(tmp_path: Path) -> None:
-    from raycl.data.sources.folders import list_image_files, load_square_rgb
+    from raycl.data.decode import decode_square
+    from raycl.data.sources.folders import list_image_files
 
     root = tmp_path / "cub"
     # cardinal has no test images: allowed (its index still follows the sorted union).
@@ -442,7 +448,7 @@ def test_train_test_folder_keeps_the_shipped_test_split(tmp_path: Path) -> None:
     splits = load_dataset(cfg, seed=0)
     # Test is exactly test/, image for image and in order; test_fraction plays no part.
     test_files = list_image_files(root / "test")
-    expected = np.stack([load_square_rgb(path, 8) for path, _ in test_files])
+    expected = np.stack([decode_square(path, 8) for path, _ in test_files])
     np.testing.assert_array_equal(splits.test.images, expected)
     np.testing.assert_array_equal(splits.test.labels["class"], [0, 0, 1, 1, 1])
     # Validation is a stratified 25 % of train/ (1, 2, 1), the rest is train.
@@ -543,11 +549,11 @@ def test_train_test_cache_fingerprints_both_halves(tmp_path: Path, monkeypatch) 
 
 
 def test_transfer_style_config_without_layout_key_uses_the_test_folder(tmp_path: Path) -> None:
-    """eval.transfer builds a namespace without layout and with val_fraction 0: auto applies."""
+    """eval.transfer's settings: layout the default auto, val_fraction 0."""
     root = tmp_path / "cub"
     _make_train_test_folder(root, {"albatross": 3, "bunting": 2}, {"albatross": 1, "bunting": 2})
-    cfg = data_cfg(tmp_path / "cache", dataset="folder", root=str(root), resolution=8,
-                   val_fraction=0.0, test_fraction=0.3)
+    cfg = unvalidated_cfg(tmp_path / "cache", dataset="folder", root=str(root), resolution=8,
+                          val_fraction=0.0, test_fraction=0.3)
     splits = load_dataset(cfg, seed=0)
     assert (len(splits.train.images), len(splits.val.images), len(splits.test.images)) == (5, 0, 3)
 

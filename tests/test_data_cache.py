@@ -18,6 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
+from raycl.config.training import DataConfig
 from raycl.data import ImageFiles, ImageRows, ImageSet, load_dataset, load_image_set
 from raycl.data.cache import build as build_module
 from raycl.data.cache.build import build_cache
@@ -30,13 +31,13 @@ from raycl.worker.resident import copy_to_device, keep_on_device, pretraining_im
 REPO = Path(__file__).resolve().parents[1]
 
 
-def data_cfg(cache: Path, **overrides: Any) -> SimpleNamespace:
-    """Stand-in for raycl.config.DataConfig: same field names, small defaults."""
-    fields = dict(dataset="trifeature", resolution=8, samples_per_combination=1,
-                  num_samples=None, val_fraction=0.1, test_fraction=0.2, root=None,
-                  cache_dir=str(cache), decode_workers=2)
+def data_cfg(cache: Path, **overrides: Any) -> DataConfig:
+    """The data settings with small defaults (the schema's for every other key)."""
+    fields: dict[str, Any] = dict(dataset="trifeature", resolution=8, samples_per_combination=1,
+                                  val_fraction=0.1, test_fraction=0.2, cache_dir=str(cache),
+                                  decode_workers=2)
     fields.update(overrides)
-    return SimpleNamespace(**fields)
+    return DataConfig(**fields)
 
 
 def write_folder(root: Path, counts: dict[str, int], side: int = 12) -> list[Path]:
@@ -58,7 +59,7 @@ def write_folder(root: Path, counts: dict[str, int], side: int = 12) -> list[Pat
 def test_the_cache_is_a_memory_map_that_reloads_equal(tmp_path: Path) -> None:
     cfg = data_cfg(tmp_path)
     first = load_image_set(cfg, seed=0)
-    assert CACHE_VERSION == 2
+    assert CACHE_VERSION == 3
     (directory,) = [path for path in tmp_path.iterdir() if path.is_dir()]
     assert directory.name.startswith("trifeature-")
     assert {path.name for path in directory.iterdir()} == {IMAGES_FILE, META_FILE, "key.json"}
@@ -188,7 +189,7 @@ def test_pretrain_only_rows_go_to_pretrain_extra_and_no_split(tmp_path: Path,
             return image_set
 
     monkeypatch.setattr("raycl.data.load.reader", lambda name: ExtraReader())
-    splits = load_dataset(data_cfg(tmp_path, dataset="digits", resolution=1), seed=0)
+    splits = load_dataset(data_cfg(tmp_path, dataset="digits"), seed=0)
     assert splits.pretrain_extra is not None
     np.testing.assert_array_equal(splits.pretrain_extra.images[:, 0, 0, 0], [0, 5, 11, 29])
     # Pretraining sees train, then the extra rows: index i >= len(train) is an extra row.
@@ -207,7 +208,7 @@ def test_a_build_that_fails_halfway_leaves_no_cache_and_the_next_succeeds(
     root = tmp_path / "images"
     write_folder(root, {"a": 6, "b": 6})
     cfg = data_cfg(tmp_path / "cache", dataset="folder", root=str(root), decode_workers=1)
-    real = build_module.load_square_rgb
+    real = build_module.decode_square
     calls = []
 
     def crashing(path: Path, resolution: int) -> np.ndarray:
@@ -216,12 +217,12 @@ def test_a_build_that_fails_halfway_leaves_no_cache_and_the_next_succeeds(
             raise RuntimeError("the node ran out of something")
         return real(path, resolution)
 
-    monkeypatch.setattr(build_module, "load_square_rgb", crashing)
+    monkeypatch.setattr(build_module, "decode_square", crashing)
     with pytest.raises(RuntimeError, match="ran out"):
         load_image_set(cfg, seed=0)
     leftovers = [path.name for path in (tmp_path / "cache").iterdir() if path.is_dir()]
     assert leftovers == [], "neither a cache directory nor a temporary one is left"
-    monkeypatch.setattr(build_module, "load_square_rgb", real)
+    monkeypatch.setattr(build_module, "decode_square", real)
     built = load_image_set(cfg, seed=0)
     assert built.images.shape == (12, 3, 8, 8)
 
@@ -270,13 +271,13 @@ def test_a_killed_builder_leaves_no_cache_and_the_next_build_cleans_up(tmp_path:
 _LOADER = """
 import sys, time
 from pathlib import Path
-from types import SimpleNamespace
 import numpy as np
+from raycl.config.training import DataConfig
 from raycl.data import load_image_set
 from raycl.data.cache import build
 
 root, cache, out, go = (Path(arg) for arg in sys.argv[1:5])
-real = build.load_square_rgb
+real = build.decode_square
 
 def counting(path, resolution):
     with open(out.parent / "decodes.txt", "a") as log:
@@ -284,12 +285,12 @@ def counting(path, resolution):
     time.sleep(0.05)  # slow enough that the other process arrives while this one builds
     return real(path, resolution)
 
-build.load_square_rgb = counting
+build.decode_square = counting
 (out.parent / f"{out.name}.ready").write_text("")
 while not go.exists():
     time.sleep(0.01)
-cfg = SimpleNamespace(dataset="folder", resolution=8, root=str(root), cache_dir=str(cache),
-                      val_fraction=0.1, test_fraction=0.2, decode_workers=1)
+cfg = DataConfig(dataset="folder", resolution=8, root=str(root), cache_dir=str(cache),
+                 val_fraction=0.1, test_fraction=0.2, decode_workers=1)
 np.save(out, np.asarray(load_image_set(cfg, seed=0).images))
 """
 
@@ -357,7 +358,7 @@ def test_decoding_runs_on_several_threads_and_reports_images_per_second(
 ) -> None:
     root = tmp_path / "images"
     paths = write_folder(root, {"a": 70, "b": 70})
-    real = build_module.load_square_rgb
+    real = build_module.decode_square
     threads = set()
 
     def recording(path: Path, resolution: int) -> np.ndarray:
@@ -366,7 +367,7 @@ def test_decoding_runs_on_several_threads_and_reports_images_per_second(
         threads.add(threading.get_ident())
         return real(path, resolution)
 
-    monkeypatch.setattr(build_module, "load_square_rgb", recording)
+    monkeypatch.setattr(build_module, "decode_square", recording)
     image_set = load_image_set(data_cfg(tmp_path / "cache", dataset="folder", root=str(root),
                                         decode_workers=3), seed=0)
     assert len(threads) >= 2  # 140 files in chunks of 64: more than one thread had work
@@ -403,9 +404,9 @@ def test_a_shared_image_of_a_pairs_file_is_decoded_once(tmp_path: Path, monkeypa
         Image.fromarray(np.full((6, 6, 3), 100 * i, np.uint8)).save(tmp_path / f"{i}.png")
     table = tmp_path / "pairs.csv"
     table.write_text("image,caption\n0.png,first\n1.png,other\n0.png,second\n")
-    real = build_module.load_square_rgb
+    real = build_module.decode_square
     decoded = []
-    monkeypatch.setattr(build_module, "load_square_rgb", lambda path, resolution:
+    monkeypatch.setattr(build_module, "decode_square", lambda path, resolution:
                         decoded.append(path.name) or real(path, resolution))
     image_set = load_image_set(data_cfg(tmp_path / "cache", dataset="pairs", root=str(table)),
                                seed=0)
@@ -454,13 +455,13 @@ def test_copy_to_device_copies_in_chunks(monkeypatch) -> None:
 
 
 def test_the_loader_indexes_views_and_device_tensors_alike() -> None:
-    from raycl.worker.loader import IndexedImages
+    from raycl.worker.loader import IndexedImages, ResidentImages
 
     base = np.arange(8, dtype=np.uint8).reshape(8, 1, 1, 1)
     view = ImageRows(base, np.array([6, 1, 3, 5]))
     images, index = IndexedImages(view).__getitems__([3, 0])
     assert images[:, 0, 0, 0].tolist() == [5, 6] and index.tolist() == [3, 0]
-    images, index = IndexedImages(torch.from_numpy(np.asarray(view))).__getitems__([3, 0])
+    images, index = ResidentImages(torch.from_numpy(np.asarray(view))).__getitems__([3, 0])
     assert images[:, 0, 0, 0].tolist() == [5, 6] and index.tolist() == [3, 0]
 
 
@@ -470,7 +471,7 @@ def test_stages_with_pretraining_only_images_are_refused_in_the_worker(tmp_path:
 
     monkeypatch.setattr("raycl.data.load.reader", lambda name: SimpleNamespace(
         content_key=lambda cfg, seed: {"x": 2}, read=lambda cfg, seed: _with_extra(20, [3])))
-    splits = load_dataset(data_cfg(tmp_path, dataset="digits", resolution=1), seed=0)
+    splits = load_dataset(data_cfg(tmp_path, dataset="digits"), seed=0)
     config = SimpleNamespace(method="mcl", num_stages=2, data=SimpleNamespace(on_device="auto"))
     with pytest.raises(ValueError, match=r"data.pretrain_unlabeled: the stages' pseudo labels "
                                          r".* set data.pretrain_unlabeled: false"):

@@ -27,7 +27,9 @@ from torch import nn
 import raycl.worker.checkpoints
 import raycl.worker.loop
 import raycl.worker.stage
+from raycl.config.search_config import SearchConfig
 from raycl.worker.checkpoints import read_checkpoint, restore, write_checkpoint
+from raycl.worker.context import TrialContext
 from raycl.worker.embed import soup_method
 from raycl.worker.stage_integration import StageInputs, average_weights, soup_weights
 
@@ -164,7 +166,8 @@ def test_a_resumed_trial_keeps_no_reference_to_the_state_it_loaded(
 
     monkeypatch.setattr(raycl.worker.checkpoints, "read_checkpoint", recording)
     session = Watching(root)
-    raycl.worker.loop.run_trial_loop({"config": config_dict(epochs=2)}, session)
+    context = TrialContext(config=SearchConfig.model_validate(config_dict(epochs=2)))
+    raycl.worker.loop.run_trial_loop(context, session)
     assert loaded and session.reports[0]["resumed_from_epoch"] == 1
     assert alive == [0]
 

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from faults import injected_fault
 from mlflow import MlflowClient
 
 from raycl.config.schema import resolve_tracking_uri
-from raycl.config.search_config import SearchConfig, apply_overrides, max_reports
+from raycl.config.search_config import SearchConfig, apply_overrides
+from raycl.launch.feasibility import max_reports
 from raycl.launch.identity import read_identity
 from raycl.launch.load import load_search
 from raycl.tracking import PARENT_TAG, ROLE_TAG
@@ -165,7 +167,8 @@ def test_trial_resumes_after_crash_and_logs_each_epoch_once(
                          "tune.search_space={}", "scaling.num_workers=0",
                          "train.checkpoint_every=2", "scaling.cpus_per_worker=1", "name=crash0")
     marker = tmp_path / "crashed"
-    results = build_tuner(config, None, fault={"after_epoch": 1, "marker": str(marker)}).fit()
+    with injected_fault(after_epoch=1, marker=marker):
+        results = build_tuner(config, None).fit()
     assert marker.read_text() == "1"
     result = results[0]
     assert result.error is None
@@ -335,8 +338,8 @@ def test_all4one_under_data_parallelism_survives_a_worker_crash(
                          "scaling.num_workers=2", "scaling.cpus_per_worker=0.5",
                          "name=e2e-all4one")
     marker = tmp_path / "crashed"
-    results = build_tuner(config, None, fault={"after_epoch": 2, "marker": str(marker),
-                                               "settle_seconds": 5}).fit()
+    with injected_fault(after_epoch=2, marker=marker, settle_seconds=5):
+        results = build_tuner(config, None).fit()
     assert marker.read_text() == "2"
     result = results[0]
     assert result.error is None and result.metrics["epoch"] == 3
@@ -378,8 +381,8 @@ def test_worker_mode_trial_restart_fast_forwards_finished_stages(
                          "scaling.num_workers=1", "scaling.cpus_per_worker=1",
                          "scaling.max_failures=0", "tune.max_failures=1", "name=e2e-restart")
     marker = tmp_path / "crashed"
-    results = build_tuner(config, None, fault={"stage": 1, "after_epoch": 1,
-                                               "marker": str(marker)}).fit()
+    with injected_fault(stage=1, after_epoch=1, marker=marker):
+        results = build_tuner(config, None).fit()
     assert marker.exists()
     assert results[0].error is None
     assert results[0].metrics["stage"] == 1 and results[0].metrics["epoch"] == 2
@@ -430,8 +433,8 @@ def test_two_concurrent_mcl_trials_share_one_sqlite_store_and_one_resumes_in_sta
                          "tune.max_concurrent_trials=2", "scaling.cpus_per_worker=1",
                          "name=e2e-concurrent")
     marker = tmp_path / "crashed"
-    results = build_tuner(config, None, fault={"stage": 1, "after_epoch": 1,
-                                               "marker": str(marker)}).fit()
+    with injected_fault(stage=1, after_epoch=1, marker=marker):
+        results = build_tuner(config, None).fit()
     assert marker.exists()
     assert all(result.error is None for result in results)
     assert all(result.metrics["stage"] == 1 for result in results)

@@ -14,7 +14,9 @@ from test_config import error_of, write
 from test_reliability import StoredSession, run
 from torch import Tensor, nn
 
-from raycl.config.search_config import SearchConfig, max_reports
+from raycl.config.search_config import SearchConfig
+from raycl.eval.figures import method_figures
+from raycl.launch.feasibility import max_reports
 from raycl.launch.load import load_search
 from raycl.methods import Batch, build_method, stage_epochs, stage_phases
 from raycl.methods.fgvr import (
@@ -264,7 +266,7 @@ def test_diagnostic_pictures(tmp_path: Path) -> None:
     assert arrays["fgvr_triples"].dtype == np.uint8
     assert arrays["fgvr_gradcam_scores"].shape == (4, 32)
     assert arrays["fgvr_variance"].shape == (32,)
-    written = FGVR.plot_diagnostics(arrays, tmp_path, "t")
+    written = method_figures(arrays, tmp_path, "t")
     assert [p.name for p in written] == ["fgvr_triples.png", "fgvr_scores.png"]
     assert all(p.stat().st_size > 1000 for p in written)
 

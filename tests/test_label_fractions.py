@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from test_config import BASE, error_of  # one-line ConfigError of a YAML in tmp_path
 
+from raycl.config.metric_names import fraction_percent
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import SearchConfig
 from raycl.data import DatasetSplits, ImageSet, stratified_subset
@@ -105,9 +106,9 @@ def test_evaluate_features_reports_each_share_and_retrieval() -> None:
     assert len(metrics) == 2 * (4 * 3 + 3)
     # The same subset at every evaluation: the same numbers.
     assert evaluate_features(config(label_fractions=[0.5, 0.2]), data, features) == metrics
-    # By default only the full-label probe; a prefix goes in front of every key.
+    # By default only the full-label probe; MCL's stage prefix goes in front of every key.
     plain = evaluate_features(config(), data, {"train": features["train"],
-                                               "val": features["val"]}, prefix="stage0/")
+                                               "val": features["val"]}, stage=0)
     assert sorted(key.split("/")[2] for key in plain) == sorted(
         ["linear"] * 3 + ["knn"] * 3 + ["retrieval"] * 3)
     assert all(key.startswith("stage0/val/") for key in plain)
@@ -147,5 +148,5 @@ def test_label_fractions_are_validated(tmp_path: Path, fractions: str, why: str)
 def test_label_fractions_default_and_valid_values() -> None:
     assert SearchConfig(name="t", method="simclr").eval.label_fractions == []
     assert config(label_fractions=[0.5, 0.2]).eval.label_fractions == [0.5, 0.2]
-    assert config().eval.fraction_percent(0.2) == "20"
-    assert config().eval.fraction_percent(0.125) == "12.5"
+    assert fraction_percent(0.2) == "20"
+    assert fraction_percent(0.125) == "12.5"

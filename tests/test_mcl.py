@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
 
+import raycl.methods  # noqa: F401  (fills the method sections SearchConfig holds)
+from raycl.cluster import ami_matrix
 from raycl.config.search_config import SearchConfig
 from raycl.losses import nt_xent, same_label_mask
-from raycl.pipeline import next_stage_inputs
+from raycl.pipeline import log_trial_figures
 from raycl.worker.samplers import PseudoLabelBatchSampler
-from raycl.worker.stage_integration import StageInputs, integrate
+from raycl.worker.stage_integration import (
+    MCL_AMI,
+    MCL_GROUP_SIZES,
+    StageInputs,
+    integrate,
+    mcl_summary,
+    next_stage_inputs,
+)
 
 
 def blobs(centres: np.ndarray, per_centre: int, seed: int) -> np.ndarray:
@@ -36,6 +49,46 @@ def test_next_stage_inputs_encodes_every_stage() -> None:
     assert sorted(sizes) == [20, 20, 20, 20]
     y0, y1 = inputs.assignments
     np.testing.assert_array_equal(inputs.pseudo_labels, y0 * 2 + y1)
+
+
+def test_the_ami_figure_is_drawn_from_the_workers_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the last stage the worker clusters it and hands on small arrays (never features);
+    the trial process logs the same AMI, group sizes and figure from them, clustering nothing."""
+    config = SearchConfig.model_validate({"name": "m", "method": "mcl",
+                                          "data": {"dataset": "digits"},
+                                          "mcl": {"clusters": 2, "stages": 2}})
+    directions = np.eye(4, dtype=np.float32)
+    stage0 = blobs(directions[[0, 1]], 40, seed=0)
+    stage1 = np.concatenate([blobs(directions[[2, 3, 2, 3]], 10, seed=s) for s in (1, 2)])
+    inputs = next_stage_inputs(config, StageInputs(), {"train": stage0},
+                               {"stage0/test/linear/digit": 0.7, "stage0/val/knn/digit": 0.1})
+    metrics = {"stage1/test/linear/digit": 0.8, "test/linear/digit": 0.9, "train/loss": 1.0}
+    arrays = mcl_summary(config, inputs, {"train": stage1, "val": stage1[:5]}, metrics)
+    # What the trial process computed before from the features: the next stage's clustering.
+    final = next_stage_inputs(config, inputs, {"train": stage1}, metrics)
+    np.testing.assert_allclose(arrays[MCL_AMI], ami_matrix(final.assignments))
+    assert arrays[MCL_AMI][0, 0] == pytest.approx(1.0) and arrays[MCL_AMI][0, 1] < 0.1
+    np.testing.assert_array_equal(arrays[MCL_GROUP_SIZES], [40, 40])
+    assert sum(values.nbytes for values in arrays.values()) < 1000
+
+    logged: list[tuple[dict[str, float], set[str]]] = []
+
+    def log(config: Any, trial_id: str, metrics: dict[str, float], directory: Path) -> None:
+        logged.append((metrics, {path.name for path in directory.iterdir()
+                                 if path.stat().st_size > 0}))
+        if (directory / "ami_matrix.json").exists():
+            assert json.loads((directory / "ami_matrix.json").read_text())[1][1] == 1.0
+
+    monkeypatch.setattr("raycl.tracking.relay.log_to_trial_run", log)
+    np.savez(tmp_path / "diagnostics.npz", **arrays)  # as the last checkpoint carries them
+    log_trial_figures(config, tmp_path / "diagnostics.npz")
+    assert len(logged) == 1  # eval.diagnostics off: no spectrum, the MCL summary alone
+    ami_metrics, files = logged[0]
+    assert ami_metrics["mcl/ami/stage0_stage1"] == pytest.approx(float(arrays[MCL_AMI][0, 1]))
+    assert (ami_metrics["mcl/groups"], ami_metrics["mcl/group_size_min"]) == (2.0, 40.0)
+    assert files == {"ami_matrix.json", "group_sizes.txt", "mcl_diagnostics.png"}
 
 
 def test_stage_inputs_round_trip(tmp_path) -> None:

@@ -10,8 +10,9 @@ from raycl.config.schema import CoreConfig
 from raycl.config.search_config import SearchConfig
 from raycl.losses import nt_xent
 from raycl.methods import METHODS, Batch, Method, build_method, register
-from raycl.methods.hscl import HSCL
-from raycl.methods.simclr import SimCLR
+from raycl.methods.base import Encoder
+from raycl.methods.hscl import HSCL, HSCLConfig
+from raycl.methods.simclr import SimCLR, SimCLRConfig
 from raycl.methods.spectral import SpectralCL
 
 
@@ -81,7 +82,7 @@ def test_build_method_unknown_names() -> None:
 def test_build_method_reads_config(method: str) -> None:
     built = build_method(make_cfg(method=method, base="simclr"), in_channels=3)
     assert isinstance(built, SimCLR)
-    assert built.temperature == 0.5
+    assert built.section.temperature == 0.5
     assert built.embed(torch.randn(2, 3, 16, 16)).shape == (2, 32)  # 8 * width
     assert built.projector[0].in_features == 32
     assert built.projector[0].out_features == 16
@@ -168,7 +169,29 @@ def test_simclr_rejects_bad_temperature() -> None:
     with pytest.raises(ValueError, match="temperature"):
         cfg.simclr.temperature = 0.0  # the schema
     with pytest.raises(ValueError, match="temperature"):
-        SimCLR(torch.nn.Identity(), 4, 8, 4, temperature=0.0)  # the class itself
+        SimCLR(Encoder(torch.nn.Identity(), 4, 8, 4), temperature=0.0)  # the class itself
+
+
+def test_knobs_come_from_the_section_alone() -> None:
+    """A method reads its knobs from its config section: a config's, or the section's defaults
+    with a few keyword overrides the section validates; the projector is built from model:."""
+    encoder = Encoder(torch.nn.Identity(), 4, 8, 4)
+    method = SimCLR(encoder, temperature=0.1)
+    assert isinstance(method.section, SimCLRConfig) and method.section.temperature == 0.1
+    assert SimCLR(Encoder(torch.nn.Identity(), 4, 8, 4)).section == SimCLRConfig()
+    assert [m.in_features for m in method.projector if isinstance(m, torch.nn.Linear)] == [4, 8]
+    hscl = HSCL(Encoder(torch.nn.Identity(), 4, 8, 4), section=HSCLConfig(filter_exponent=0.3))
+    assert (hscl.section.filter_exponent, hscl.section.mu) == (0.3, 1.0)
+    with pytest.raises(ValueError, match="filter_exponent"):
+        HSCL(Encoder(torch.nn.Identity(), 4, 8, 4), filter_exponent=-1.0)
+    with pytest.raises(TypeError, match="not both"):
+        SimCLR(encoder, section=SimCLRConfig(), temperature=0.1)
+    with pytest.raises(TypeError, match="SimCLRConfig"):
+        SimCLR(encoder, section=HSCLConfig())
+    with pytest.raises(ValueError, match="extra"):  # a knob the section does not declare
+        SimCLR(encoder, temprature=0.1)
+    built = build_method(make_cfg(simclr={"temperature": 0.25}), in_channels=1)
+    assert built.section is not None and built.section.temperature == 0.25
 
 
 def test_state_dict_round_trip() -> None:
@@ -221,9 +244,9 @@ def test_checkpoint_state_round_trips_under_weights_only(tmp_path) -> None:
 
 def test_spectral_and_hscl_build_from_their_sections() -> None:
     hscl = build_method(make_cfg("hscl", hscl={"filter_exponent": 0.3, "mu": 2.0}), 1)
-    assert isinstance(hscl, HSCL) and (hscl.filter_exponent, hscl.mu) == (0.3, 2.0)
+    assert isinstance(hscl, HSCL) and (hscl.section.filter_exponent, hscl.section.mu) == (0.3, 2.0)
     spectral = build_method(make_cfg("mcl", base="spectral", spectral={"mu": 3.0}), 1)
-    assert type(spectral) is SpectralCL and spectral.mu == 3.0
+    assert type(spectral) is SpectralCL and spectral.section.mu == 3.0
 
 
 def test_hscl_with_p_zero_trains_exactly_like_spectral() -> None:

@@ -66,7 +66,11 @@ _MISSING = [what for what, missing in [
     ("the Python package playwright (the dev extra: pip install -e '.[dev]')",
      importlib.util.find_spec("playwright") is None),
 ] if missing]
-pytestmark = pytest.mark.skipif(bool(_MISSING), reason="needs " + " and ".join(_MISSING))
+pytestmark = [
+    pytest.mark.skipif(bool(_MISSING), reason="needs " + " and ".join(_MISSING)),
+    # One xdist worker, so the sweep, the server and the browser (module fixtures) start once.
+    pytest.mark.xdist_group("mlflow-ui"),
+]
 
 
 @dataclass

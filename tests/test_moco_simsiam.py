@@ -164,7 +164,7 @@ def expected_keys(method: MoCoV2, batch: Batch) -> tuple[Tensor, Tensor]:
     (each encoder over one view's batch, as MoCo), or [k2; k1] from one pass when symmetric.
     Train-mode BatchNorm depends on the batch only, so the same inputs give the same keys."""
     with torch.no_grad():
-        if method.symmetric:
+        if method.section.symmetric:
             k1, k2 = encode_views(method.key_project, batch)
             return torch.cat([k2, k1]), torch.cat([batch.index, batch.index])
         return method.key_project(batch.views[1]), batch.index
@@ -249,7 +249,7 @@ def test_the_loss_never_sees_its_own_keys(symmetric: bool,
     assert events == (["loss", "loss", "enqueue"] if symmetric else ["loss", "enqueue"])
     assert all(torch.equal(negatives, snapshot) for negatives in seen)
 
-    tau = method.temperature
+    tau = method.section.temperature
     with torch.no_grad():
         if symmetric:
             q1, q2 = encode_views(method.project, batch)
@@ -277,7 +277,9 @@ def test_mocov2_architecture_and_outputs() -> None:
     layers = list(method.projector)
     assert [type(layer) for layer in layers] == [nn.Linear, nn.ReLU, nn.Linear]
     assert all(layer.bias is not None for layer in layers if isinstance(layer, nn.Linear))
-    assert (method.temperature, method.momentum, method.symmetric) == (0.2, (0.999, 0.999), False)
+    knobs = method.section
+    assert (knobs.temperature, knobs.momentum_start, knobs.momentum_end, knobs.symmetric) == \
+        (0.2, 0.999, 0.999, False)
     assert not MoCoV2.accepts_negative_mask and method.neighbour_retrieval(DATASET) is None
     drift(method)
     outputs = method(make_batch(0))
@@ -303,7 +305,7 @@ def test_key_encoder_follows_the_momentum_coefficient(start: float, end: float) 
     """key = c·key + (1 - c)·online after each step, with c constant (MoCo) or on BYOL's
     schedule; BatchNorm statistics are not averaged; key parameters are in no optimizer group."""
     method = build_moco(momentum_start=start, momentum_end=end)
-    assert method.momentum == (start, end)
+    assert (method.section.momentum_start, method.section.momentum_end) == (start, end)
     pairs = [(method.backbone, method.key_backbone), (method.projector, method.key_projector)]
     drift(method, scale=0.1)
     old = [p.clone() for p in key_params(method)]
@@ -485,8 +487,9 @@ def test_both_build_from_a_config_dict() -> None:
     torch.manual_seed(0)
     moco = build_method(search_config_class().model_validate(raw), in_channels=1)
     assert isinstance(moco, MoCoV2) and METHODS["mocov2"] is MoCoV2
-    assert (moco.temperature, moco.queue.size, moco.momentum, moco.symmetric) == \
-        (0.1, 10, (0.99, 1.0), True)
+    knobs = moco.section
+    assert (knobs.temperature, moco.queue.size, knobs.momentum_start, knobs.momentum_end,
+            knobs.symmetric) == (0.1, 10, 0.99, 1.0, True)
     assert sum(isinstance(layer, nn.Linear) for layer in moco.projector) == 3
     assert moco.queue.embeddings.shape == (10, 16)
 

@@ -75,6 +75,11 @@ def make_batch(step: int = 0, noise: float = 0.05) -> Batch:
     return Batch(images=images, views=views, index=index)
 
 
+def weights(method: All4One) -> tuple[float, float, float]:
+    """(σ, κ, η) of the objective."""
+    return method.section.sigma, method.section.kappa, method.section.eta
+
+
 def trainable(method: NNCLR) -> list[torch.nn.Parameter]:
     return [param for param in method.parameters() if param.requires_grad]
 
@@ -243,7 +248,7 @@ def test_all4one_forward_backward_and_weights() -> None:
     """Loss = σ·neighbour + κ·centroid + η·redundancy; gradients reach every trainable part and
     never the momentum branch."""
     method = build("all4one", sigma=0.3, kappa=0.7, eta=2.0)
-    assert method.weights == (0.3, 0.7, 2.0)
+    assert weights(method) == (0.3, 0.7, 2.0)
     drift(method)
     first = make_batch(0)
     method(first)  # fill part of the queue first ...
@@ -317,16 +322,17 @@ def test_weighting_presets_match_a_by_hand_objective(preset: str) -> None:
     torch.manual_seed(0)
     method = build_method(search_config_class().model_validate(raw), in_channels=1)
     assert isinstance(method, All4One)
+    knobs = method.section
     if preset == "paper":
-        assert (method.symmetric, method.temperature, method.centroid_temperature) == \
+        assert (knobs.symmetric, knobs.temperature, knobs.centroid_temperature) == \
             (False, 0.1, 0.1)
-        assert (method.weights, method.redundancy_lambda) == ((0.5, 0.5, 5.0), 0.5)
+        assert (weights(method), knobs.redundancy_lambda) == ((0.5, 0.5, 5.0), 0.5)
         assert method.psi.encoder.layers[0].dropout.p == 0.1
-        assert method.momentum == (0.99, 1.0)
+        assert (knobs.momentum_start, knobs.momentum_end) == (0.99, 1.0)
     else:
-        assert (method.symmetric, method.temperature, method.centroid_temperature) == \
+        assert (knobs.symmetric, knobs.temperature, knobs.centroid_temperature) == \
             (True, 0.2, 0.1)
-        assert (method.weights, method.redundancy_lambda) == ((0.5, 0.5, 2.5), 1.0)
+        assert (weights(method), knobs.redundancy_lambda) == ((0.5, 0.5, 2.5), 1.0)
     method.psi.eval()  # ψ's dropout off, so the rebuild below sees the same ψ
     drift(method)
     method(make_batch(0))
@@ -335,7 +341,7 @@ def test_weighting_presets_match_a_by_hand_objective(preset: str) -> None:
     outputs = method(batch)
 
     # Train-mode BatchNorm depends on the batch only: the same inputs give the same outputs.
-    views, k = torch.cat(batch.views), method.neighbours
+    views, k = torch.cat(batch.views), knobs.neighbours
     z1, z2 = method.project(views).chunk(2)
     with torch.no_grad():
         t1, t2 = method.momentum_project(views).chunk(2)
@@ -343,19 +349,19 @@ def test_weighting_presets_match_a_by_hand_objective(preset: str) -> None:
     p1, p2 = method.predictor(torch.cat([z1, z2])).chunk(2)
     pc1, pc2 = method.centroid_predictor(torch.cat([z1, z2])).chunk(2)
     nn1, nn2 = nearest_rows(snapshot, t1, k), nearest_rows(snapshot, t2, k)
-    tau, tau_c = method.temperature, method.centroid_temperature
+    tau, tau_c = knobs.temperature, knobs.centroid_temperature
     neighbour = info_nce(nn1[:, 0], p2, tau)
     centroid = info_nce(method.psi(nn1), method.psi(shift(nn2, pc2)), tau_c)
-    if method.symmetric:
+    if knobs.symmetric:
         neighbour = (neighbour + info_nce(nn2[:, 0], p1, tau)) / 2
         centroid = (centroid + info_nce(method.psi(nn2), method.psi(shift(nn1, pc1)), tau_c)) / 2
     on, off = solo_learn_on_off(t1, z2.detach(), t2, z1.detach())
     torch.testing.assert_close(outputs["neighbour_loss"], neighbour.detach())
     torch.testing.assert_close(outputs["centroid_loss"], centroid.detach())
-    torch.testing.assert_close(outputs["redundancy_loss"], on + method.redundancy_lambda * off)
+    torch.testing.assert_close(outputs["redundancy_loss"], on + knobs.redundancy_lambda * off)
     torch.testing.assert_close(redundancy_reduction_loss(t1, z2, t2, z1, 1.0).detach(), on + off)
-    sigma, kappa, eta = method.weights
-    expected = sigma * neighbour + kappa * centroid + eta * (on + method.redundancy_lambda * off)
+    sigma, kappa, eta = weights(method)
+    expected = sigma * neighbour + kappa * centroid + eta * (on + knobs.redundancy_lambda * off)
     torch.testing.assert_close(outputs["loss"].detach(), expected.detach())
     if preset == "authors":
         solo_learn = (0.5 * centroid + 0.5 * neighbour + 0.5 * (0.5 * on + 0.5 * off) * 10)

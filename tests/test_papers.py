@@ -31,6 +31,7 @@ from raycl.config.schema import resolve_tracking_uri
 from raycl.launch.load import load_search
 from raycl.tracking import ROLE_TAG
 from raycl.tune import main
+from raycl.worker.context import TrialContext
 from raycl.worker.loop import run_trial_loop
 from raycl.worker.session import InProcessSession
 
@@ -207,7 +208,7 @@ def test_paper_file_starts_in_process(name: str, tmp_path: Path, data_cache: Pat
     config = load_search(PAPERS / f"{name}.yaml", [*FIXTURES[name](tmp_path), *_shrink(name),
                                                    f"tune.storage_path={tmp_path / 'ray'}"])
     session = CollectingSession()
-    run_trial_loop({"config": config.to_dict(), "fault": None}, session)
+    run_trial_loop(TrialContext(config=config), session)
     metrics = {key: value for report in session.reports for key, value in report.items()}
     objective = config.tune.metric
     assert math.isfinite(metrics[objective]), f"{name}: no {objective}"
@@ -273,7 +274,7 @@ def test_divide_by_mu_reaches_the_spectral_family(method: str, divide: bool,
     config = load_search(PAPERS / "hscl_cifar10.yaml",
                          [*FIXTURES["hscl_cifar10"](tmp_path), *overrides])
     model = build_method(config, in_channels=3)
-    assert model.divide_by_mu is divide
+    assert model.section.divide_by_mu is divide
     rows = 3 * torch.eye(2, dtype=torch.float64)
     expected = -2.0 if divide else -8.0
     assert model.loss(rows, rows.clone(), None).item() == pytest.approx(expected)

@@ -135,7 +135,7 @@ def test_raycl_checkpoint_loads(tmp_path: Path) -> None:
 
 
 def test_methods_start_from_the_file(tmp_path: Path, weights: dict[str, Path]) -> None:
-    """encoder_kwargs threads model.stem and model.pretrained; MoCo's key encoder copies it."""
+    """Encoder.from_config threads model.stem and model.pretrained; MoCo's key encoder copies it."""
     from raycl.methods import build_method
 
     state = torch.load(weights["imagenet"], weights_only=True)

@@ -336,6 +336,22 @@ def test_ema_update_matches_formula_on_random_weights() -> None:
         torch.testing.assert_close(parameter, value)
 
 
+def test_momentum_update_steps_every_pair_at_the_scheduled_coefficient() -> None:
+    """The one EMA step MoCo's key encoder and All4One's momentum branch take."""
+    from raycl.models.momentum import momentum_coefficient, momentum_copy, momentum_update
+
+    torch.manual_seed(0)
+    pairs = [(online, momentum_copy(online)) for online in (nn.Linear(4, 3), nn.Linear(3, 2))]
+    for online, _ in pairs:
+        with torch.no_grad():
+            online.weight.add_(1.0)
+    expected = momentum_coefficient(3, 10, 0.9, 1.0)
+    before = [target.weight.clone() for _, target in pairs]
+    assert momentum_update(pairs, 3, 10, 0.9, 1.0) == expected
+    for (online, target), old in zip(pairs, before, strict=True):
+        torch.testing.assert_close(target.weight, expected * old + (1 - expected) * online.weight)
+
+
 def test_momentum_copy_is_a_frozen_independent_copy() -> None:
     from raycl.models.momentum import momentum_copy
 

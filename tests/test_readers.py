@@ -5,6 +5,7 @@ split_sizes_for, and the config checks that name a bad file before launch."""
 from __future__ import annotations
 
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -31,8 +32,9 @@ from data_fixtures import (
 
 from raycl.config.schema import ConfigError, DataConfig
 from raycl.data import load_dataset, load_image_set, split_sizes_for
-from raycl.data.registry import reader
+from raycl.data.registry import SOURCES, reader
 from raycl.data.sources.shipped import StackedImages, download_if_missing
+from raycl.data.types import Reader
 from raycl.launch.checks import check_pretrain_unlabeled
 from raycl.launch.load import load_search
 
@@ -43,6 +45,14 @@ WNIDS = ["n01558993", "n02869837", "n01749939"]  # sorted: n01558993, n01749939,
 def data_config(tmp_path: Path, dataset: str, root: Path, **fields: Any) -> DataConfig:
     return DataConfig(dataset=dataset, root=str(root), cache_dir=str(tmp_path / "cache"),
                       **{"resolution": 16, "val_fraction": 0.2, **fields})
+
+
+def assert_problem(dataset: str, cfg: DataConfig, pattern: str) -> None:
+    """The reader's pre-launch check finds a problem of data.root whose line matches
+    ``pattern``."""
+    problem = reader(dataset).check(cfg)
+    assert problem is not None and problem.key == "root", problem
+    assert re.search(pattern, problem.why), problem.why
 
 
 def split_lengths(splits: Any) -> dict[str, int]:
@@ -122,19 +132,41 @@ def test_cifar100_has_fine_and_coarse_labels(tmp_path: Path) -> None:
         np.testing.assert_array_equal(labels["coarse"], labels["fine"] // 5)
 
 
+def test_every_reader_implements_the_whole_protocol(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launch's data check and split sizes call every method of every reader without
+    asking whether it is there; a source with no file has nothing to check."""
+    methods = {name for name, value in vars(Reader).items()
+               if callable(value) and not name.startswith("_")}
+    assert methods == {"content_key", "read", "check", "class_counts", "split_sizes"}
+    for dataset in SOURCES:
+        source = reader(dataset)
+        missing = [name for name in methods if not callable(getattr(type(source), name, None))]
+        assert not missing, (dataset, missing)
+    assert reader("trifeature").check(DataConfig()) is None
+    assert reader("digits").check(DataConfig(dataset="digits")) is None
+    absent = tmp_path / "fashion-mnist"
+    monkeypatch.setattr("raycl.data.sources.packaged.FASHION_MNIST_DIR", absent)
+    assert reader("mnist_fashion").check(DataConfig(dataset="mnist_fashion")) == (
+        "dataset", f"mnist_fashion needs Fashion-MNIST in {absent} (Debian package "
+                   f"dataset-fashion-mnist)")
+    assert split_sizes_for(DataConfig(samples_per_combination=1)) == {
+        "train": 700, "val": 100, "test": 200}
+
+
 def test_cifar_without_its_batches_is_one_line(tmp_path: Path) -> None:
     root = write_cifar10(tmp_path / "data")
     directory = root / "cifar-10-batches-py"
     (directory / "data_batch_3").unlink()
     (directory / "test_batch").unlink()
     cfg = data_config(tmp_path, "cifar10", root)
-    with pytest.raises(ValueError, match=r"^\S+cifar-10-batches-py lacks data_batch_3, "
-                                         r"test_batch of the CIFAR-10 python batches$"):
-        reader("cifar10").check(cfg)
+    assert_problem("cifar10", cfg,
+                   r"^\S+cifar-10-batches-py lacks data_batch_3, "
+                   r"test_batch of the CIFAR-10 python batches$")
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ValueError, match=r"neither it nor .*cifar-100-python/ has train, test"):
-        reader("cifar100").check(data_config(tmp_path, "cifar100", empty))
+    assert_problem("cifar100", data_config(tmp_path, "cifar100", empty),
+                   r"neither it nor .*cifar-100-python/ has train, test")
 
 
 def test_a_pickle_that_would_run_code_is_refused(tmp_path: Path) -> None:
@@ -165,12 +197,12 @@ def test_download_asks_torchvision_once(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(torchvision.datasets, "CIFAR10", FakeCIFAR10)
     root = tmp_path / "data"
     cfg = data_config(tmp_path, "cifar10", root, download=True)
-    reader("cifar10").check(cfg)  # nothing missing yet: it will be downloaded
+    assert reader("cifar10").check(cfg) is None  # nothing missing yet: it will be downloaded
     assert len(load_image_set(cfg, seed=0).images) == 50
     load_dataset(cfg, seed=1)
     assert calls == [{"root": str(root), "train": True, "download": True}]
-    with pytest.raises(ValueError, match=r"other does not exist \(expected the CIFAR-10"):
-        reader("cifar10").check(data_config(tmp_path, "cifar10", tmp_path / "other"))
+    assert_problem("cifar10", data_config(tmp_path, "cifar10", tmp_path / "other"),
+                   r"other does not exist \(expected the CIFAR-10")
 
 
 def test_processes_downloading_at_once_download_once(tmp_path: Path) -> None:
@@ -233,22 +265,23 @@ def test_stl10_images_read_upright(tmp_path: Path) -> None:
 def test_stl10_missing_unlabeled_names_the_way_out(tmp_path: Path) -> None:
     root = write_stl10(tmp_path / "data", with_unlabeled=False)
     cfg = data_config(tmp_path, "stl10", root)
-    with pytest.raises(ValueError, match=r"stl10_binary lacks unlabeled_X\.bin, which "
-                                         r"pretraining .* set data\.pretrain_unlabeled: false$"):
-        reader("stl10").check(cfg)
-    reader("stl10").check(data_config(tmp_path, "stl10", root, pretrain_unlabeled=False))
+    assert_problem("stl10", cfg,
+                   r"stl10_binary lacks unlabeled_X\.bin, which "
+                   r"pretraining .* set data\.pretrain_unlabeled: false$")
+    assert reader("stl10").check(data_config(tmp_path, "stl10", root,
+                                             pretrain_unlabeled=False)) is None
     (root / "stl10_binary" / "test_y.bin").unlink()
-    with pytest.raises(ValueError, match=r"stl10_binary lacks test_y\.bin, unlabeled_X\.bin of "
-                                         r"the STL-10 binary files$"):
-        reader("stl10").check(cfg)
+    assert_problem("stl10", cfg,
+                   r"stl10_binary lacks test_y\.bin, unlabeled_X\.bin of "
+                   r"the STL-10 binary files$")
 
 
 def test_stl10_truncated_file_is_named(tmp_path: Path) -> None:
     root = write_stl10(tmp_path / "data")
     train_x = root / "stl10_binary" / "train_X.bin"
     train_x.write_bytes(train_x.read_bytes()[:-5])
-    with pytest.raises(ValueError, match=r"train_X\.bin is \d+ bytes, not a whole number"):
-        reader("stl10").check(data_config(tmp_path, "stl10", root))
+    assert_problem("stl10", data_config(tmp_path, "stl10", root),
+                   r"train_X\.bin is \d+ bytes, not a whole number")
 
 
 def test_stl10_download_asks_torchvision(tmp_path: Path,
@@ -287,9 +320,9 @@ def test_imagenet_val_is_the_test_split(tmp_path: Path) -> None:
 def test_imagenet_val_class_without_training_images(tmp_path: Path) -> None:
     root = write_imagenet(tmp_path / "imagenet", WNIDS, per_class_train=1, per_class_val=1)
     shutil.rmtree(root / "train" / "n02869837")
-    with pytest.raises(ValueError, match=r"class folder\(s\) 'n02869837' of \S+/val have no "
-                                         r"images in \S+/train"):
-        reader("imagenet").check(data_config(tmp_path, "imagenet", root))
+    assert_problem("imagenet", data_config(tmp_path, "imagenet", root),
+                   r"class folder\(s\) 'n02869837' of \S+/val have no "
+                   r"images in \S+/train")
 
 
 def test_imagenet_unsorted_val_is_explained(tmp_path: Path) -> None:
@@ -297,8 +330,8 @@ def test_imagenet_unsorted_val_is_explained(tmp_path: Path) -> None:
     for image in list((root / "val").rglob("*.JPEG")):
         image.rename(root / "val" / image.name)
         image.parent.rmdir()
-    with pytest.raises(ValueError, match=r"val/ holds no <wnid>/ folders: sort"):
-        reader("imagenet").check(data_config(tmp_path, "imagenet", root))
+    assert_problem("imagenet", data_config(tmp_path, "imagenet", root),
+                   r"val/ holds no <wnid>/ folders: sort")
 
 
 def test_imagenet100_list_is_cmc_s() -> None:
@@ -335,9 +368,8 @@ def test_imagenet100_missing_classes_are_named(tmp_path: Path) -> None:
     expected = (f"lacks classes of ImageNet-100's list (imagenet100.txt): 7 in train/: "
                 f"{', '.join(missing_train[:5])} (+2 more); 8 in val/: "
                 f"{', '.join(missing_val[:5])} (+3 more)")
-    with pytest.raises(ValueError) as info:
-        reader("imagenet100").check(data_config(tmp_path, "imagenet100", root))
-    assert str(info.value) == f"{root} {expected}"
+    problem = reader("imagenet100").check(data_config(tmp_path, "imagenet100", root))
+    assert problem == ("root", f"{root} {expected}")
 
 
 # --- Before launch: FILE: key: why -----------------------------------------------------------

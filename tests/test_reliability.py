@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,11 @@ import numpy as np
 import pytest
 import ray.train
 import torch
+from faults import injected_fault
 
 from raycl.config.search_config import SearchConfig
 from raycl.worker.checkpoints import CheckpointError
+from raycl.worker.context import TrialContext
 from raycl.worker.loop import run_trial_loop
 from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY
 from raycl.worker.session import InProcessSession
@@ -57,8 +60,12 @@ def config_dict(extra: dict[str, Any] | None = None, **train: Any) -> dict[str, 
 
 def run(root: Path, fault: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
         **train: Any) -> StoredSession:
+    """The trial in this process, resumed from ``root``'s newest checkpoint; ``fault``: the
+    keyword arguments of :func:`faults.injected_fault`, installed while it runs."""
     session = StoredSession(root)
-    run_trial_loop({"config": config_dict(extra, **train), "fault": fault}, session)
+    context = TrialContext(config=SearchConfig.model_validate(config_dict(extra, **train)))
+    with injected_fault(**fault) if fault else nullcontext():
+        run_trial_loop(context, session)
     return session
 
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import re
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
+from raycl.config.training import DataConfig
 from raycl.data.sources.sharded import PARQUET_READER, WEBDATASET_READER, shard_splits
 from raycl.data.stream.shards import (
     CHUNK,
@@ -29,10 +30,10 @@ from tests.data_fixtures import sample_colour, write_parquet_images, write_webda
 SIDE = 8
 
 
-def data_cfg(root: Path | str, dataset: str = "webdataset", **extra: Any) -> SimpleNamespace:
-    fields = {"dataset": dataset, "root": str(root), "samples_per_shard": None,
-              "val_fraction": 0.1, "test_fraction": 0.1, "resolution": SIDE}
-    return SimpleNamespace(**{**fields, **extra})
+def data_cfg(root: Path | str, dataset: str = "webdataset", **extra: Any) -> DataConfig:
+    fields = {"dataset": dataset, "root": str(root), "val_fraction": 0.1, "test_fraction": 0.1,
+              "resolution": SIDE}
+    return DataConfig(**{**fields, **extra})
 
 
 def which_samples(images: np.ndarray, candidates: int = 200) -> list[int]:
@@ -201,16 +202,17 @@ def test_read_captions_reads_text_only_aligned_with_indices(tmp_path: Path) -> N
 
 def test_readers_check_split_and_refuse_memory_mode(tmp_path: Path) -> None:
     write_webdataset(tmp_path / "two", 2, 3)
-    with pytest.raises(ValueError, match=r"data\.root: 2 shard.*at least 3") as error:
-        WEBDATASET_READER.check(data_cfg(tmp_path / "two"))
-    assert "\n" not in str(error.value)
+    problem = WEBDATASET_READER.check(data_cfg(tmp_path / "two"))
+    assert problem is not None and problem.key == "root"
+    assert re.match(r"2 shard.*at least 3", problem.why) and "\n" not in problem.why
     with pytest.raises(ValueError, match=r"webdataset is streamed only; set data\.loader: stream"):
         WEBDATASET_READER.read(data_cfg(tmp_path / "two"), 0)
-    with pytest.raises(ValueError, match=r"data.root: .*no \.parquet file"):
-        PARQUET_READER.check(data_cfg(tmp_path / "two", "parquet"))
+    problem = PARQUET_READER.check(data_cfg(tmp_path / "two", "parquet"))
+    assert problem is not None and problem.key == "root"
+    assert re.search(r"no \.parquet file", problem.why)
     write_webdataset(tmp_path / "four", 4, 3, no_caption={3: [2]})
     cfg = data_cfg(tmp_path / "four")
-    WEBDATASET_READER.check(cfg)
+    assert WEBDATASET_READER.check(cfg) is None
     assert WEBDATASET_READER.class_counts(cfg) == {"all": [12]}
     assert WEBDATASET_READER.split_sizes(cfg) == {"train": 6, "val": 3, "test": 3}
     assert WEBDATASET_READER.content_key(cfg, 0)["shards"][0] == ["00000.tar", 3]

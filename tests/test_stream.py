@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from faults import injected_fault
 from PIL import Image
 from test_end_to_end import assert_each_epoch_logged_once, runs_of, tiny_config
 
@@ -20,9 +21,9 @@ from raycl.data.stream.files import FileRows
 from raycl.launch.checks import check_loader
 from raycl.launch.placement import data_cpus, trial_bundles, trial_demand
 from raycl.tune import build_tuner, settle_loader
-from raycl.worker.loader import IndexedImages, build_loader, set_sampler_epoch
+from raycl.worker.loader import IndexedImages, build_loader, trial_training_images
 from raycl.worker.stage_integration import StageInputs
-from raycl.worker.stream_loader import StreamLoader
+from raycl.worker.stream_loader import FileStreamLoader
 
 # Their own group, on the other xdist worker (a second Ray session there): the shared session's
 # queue is the suite's longest (tests/conftest.py).
@@ -67,9 +68,10 @@ def test_stream_batches_are_memory_mode_batches(ray_session, folder, tmp_path, c
     data = load_dataset(config.data, config.seed)
     images = data.train.images
     assert isinstance(images, FileRows) and len(images) == len(data.train.labels["class"])
-    loader = build_loader(config, images, StageInputs(), _Session())
-    assert isinstance(loader, StreamLoader)
-    set_sampler_epoch(loader, 3)
+    loader = build_loader(config, trial_training_images(config, data, _Session.device),
+                          StageInputs(), _Session())
+    assert isinstance(loader, FileStreamLoader)
+    loader.set_epoch(3)
     torch.manual_seed(7)  # one rank: the sampler shuffles with torch's seed (set per epoch)
     expected = [list(batch) for batch in loader.batch_sampler]
     torch.manual_seed(7)
@@ -78,11 +80,11 @@ def test_stream_batches_are_memory_mode_batches(ray_session, folder, tmp_path, c
     assert len(streamed) == len(loader) == len(expected)
     decoded = IndexedImages(images)
     broken = {i for i, path in enumerate(images.paths) if path.endswith("zz_broken.jpg")}
-    for (pixels, index), rows in zip(streamed, expected, strict=True):
-        assert index.tolist() == rows
+    for batch, rows in zip(streamed, expected, strict=True):
+        assert batch.index.tolist() == rows and batch.captions is None
         reference, _ = decoded.__getitems__(rows)
         good = [j for j, row in enumerate(rows) if row not in broken]
-        assert torch.equal(pixels[good], reference[good])
+        assert torch.equal(batch.images[good], reference[good])
     skipped = loader.pop_metrics()["data/skipped"]
     assert skipped == len(broken) > 0  # each broken training file met once per epoch
     assert loader.pop_metrics()["data/skipped"] == 0.0  # counted per epoch
@@ -90,7 +92,7 @@ def test_stream_batches_are_memory_mode_batches(ray_session, folder, tmp_path, c
              if record.name == "raycl.worker.stream_loader"]
     assert len(named) == len(broken) and all("zz_broken.jpg" in line for line in named)
     caplog.clear()
-    set_sampler_epoch(loader, 4)
+    loader.set_epoch(4)
     with caplog.at_level(logging.WARNING, logger="raycl.worker.stream_loader"):
         assert len(list(loader)) == len(expected)
     assert loader.pop_metrics()["data/skipped"] == skipped  # counted again, not named again
@@ -105,15 +107,16 @@ def test_two_ranks_stream_equal_disjoint_shares(ray_session, folder, tmp_path) -
     config = tiny_config(tmp_path, "quickstart.yaml", "data.dataset=folder",
                          f"data.root={folder}", "data.resolution=16", "data.loader=stream",
                          "train.batch_size=16")
-    images = load_dataset(config.data, config.seed).train.images
+    data = load_dataset(config.data, config.seed)
+    images = trial_training_images(config, data, _Session.device)
     ranks = []
     for rank in (0, 1):
         session = _Session()
         session.rank, session.world_size = rank, 2
         loader = build_loader(config, images, StageInputs(), session)
-        set_sampler_epoch(loader, 1)
-        ranks.append([index.tolist() for _, index in loader])
-    assert len(ranks[0]) == len(ranks[1]) == len(images) // 2 // 8
+        loader.set_epoch(1)
+        ranks.append([batch.index.tolist() for batch in loader])
+    assert len(ranks[0]) == len(ranks[1]) == len(data.train.images) // 2 // 8
     seen = [row for batches in ranks for batch in batches for row in batch]
     assert all(len(batch) == 8 for batches in ranks for batch in batches)
     assert len(seen) == len(set(seen))
@@ -170,8 +173,8 @@ def test_streaming_sweep_survives_a_worker_killed_mid_epoch(
         "eval.every_n_epochs=1", "scaling.num_workers=1", "scaling.cpus_per_worker=0.25",
         "data.skip_unreadable=true", "name=stream-sweep")
     marker = tmp_path / "killed"
-    results = build_tuner(config, None, fault={"after_epoch": 1, "mid_epoch": True,
-                                               "marker": str(marker), "settle_seconds": 2}).fit()
+    with injected_fault(after_epoch=1, mid_epoch=True, marker=marker, settle_seconds=2):
+        results = build_tuner(config, None).fit()
     assert marker.read_text() == "1"
     assert all(result.error is None for result in results)
 

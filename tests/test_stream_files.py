@@ -17,17 +17,18 @@ import pytest
 from data_fixtures import write_imagenet
 from PIL import Image
 
+from raycl.config.training import DataConfig
+from raycl.data.decode import decode_square
 from raycl.data.sources.folders import (
     READER,
     folder_class_counts,
     folder_fingerprint,
     image_folder_files,
-    load_square_rgb,
     resolve_layout,
     unreadable_images_problem,
 )
 from raycl.data.sources.imagenet import IMAGENET_READER
-from raycl.data.stream.files import FileRows, decode_paths, decode_square_rgb
+from raycl.data.stream.files import FileRows, decode_paths
 
 RESOLUTION = 8
 BUCKET = "raycl-stream"
@@ -49,7 +50,7 @@ def write_folder(root: Path, classes: dict[str, int], seed: int = 0) -> list[Pat
 
 
 def decoded_one_by_one(paths: list[Path]) -> np.ndarray:
-    return np.stack([decode_square_rgb(path.read_bytes(), RESOLUTION) for path in paths])
+    return np.stack([decode_square(path.read_bytes(), RESOLUTION) for path in paths])
 
 
 @pytest.fixture
@@ -191,21 +192,21 @@ def test_a_folder_in_a_bucket_lists_and_decodes_as_on_disk(bucket: SimpleNamespa
     # Stream mode decodes from the bucket; memory mode's cache build reads it too.
     from_bucket = FileRows(remote.paths, RESOLUTION, threads=2)[:]
     np.testing.assert_array_equal(from_bucket, FileRows(on_disk.paths, RESOLUTION)[:])
-    np.testing.assert_array_equal(load_square_rgb(remote.paths[0], RESOLUTION),
-                                  load_square_rgb(on_disk.paths[0], RESOLUTION))
+    np.testing.assert_array_equal(decode_square(remote.paths[0], RESOLUTION),
+                                  decode_square(on_disk.paths[0], RESOLUTION))
     # The memory-mode cache key: the listing's relative paths and sizes (no object read).
     fingerprint = folder_fingerprint(uri)
     assert [entry[:2] for entry in fingerprint] == [entry[:2]
                                                     for entry in folder_fingerprint(local)]
     assert all(entry[2] > 0 for entry in fingerprint)
-    key = READER.content_key(SimpleNamespace(root=uri, layout="auto"), seed=0)
+    key = READER.content_key(DataConfig(dataset="folder", root=uri), seed=0)
     assert key["root"] == uri and key["files"] == fingerprint
 
 
 def test_an_imagenet_root_in_a_bucket_reads_as_on_disk(bucket: SimpleNamespace) -> None:
-    remote_cfg = SimpleNamespace(dataset="imagenet", root=bucket.uri("imagenet"))
-    local_cfg = SimpleNamespace(dataset="imagenet", root=str(bucket.local / "imagenet"))
-    IMAGENET_READER.check(remote_cfg)
+    remote_cfg = DataConfig(dataset="imagenet", root=bucket.uri("imagenet"))
+    local_cfg = DataConfig(dataset="imagenet", root=str(bucket.local / "imagenet"))
+    assert IMAGENET_READER.check(remote_cfg) is None
     assert IMAGENET_READER.class_counts(remote_cfg) == IMAGENET_READER.class_counts(local_cfg)
     remote, on_disk = IMAGENET_READER.read(remote_cfg, 0), IMAGENET_READER.read(local_cfg, 0)
     np.testing.assert_array_equal(remote.labels["class"], on_disk.labels["class"])

@@ -24,7 +24,9 @@ structure = _structure()
 
 
 def test_raycl_has_no_import_circle_no_long_function_and_no_large_file() -> None:
-    assert structure.import_cycles(structure.import_graph()) == []
+    graph = structure.import_graph()
+    assert structure.import_cycles(graph) == []
+    assert structure.floor_imports(graph) == []  # raycl/config/ imports nothing above it
     assert structure.long_functions() == []
     assert structure.large_files() == []
 
@@ -62,6 +64,36 @@ def test_every_kind_of_import_counts_toward_a_circle(toy_package: Path) -> None:
 def test_long_functions_and_large_files_are_named(toy_package: Path) -> None:
     assert structure.long_functions(toy_package) == ["raycl/c.py:2 f (82 lines)"]
     assert structure.large_files(toy_package, limit=50) == ["raycl/c.py (83 lines)"]
+
+
+def test_the_ground_floor_imports_nothing_above_it(tmp_path: Path) -> None:
+    """raycl/config/ may import itself only: a lazy import, one under TYPE_CHECKING and the
+    package root count as much as a top-level one."""
+    config = tmp_path / "raycl" / "config"
+    config.mkdir(parents=True)
+    (tmp_path / "raycl" / "__init__.py").write_text("")
+    (tmp_path / "raycl" / "methods.py").write_text("from raycl.config.schema import S\n")
+    (tmp_path / "raycl" / "configs.py").write_text("")  # a name that only starts the same
+    (config / "__init__.py").write_text("")
+    (config / "schema.py").write_text("from raycl.config import section\nS = 1\n")
+    (config / "section.py").write_text("import raycl.configs\n")
+    (config / "lazy.py").write_text(textwrap.dedent("""
+        from typing import TYPE_CHECKING
+        if TYPE_CHECKING:
+            from raycl import methods
+        def build():
+            import raycl
+            from raycl.methods import register
+            return register
+    """))
+    graph = structure.import_graph(tmp_path)
+    assert structure.floor_imports(graph) == [
+        "raycl.config.lazy -> raycl", "raycl.config.lazy -> raycl.methods",
+        "raycl.config.section -> raycl.configs"]
+    (config / "lazy.py").write_text("from raycl.config.schema import S\n")
+    (config / "section.py").write_text("")
+    assert structure.floor_imports(structure.import_graph(tmp_path)) == []
+    assert structure.import_cycles(structure.import_graph(tmp_path)) == []
 
 
 @pytest.mark.xdist_group("canary")

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from faults import injected_fault
 from test_reliability import StoredSession  # keeps every checkpoint, resumes from the newest
 
 from raycl.config.search_config import SearchConfig
 from raycl.eval.diagnostics import plot_diagnostics, representation_diagnostics
 from raycl.eval.transfer import load_transfer_sets, match_channels
+from raycl.worker.context import TrialContext
 from raycl.worker.loop import run_trial_loop
 from raycl.worker.stage_integration import DIAGNOSTICS_FILE
 
@@ -71,8 +74,9 @@ MCL_OVER_HSCL = {
 
 def _run(root: Path, fault: dict[str, Any] | None = None) -> StoredSession:
     session = StoredSession(root)
-    config = SearchConfig.model_validate(MCL_OVER_HSCL).to_dict()
-    run_trial_loop({"config": config, "fault": fault}, session)
+    context = TrialContext(config=SearchConfig.model_validate(MCL_OVER_HSCL))
+    with injected_fault(**fault) if fault else nullcontext():
+        run_trial_loop(context, session)
     return session
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -16,6 +15,7 @@ import torch
 from data_fixtures import _write_jpeg, class_images
 from PIL import Image
 
+from raycl.config.training import DataConfig
 from raycl.data import load_dataset
 from raycl.data.load import split_sizes_for
 from raycl.data.sources.folders import image_folder_files
@@ -54,12 +54,12 @@ def folder(tmp_path: Path) -> tuple[Path, list[str]]:
     return root, write_folder_with_bad_images(root)
 
 
-def data_cfg(tmp_path: Path, root: Path, **overrides: Any) -> SimpleNamespace:
-    """Stand-in for raycl.config.DataConfig: the fields a folder is loaded with."""
-    fields = dict(dataset="folder", resolution=8, root=str(root), layout="auto",
-                  val_fraction=0.25, test_fraction=0.25, cache_dir=str(tmp_path / "cache"),
-                  decode_workers=2, loader="memory", skip_unreadable=False)
-    return SimpleNamespace(**{**fields, **overrides})
+def data_cfg(tmp_path: Path, root: Path, **overrides: Any) -> DataConfig:
+    """The data settings a folder is loaded with (the schema's for every other key)."""
+    fields = dict(dataset="folder", resolution=8, root=str(root), val_fraction=0.25,
+                  test_fraction=0.25, cache_dir=str(tmp_path / "cache"), decode_workers=2,
+                  loader="memory")
+    return DataConfig(**{**fields, **overrides})
 
 
 def tune_args(tmp_path: Path, root: Path, *extra: str) -> list[str]:
@@ -185,6 +185,7 @@ def test_a_trial_counts_the_skipped_files_every_epoch(tmp_path: Path) -> None:
     """A memory-mode trial (the worker loop in process) on the folder with data.skip_unreadable
     trains and evaluates without the five files and reports them as data/skipped every epoch."""
     from raycl.config.search_config import SearchConfig
+    from raycl.worker.context import TrialContext
     from raycl.worker.loop import run_trial_loop
     from raycl.worker.session import InProcessSession
 
@@ -206,7 +207,34 @@ def test_a_trial_counts_the_skipped_files_every_epoch(tmp_path: Path) -> None:
             reports.append(metrics)
             super().report(metrics, checkpoint_dir)
 
-    run_trial_loop({"config": config.to_dict()}, Session(torch.device("cpu"), None))
+    run_trial_loop(TrialContext(config=config), Session(torch.device("cpu"), None))
     assert [report["data/skipped"] for report in reports] == [5.0, 5.0]
     assert np.isfinite(reports[-1]["test/linear/mean"])
     assert "data/eval_skipped" not in reports[-1]
+
+
+def test_the_data_and_a_transfer_set_are_checked_alike_before_launch(
+    folder: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """One pre-launch check asks the folder's reader about the data and about a transfer set:
+    the same line for both, the transfer set's without data.skip_unreadable (a key it does not
+    have); with that key set the data's problem goes and the transfer set's stays."""
+    from raycl.config.schema import ConfigErrors
+    from raycl.launch.load import load_search
+
+    root, bad = folder
+    search = REPO / "searches" / "quickstart.yaml"
+    overrides = ["data.dataset=folder", f"data.root={root}", "train.batch_size=4",
+                 f"eval.transfer=[{{dataset: folder, root: {root}}}]"]
+    with pytest.raises(ConfigErrors) as error:
+        load_search(search, overrides)
+    lines = error.value.lines
+    data_line = next(line for line in lines if ": data.root: " in line)
+    transfer_line = next(line for line in lines if ": eval.transfer.0.root: " in line)
+    why = transfer_line.split(": eval.transfer.0.root: ", 1)[1]
+    assert why.startswith(f"cannot read image {bad[0]!r}: ") and "skip_unreadable" not in why
+    assert data_line.endswith(f": data.root: {why}: set data.skip_unreadable: true to leave "
+                              f"them out")
+    with pytest.raises(ConfigErrors) as error:
+        load_search(search, [*overrides, "data.skip_unreadable=true"])
+    assert [line.split(": ")[1] for line in error.value.lines] == ["eval.transfer.0.root"]

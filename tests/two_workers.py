@@ -27,7 +27,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import raycl.methods  # noqa: F401  (fills the schema's method sections; spawned ranks too)
+from raycl.config.search_config import SearchConfig
 from raycl.worker.checkpoints import DIAGNOSTICS_FILE
+from raycl.worker.context import TrialContext
 from raycl.worker.loop import run_trial_loop
 from raycl.worker.session import InProcessSession
 
@@ -86,7 +89,9 @@ def _serve(rank: int, rendezvous: str, jobs: Any, results: Any) -> None:
         while (config := jobs.get()) is not None:
             try:
                 session = RecordingSession()
-                run_trial_loop({"config": config, "trial_started_at": time.time()}, session)
+                context = TrialContext(config=SearchConfig.model_validate(config),
+                                       started_at=time.time())
+                run_trial_loop(context, session)
                 outcome: Any = RankResult(session.rank, session.world_size, session.reports,
                                           session.diagnostics)
             except Exception:  # reported to the test, which fails with the traceback

@@ -1,9 +1,11 @@
-"""Structure checks for ``raycl/``: import circles, long functions, large files.
+"""Structure checks for ``raycl/``: import circles, imports out of the ground floor, long
+functions, large files.
 
-Every import between raycl's modules counts, lazy imports inside functions and imports under
-``TYPE_CHECKING`` included: ``import raycl.a.b`` and ``from raycl.a import b`` point at the module
-``raycl.a.b`` when it is one, else at the package ``raycl.a`` (its ``__init__.py``), as import
-linters such as grimp count them.
+The ground floor (:data:`FLOORS`: ``raycl/config/``, the schema every room imports) imports no
+other raycl package. Every import between raycl's modules counts, lazy imports inside functions
+and imports under ``TYPE_CHECKING`` included: ``import raycl.a.b`` and ``from raycl.a import b``
+point at the module ``raycl.a.b`` when it is one, else at the package ``raycl.a`` (its
+``__init__.py``), as import linters such as grimp count them.
 
     python tools/structure.py            # prints every problem; exit 1 when there is one
 
@@ -21,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "raycl"
 MAX_FUNCTION_LINES = 80  # docstring included
 MAX_FILE_LINES = 500
+# Packages that import nothing of raycl outside themselves: what every room stands on.
+FLOORS: tuple[str, ...] = ("raycl.config",)
 
 
 def module_files(root: Path = ROOT) -> dict[str, Path]:
@@ -110,6 +114,17 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(components)
 
 
+def floor_imports(graph: dict[str, set[str]], floors: tuple[str, ...] = FLOORS) -> list[str]:
+    """``module -> target`` for every import from a floor package (:data:`FLOORS`) to a raycl
+    module outside it (the ``raycl`` package itself included), sorted."""
+    def inside(module: str, floor: str) -> bool:
+        return module == floor or module.startswith(floor + ".")
+
+    return sorted(f"{module} -> {target}" for module, targets in graph.items()
+                  for floor in floors if inside(module, floor)
+                  for target in targets if not inside(target, floor))
+
+
 def long_functions(root: Path = ROOT, limit: int = MAX_FUNCTION_LINES) -> list[str]:
     """``path:line name (N lines)`` for every function or method longer than ``limit`` lines
     (decorators excluded, docstring included)."""
@@ -136,17 +151,22 @@ def large_files(root: Path = ROOT, limit: int = MAX_FILE_LINES) -> list[str]:
 
 
 def main() -> int:
-    cycles = import_cycles(import_graph())
+    graph = import_graph()
+    cycles = import_cycles(graph)
     for cycle in cycles:
         print("import circle: " + " <-> ".join(cycle))
+    upward = floor_imports(graph)
+    for entry in upward:
+        print(f"import out of the ground floor: {entry}")
     longs = long_functions()
     for entry in longs:
         print(f"function over {MAX_FUNCTION_LINES} lines: {entry}")
     larges = large_files()
     for entry in larges:
         print(f"file over {MAX_FILE_LINES} lines: {entry}")
-    problems = len(cycles) + len(longs) + len(larges)
-    print(f"{len(cycles)} import circles, {len(longs)} long functions, {len(larges)} large files")
+    problems = len(cycles) + len(upward) + len(longs) + len(larges)
+    print(f"{len(cycles)} import circles, {len(upward)} imports out of the ground floor, "
+          f"{len(longs)} long functions, {len(larges)} large files")
     return 1 if problems else 0
 
 

@@ -1,10 +1,12 @@
 """The whole schema of a search YAML: :class:`CoreConfig` with the method sections plugged in, and
 its dotted keys.
 
-:data:`SearchConfig` is :class:`~raycl.config.schema.CoreConfig` plus one section per registered
-method (:data:`~raycl.config.section.METHOD_SECTIONS`), built on first use: making sure the
-registry has run imports :mod:`raycl.methods` (and torch; ``--help`` does not need it). Dotted
-keys (``train.lr``, ``tune.search_space.simclr.temperature``) are read, set and documented here;
+:data:`SearchConfig` is :class:`~raycl.config.schema.CoreConfig` plus one section per method
+registered so far (:data:`~raycl.config.section.METHOD_SECTIONS`), built on first use. The
+registry is filled by importing :mod:`raycl.methods` (and torch; ``--help`` does not need it),
+which the entry points do (``raycl.tune``, ``raycl.launch.load``, the trial's worker): this
+package imports nothing else of raycl. Dotted keys (``train.lr``,
+``tune.search_space.simclr.temperature``) are read, set and documented here;
 :func:`apply_overrides` makes trial configs.
 """
 
@@ -20,18 +22,30 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, Field, ValidationError, create_model
 
 from raycl.config.schema import CoreConfig, Domain
-from raycl.config.section import METHOD_SECTIONS
+from raycl.config.section import METHOD_SECTIONS, Section
+
+
+def search_config_class() -> type[CoreConfig]:
+    """:class:`CoreConfig` plus one section per method registered so far (one class per set of
+    sections, built on first use: the same registry gives the same class, which pickles by it).
+
+    Raises:
+        RuntimeError: no method has registered its section yet: the caller's entry point must
+            import :mod:`raycl.methods` first (the config package never imports it).
+    """
+    if not METHOD_SECTIONS:
+        raise RuntimeError("no method sections are registered: import raycl.methods (its "
+                           "@register calls fill raycl.config.section.METHOD_SECTIONS) before "
+                           "using the whole schema (SearchConfig)")
+    return _schema_class(tuple(sorted(METHOD_SECTIONS.items())))
 
 
 @cache
-def search_config_class() -> type[CoreConfig]:
-    """:class:`CoreConfig` plus one section per registered method (built once, on first use)."""
-    import raycl.methods  # noqa: F401  (its @register calls fill METHOD_SECTIONS)
-
+def _schema_class(sections: tuple[tuple[str, type[Section]], ...]) -> type[CoreConfig]:
     fields: dict[str, Any] = {
         name: (section, Field(default_factory=section, description=f"Knobs of method {name!r} "
                               f"(declared in {section.__module__})."))
-        for name, section in sorted(METHOD_SECTIONS.items())
+        for name, section in sections
     }
     model = create_model("SearchConfig", __base__=CoreConfig, __module__=__name__, **fields)
     model.__doc__ = ("A whole experiment: method, data, model, training, scaling, search, "
@@ -80,10 +94,14 @@ def _field_paths(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
             yield f"{prefix}{name}"
 
 
-@cache
 def config_keys() -> tuple[str, ...]:
     """Every dotted config key, method sections included."""
-    return tuple(_field_paths(search_config_class()))
+    return _config_keys_of(search_config_class())
+
+
+@cache
+def _config_keys_of(model: type[CoreConfig]) -> tuple[str, ...]:
+    return tuple(_field_paths(model))
 
 
 def key_symbol(key: str) -> str:
@@ -183,25 +201,6 @@ def searched_note(chosen: Mapping[str, Any], leave_out: tuple[str, ...] = ()) ->
     return f"with searched {shown}: " if shown else ""
 
 
-def max_reports(config: CoreConfig) -> int:
-    """ASHA's max_t: ``scheduler.max_t``, or the reports of the longest trial the search space
-    allows (every phase's epochs, e.g. FGVR's decoder pre-training, times stages)."""
-    from raycl.methods import stage_epochs
-
-    if config.tune.scheduler.max_t:
-        return config.tune.scheduler.max_t
-    space = config.tune.search_space
-    # The largest value of every searched epoch count and of the stage count.
-    longest = {key: max(int(v) for v in domain.candidates()) for key, domain in space.items()
-               if key.endswith("epochs") or key == "mcl.stages"}
-    longest_config = apply_overrides(config, longest) if longest else config
-    try:
-        epochs = stage_epochs(longest_config)
-    except ValueError:  # an unknown method: reported by raycl.launch.checks, not here
-        epochs = longest_config.train.epochs
-    return max(1, epochs * longest_config.num_stages)
-
-
 def type_label(annotation: Any) -> str:
     """A field's type as the schema shows it: a choice (``Literal``) as its allowed values
     (``'asha' | 'none'``), so a reader sees what to write."""
@@ -239,5 +238,5 @@ def schema_markdown() -> str:
 
 
 __all__ = ["RENAMED_KEYS", "SEARCH_SPACE_PREFIX", "apply_overrides", "config_keys",
-           "did_you_mean", "flatten", "key_symbol", "max_reports", "method_sections",
+           "did_you_mean", "flatten", "key_symbol", "method_sections",
            "schema_markdown", "search_config_class", "set_dotted", "type_label"]

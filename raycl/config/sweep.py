@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from raycl.config.metric_names import (
+    TEST,
+    TRANSFER,
+    VAL,
+    MetricNameError,
+    maybe_metric,
+    parse_metric,
+    split_stage,
+)
 from raycl.config.section import Section
 
 
@@ -129,27 +137,33 @@ class TuneSection(Section):
     @field_validator("metric")
     @classmethod
     def _selects_on_validation(cls, metric: str) -> str:
-        parts = metric.split("/")
-        if parts and re.fullmatch(r"stage\d+", parts[0]):
-            parts = parts[1:]
-        if parts and parts[0] == "eval":
-            renamed = metric.replace("eval/", "val/", 1)
+        # The first part after an MCL stage prefix says what kind of metric it is.
+        head = split_stage(metric)[1].split("/")[0]
+        if head == "eval":
+            renamed = metric.replace("eval/", f"{VAL}/", 1)
             raise ValueError(f"{metric!r} was renamed to {renamed!r} (probes are scored on the "
                              f"validation split during a sweep, on test once per trial)")
-        if parts and parts[0] == "test":
+        if head == TEST:
             raise ValueError(f"{metric!r} is a test metric: it is reported once at the end of a "
                              f"trial and never optimised; select on its val/ counterpart")
-        if parts and parts[0] == "transfer":
+        if head == TRANSFER:
             raise ValueError(f"{metric!r} is a transfer metric: scored on the transfer set's "
                              f"held-out share once per trial, reported and never optimised; "
                              f"select on val/ of the pretraining set")
+        # Only a name the worker reports can be selected on (Tune would fail at the first
+        # report, after the launch).
+        try:
+            parse_metric(metric)
+        except MetricNameError as exc:
+            raise ValueError(f"{exc} (e.g. val/linear/mean, val/knn/<attribute>, "
+                             f"stage<j>/val/..., train/loss)") from None
         return metric
 
 
 def reported_test_metric(metric: str) -> str | None:
     """The test-split metric reported beside a validation objective (None for train/ etc.)."""
-    renamed = re.sub(r"(^|/)val/", r"\1test/", metric, count=1)
-    return renamed if renamed != metric else None
+    name = maybe_metric(metric)
+    return name.replace(split=TEST).format() if name and name.split == VAL else None
 
 
 class MLflowSection(Section):

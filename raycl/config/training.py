@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from raycl.config.metric_names import fraction_percent
 from raycl.config.section import Section
 
 
@@ -352,23 +353,11 @@ class EvalConfig(Section):
         if outside:
             raise ValueError(f"each fraction must be in (0, 1), got {outside} (the full-label "
                              f"probe always runs, as val/linear/...)")
-        percents = [cls.fraction_percent(fraction) for fraction in value]
+        percents = [fraction_percent(fraction) for fraction in value]
         if len(set(percents)) != len(percents):
             raise ValueError(f"fractions must be distinct (as percentages in metric keys), got "
                              f"{value}")
         return value
-
-    @staticmethod
-    def fraction_percent(fraction: float) -> str:
-        """A label fraction as its metric keys write it: 0.5 -> "50" (``linear_50pct``).
-
-        Args:
-            fraction: share of the training labels, in (0, 1).
-
-        Returns:
-            ``100 × fraction`` to 6 significant digits, without trailing zeros ("12.5", "20").
-        """
-        return f"{100 * fraction:g}"
 
 
 __all__ = ["AugmentConfig", "DataConfig", "EvalConfig", "MCLConfig", "ModelConfig",

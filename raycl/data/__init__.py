@@ -6,7 +6,13 @@ one way; no module imports this face:
 
 - :mod:`~raycl.data.types`: :class:`ImageSet`, :class:`ImageFiles` (files a reader lists,
   decoded by the builder), :class:`ImageRows` (a split: rows of the cached set, not a copy),
-  :class:`DatasetSplits`, the reader contract;
+  :class:`DatasetSplits`, the reader contract (:class:`Reader`: content key, read, the
+  pre-launch check, class counts, split sizes; every reader implements all of it). Every
+  function takes the data settings as the schema's
+  :class:`~raycl.config.training.DataConfig`, whose defaults are the only ones;
+- :mod:`~raycl.data.decode`: the one image decode (file, bucket URI or bytes to a uint8 RGB
+  square) that the cache builder, stream mode's files and shards, and evaluation sets call, so
+  a file gives the same pixels whichever way it is read;
 - one reader per source (:mod:`~raycl.data.sources.trifeature`, :mod:`~raycl.data.sources.packaged`,
   :mod:`~raycl.data.sources.folders`, :mod:`~raycl.data.sources.pairs`), on types only;
 - :mod:`~raycl.data.registry`: every dataset name, what it is and its reader (imported when

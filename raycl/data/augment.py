@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from raycl.config.training import AugmentConfig
+
 # ITU-R 601 luma weights, as in torchvision's rgb_to_grayscale.
 _LUMA = (0.299, 0.587, 0.114)
 _RGB_TO_YIQ = torch.tensor([
@@ -103,12 +105,12 @@ class BatchAugment:
     """Random resized crop, flip, colour jitter and grayscale for a uint8 batch.
 
     Args:
-        cfg: AugmentConfig-like object with crop_scale (min, max area fraction), flip,
+        cfg: the config's augment section: crop_scale (min, max area fraction), flip,
             color_jitter (strength s), color_jitter_prob and grayscale_prob.
         ratio: range of crop aspect ratios (width / height), sampled log-uniformly.
     """
 
-    def __init__(self, cfg: Any, ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> None:
+    def __init__(self, cfg: AugmentConfig, ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> None:
         scale_min, scale_max = (float(value) for value in cfg.crop_scale)
         if not 0.0 < scale_min <= scale_max <= 1.0:
             raise ValueError(f"crop_scale must satisfy 0 < min <= max <= 1, got {cfg.crop_scale}")

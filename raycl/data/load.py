@@ -1,23 +1,25 @@
 """Loading a dataset by name: the full image set (from the cache when it is there), its split
 into train, validation and test, and the split sizes known from the config alone.
 
-`load_dataset(cfg, seed)` is the one entry point the training code needs. It reads only
-attributes of `cfg` (a `DataConfig` or anything with the same field names):
+`load_dataset(cfg, seed)` is the one entry point the training code needs. ``cfg`` is the data
+settings, a :class:`~raycl.config.training.DataConfig` (the config's ``data`` section, or a
+transfer set's, :func:`raycl.eval.transfer.transfer_data_config`); its defaults are the
+schema's, never repeated here. It reads:
 
 - dataset: one of DATASETS (:mod:`raycl.data.registry`)
 - resolution: image side in pixels
-- samples_per_combination (trifeature), num_samples (mnist_fashion), root and layout (folder;
-  ``layout`` may be absent: "auto"), root (pairs: the CSV/TSV file)
-- captions (trifeature; may be absent: None): attribute -> probability that an image's caption
-  names it; when set, every image gets a synthetic caption (:mod:`raycl.data.sources.captions`)
+- samples_per_combination (trifeature), num_samples (mnist_fashion), root and layout (folder),
+  root (pairs: the CSV/TSV file)
+- captions (trifeature): attribute -> probability that an image's caption names it; when
+  set, every image gets a synthetic caption (:mod:`raycl.data.sources.captions`)
 - val_fraction, test_fraction: share of each class (of the first attribute) held out for
   validation (model selection) and for the final test. A folder in the train/test layout ships
   its test split (root/test/): test_fraction is ignored and validation is carved from train/.
   An unlabelled set (pairs) has no classes: its shares are drawn at random
   (:func:`raycl.data.splits.random_split`).
 - cache_dir: where the decoded arrays are kept (None -> $RAYCL_CACHE or ~/.cache/raycl)
-- decode_workers (may be absent: 0): threads that decode image files on the first build
-- skip_unreadable (may be absent: False): leave image files that cannot be decoded out of every
+- decode_workers: threads that decode image files on the first build (0: every core)
+- skip_unreadable: leave image files that cannot be decoded out of every
   split (before the split is made; listed in ``DatasetSplits.skipped``) instead of raising
 
 The full image set is cached once per content as an uncompressed memory-mapped array
@@ -38,10 +40,11 @@ import json
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
+from raycl.config.training import DataConfig
 from raycl.data.bucket_paths import is_remote
 from raycl.data.cache.build import Unreadable, build_cache, decode_workers, read_unreadable
 from raycl.data.cache.store import cache_key, cache_path, open_cached
@@ -49,19 +52,13 @@ from raycl.data.registry import (
     CHANNELS,
     FIXED_NUM_CLASSES,
     SOURCES,
-    is_unlabelled,
     reader,
     streamed_only,
     streams,
     unknown_dataset,
 )
 from raycl.data.sources.folders import image_problem, unreadable_message
-from raycl.data.splits import (
-    class_split_counts,
-    split_indices,
-    split_sizes,
-    unlabelled_split_sizes,
-)
+from raycl.data.splits import split_indices
 from raycl.data.stream.files import FileRows, decoded_bytes
 from raycl.data.types import DatasetSplits, ImageFiles, ImageRows, ImageSet
 
@@ -71,13 +68,13 @@ from raycl.data.types import DatasetSplits, ImageFiles, ImageRows, ImageSet
 _CAPTION_STREAM = 0xCA9
 
 
-def caption_rates(cfg: Any) -> dict[str, float] | None:
-    """``cfg.captions`` checked against the dataset: None when absent or unset.
+def caption_rates(cfg: DataConfig) -> dict[str, float] | None:
+    """``cfg.captions`` checked against the dataset: None when unset.
 
     Raises:
         ValueError: captions are set for a dataset other than trifeature.
     """
-    rates = getattr(cfg, "captions", None)
+    rates = cfg.captions
     if rates is None:
         return None
     if cfg.dataset != "trifeature":
@@ -91,19 +88,19 @@ def caption_seed(seed: int) -> int:
     return int(np.random.SeedSequence([int(seed), _CAPTION_STREAM]).generate_state(1)[0])
 
 
-def load_image_set(cfg: Any, seed: int) -> ImageSet:
+def load_image_set(cfg: DataConfig, seed: int) -> ImageSet:
     """The full (unsplit) image set, from the cache when it is there (see
     :func:`load_marked_set`; with ``skip_unreadable`` the rows of unreadable files are blank).
     """
     return load_marked_set(cfg, seed)[0]
 
 
-def load_marked_set(cfg: Any, seed: int) -> tuple[ImageSet, list[Unreadable]]:
+def load_marked_set(cfg: DataConfig, seed: int) -> tuple[ImageSet, list[Unreadable]]:
     """The full (unsplit) image set, from the cache when it is there, and its rows whose files
     cannot be decoded (kept, blank, only with ``cfg.skip_unreadable``; else an error).
 
     Args:
-        cfg: DataConfig-like object (see the module docstring).
+        cfg: the data settings (see the module docstring).
         seed: seeds generation, subsampling and synthetic captions (ignored by "folder" and
             "pairs").
 
@@ -128,13 +125,13 @@ def load_marked_set(cfg: Any, seed: int) -> tuple[ImageSet, list[Unreadable]]:
     # read (below), so every caption setting shares one copy of the images.
     content = source.content_key(cfg, seed)
     directory = cache_path(cfg, content)
-    skip = bool(getattr(cfg, "skip_unreadable", False))
+    skip = cfg.skip_unreadable
     image_set = open_cached(directory)
     if image_set is None:
         # Skipping or not, one cache per content: unreadable rows are listed beside the set.
         image_set = build_cache(directory, lambda: source.read(cfg, seed),
                                 cache_key(cfg, content), int(cfg.resolution),
-                                int(getattr(cfg, "decode_workers", 0) or 0),
+                                cfg.decode_workers,
                                 keep_unreadable=skip)
     unreadable = read_unreadable(directory)
     if unreadable and not skip:  # a cache a skipping run built
@@ -150,7 +147,7 @@ def load_marked_set(cfg: Any, seed: int) -> tuple[ImageSet, list[Unreadable]]:
     return image_set, unreadable
 
 
-def class_counts(cfg: Any) -> list[int]:
+def class_counts(cfg: DataConfig) -> list[int]:
     """Samples per class of the stratifying (first) attribute, known without loading images.
 
     Generated and packaged sets know their counts from the config; a folder is listed (both
@@ -162,36 +159,33 @@ def class_counts(cfg: Any) -> list[int]:
     return [sum(counts) for counts in zip(*parts.values(), strict=True)]
 
 
-def split_sizes_for(cfg: Any) -> dict[str, int]:
-    """Exact train/val/test sizes :func:`load_dataset` will produce for this config."""
-    source = reader(cfg.dataset)
-    if hasattr(source, "split_sizes"):  # sources split otherwise (shards: whole shards)
-        return source.split_sizes(cfg)
-    parts = source.class_counts(cfg)
-    val_fraction, test_fraction = float(cfg.val_fraction), float(cfg.test_fraction)
-    if "test" in parts:
-        # The shipped test split is whole; validation comes out of train/ (carve_validation).
-        val = sum(class_split_counts(count, val_fraction, 0.0)[0] for count in parts["train"])
-        return {"train": sum(parts["train"]) - val, "val": val, "test": sum(parts["test"])}
-    counts = [sum(part) for part in zip(*parts.values(), strict=True)]
-    if is_unlabelled(cfg.dataset):
-        (total,) = counts
-        return unlabelled_split_sizes(total, val_fraction, test_fraction)
-    return split_sizes(counts, val_fraction, test_fraction)
+def split_sizes_for(cfg: DataConfig) -> dict[str, int]:
+    """Exact train/val/test sizes :func:`load_dataset` will produce for this config (its
+    reader's :meth:`~raycl.data.types.Reader.split_sizes`: nothing is decoded)."""
+    return reader(cfg.dataset).split_sizes(cfg)
 
 
-def choose_loader(cfg: Any, node_memory: float) -> tuple[str, str]:
+# How training reads the images once ``data.loader: auto`` is settled.
+LoaderChoice = Literal["memory", "stream"]
+
+
+def choose_loader(cfg: Any, node_memory: float | None) -> tuple[LoaderChoice, str]:
     """What ``data.loader: auto`` means for this dataset on nodes of ``node_memory`` bytes:
-    ``("memory" | "stream", why)``. Memory when the decoded set (images x channels x
-    resolution^2) takes at most ``data.memory_share`` of a node's memory; shards always stream,
-    array sources never do. An explicit choice is returned as it is.
+    ``("memory" | "stream", why)``; the one rule for ``auto``. Memory when the decoded set
+    (images x channels x resolution^2) takes at most ``data.memory_share`` of a node's memory;
+    shards always stream, array sources never do. ``node_memory`` None (no cluster measured: a
+    config that never went through a launch) streams only what must. An explicit choice (and a
+    settings object without ``loader``: memory) is returned as it is.
     """
-    if cfg.loader != "auto":
-        return cfg.loader, "set in the config"
+    loader = getattr(cfg, "loader", "memory")
+    if loader != "auto":
+        return loader, "set in the config"
     if streamed_only(cfg.dataset):
         return "stream", f"{cfg.dataset} is streamed only"
     if not streams(cfg.dataset):
         return "memory", f"{cfg.dataset} is read whole"
+    if node_memory is None:
+        return "memory", "no node's memory to compare with (not launched)"
     count = sum(class_counts(cfg))
     size = decoded_bytes(count, int(cfg.resolution), CHANNELS.get(cfg.dataset, 3))
     limit = float(cfg.memory_share) * node_memory
@@ -199,6 +193,14 @@ def choose_loader(cfg: Any, node_memory: float) -> tuple[str, str]:
     return choice, (f"{count} images decoded at {cfg.resolution} px take {size / 1e9:.1f} GB, "
                     f"{'within' if choice == 'memory' else 'over'} data.memory_share "
                     f"({cfg.memory_share:g}) of the smallest node's {node_memory / 1e9:.1f} GB")
+
+
+def settled_loader(cfg: DataConfig) -> LoaderChoice:
+    """``data.loader`` as every reader after the launch takes it: the launch's settled choice
+    (:func:`raycl.tune.settle_loader` wrote it into the trials' config); a config that never
+    went through a launch (a test, a benchmark) still saying ``auto`` gets :func:`choose_loader`
+    with no node measured."""
+    return choose_loader(cfg, None)[0]
 
 
 def _subset(image_set: ImageSet, indices: np.ndarray) -> ImageSet:
@@ -212,11 +214,11 @@ def _subset(image_set: ImageSet, indices: np.ndarray) -> ImageSet:
                     else image_set.captions[indices])
 
 
-def load_dataset(cfg: Any, seed: int) -> DatasetSplits:
+def load_dataset(cfg: DataConfig, seed: int) -> DatasetSplits:
     """Load (or generate) a dataset and split it into train, validation and test.
 
     Args:
-        cfg: DataConfig-like object (see the module docstring); only its attributes are read.
+        cfg: the data settings (see the module docstring).
         seed: seeds generation, subsampling and the split; same seed -> same splits.
 
     Returns:
@@ -229,14 +231,12 @@ def load_dataset(cfg: Any, seed: int) -> DatasetSplits:
         memory-mapped set. Images marked ``pretrain_only`` are in no split but in
         ``pretrain_extra`` (None when there are none).
     """
-    loader = getattr(cfg, "loader", "memory")
-    # "auto" is settled at launch (raycl.tune); here (a bare call) it streams only what must.
-    if loader == "stream" or (loader == "auto" and streamed_only(cfg.dataset)):
+    if settled_loader(cfg) == "stream":
         return load_streamed(cfg, seed)
     return split_image_set(cfg, *load_marked_set(cfg, seed), seed=seed)
 
 
-def load_streamed(cfg: Any, seed: int) -> DatasetSplits:
+def load_streamed(cfg: DataConfig, seed: int) -> DatasetSplits:
     """The dataset's splits with lazy images (see the module docstring).
 
     Raises:
@@ -250,16 +250,16 @@ def load_streamed(cfg: Any, seed: int) -> DatasetSplits:
     if not isinstance(listed, ImageFiles) or not streams(cfg.dataset):
         raise ValueError(f"data.loader: stream reads image files or shards; dataset "
                          f"{cfg.dataset!r} is read whole from its files: use data.loader: memory")
-    threads = decode_workers(int(getattr(cfg, "decode_workers", 0) or 0))
+    threads = decode_workers(cfg.decode_workers)
     images = FileRows(listed.paths, int(cfg.resolution), threads)
     image_set = ImageSet(images=images, labels=listed.labels, test_mask=listed.test_mask,
                          captions=listed.captions, pretrain_only=listed.pretrain_only)
     unreadable = (streamed_unreadable(cfg, seed, listed.paths, threads)
-                  if getattr(cfg, "skip_unreadable", False) else [])
+                  if cfg.skip_unreadable else [])
     return split_image_set(cfg, image_set, unreadable, seed=seed)
 
 
-def split_image_set(cfg: Any, image_set: ImageSet, unreadable: Sequence[Unreadable] = (),
+def split_image_set(cfg: DataConfig, image_set: ImageSet, unreadable: Sequence[Unreadable] = (),
                     *, seed: int) -> DatasetSplits:
     """``image_set`` split into train, validation and test as :func:`load_dataset` describes
     (its images decoded in the cache, or stream mode's files); the ``unreadable`` rows left
@@ -283,7 +283,7 @@ def split_image_set(cfg: Any, image_set: ImageSet, unreadable: Sequence[Unreadab
     )
 
 
-def streamed_unreadable(cfg: Any, seed: int, paths: Sequence[Any],
+def streamed_unreadable(cfg: DataConfig, seed: int, paths: Sequence[Any],
                         threads: int = 1) -> list[Unreadable]:
     """(row, file, why) of the local image files of ``paths`` that cannot be decoded
     (:func:`raycl.data.sources.folders.image_problem`: header, end marker, a full decode when that

@@ -52,6 +52,29 @@ def split_sizes(
     return sizes
 
 
+def counted_split_sizes(
+    parts: dict[str, list[int]], val_fraction: float, test_fraction: float
+) -> dict[str, int]:
+    """Exact split sizes of a labelled source from its class counts
+    (:meth:`Reader.class_counts <raycl.data.types.Reader.class_counts>`).
+
+    Args:
+        parts: ``{"all": counts}``: split stratified (:func:`split_sizes`); or
+            ``{"train": counts, "test": counts}``: the shipped test split is whole and
+            validation is carved out of train (:func:`carve_validation`; ``test_fraction``
+            unused).
+        val_fraction, test_fraction: the data section's shares.
+
+    Returns:
+        ``{"train": n, "val": n, "test": n}``.
+    """
+    if "test" in parts:
+        val = sum(class_split_counts(count, val_fraction, 0.0)[0] for count in parts["train"])
+        return {"train": sum(parts["train"]) - val, "val": val, "test": sum(parts["test"])}
+    counts = [sum(part) for part in zip(*parts.values(), strict=True)]
+    return split_sizes(counts, val_fraction, test_fraction)
+
+
 def unlabelled_split_sizes(
     count: int, val_fraction: float, test_fraction: float
 ) -> dict[str, int]:

@@ -1,5 +1,6 @@
 """The types every part of :mod:`raycl.data` shares: an image set, its splits, and what a reader
-of one source provides (:class:`Reader`). Imports nothing of raycl, so every reader can."""
+of one source provides (:class:`Reader`). Imports nothing of raycl.data (of raycl, only the
+config's ground floor), so every reader can."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+
+from raycl.config.section import Problem
+from raycl.config.training import DataConfig
 
 # An integer, a slice, an index array or a boolean mask: the row keys of an ImageRows.
 RowKey = int | np.integer | slice | np.ndarray | list[int]
@@ -197,30 +201,50 @@ class DatasetSplits:
 
 
 class Reader(Protocol):
-    """What loading needs from one source (``data.dataset``), beyond its registry entry.
+    """What loading and the launch's checks need from one source (``data.dataset``), beyond its
+    registry entry. Every reader implements all of it: :func:`raycl.data.load.split_sizes_for`
+    and the pre-launch data check (:func:`raycl.launch.checks.check_data`) call each method
+    without asking whether it is there.
 
-    ``cfg`` is a DataConfig-like object: a reader reads only the attributes its source uses.
+    ``cfg`` is the data settings (:class:`~raycl.config.training.DataConfig`: the config's
+    ``data`` section, or a transfer set's, :func:`raycl.eval.transfer.transfer_data_config`):
+    a reader reads only the attributes its source uses.
     """
 
-    def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
+    def content_key(self, cfg: DataConfig, seed: int) -> dict[str, Any]:
         """Every parameter besides the dataset name and resolution that changes the images
         read (and nothing that does not): it names the cached copy."""
         ...
 
-    def read(self, cfg: Any, seed: int) -> ImageSet | ImageFiles:
+    def read(self, cfg: DataConfig, seed: int) -> ImageSet | ImageFiles:
         """The full image set, generated or read (no cache); a shipped test split marked by
         ``test_mask``. A reader of image files returns :class:`ImageFiles`: the cache builder
         decodes them."""
         ...
 
-    def check(self, cfg: Any) -> None:
-        """Raise ValueError (or OSError) with one line naming what is missing or unreadable,
-        before anything is launched; cheap: no image is decoded."""
+    def check(self, cfg: DataConfig) -> Problem | None:
+        """What is missing or unreadable among the source's files, before anything is
+        launched: ``Problem(key, why)`` with ``key`` a key of the data section (``root``,
+        ``dataset``) and ``why`` one line; None when nothing is (a generated set has nothing
+        to check). Cheap (no image is decoded beyond a folder's end-marker check) and never
+        raises for a bad file."""
         ...
 
-    def class_counts(self, cfg: Any) -> dict[str, list[int]]:
+    def class_counts(self, cfg: DataConfig) -> dict[str, list[int]]:
         """Images per class of the stratifying (first) attribute, known without decoding an
         image: ``{"all": counts}``, or ``{"train": counts, "test": counts}`` (same class
         order) when the source ships its test split. An unlabelled source counts as one class
         of all its images."""
         ...
+
+    def split_sizes(self, cfg: DataConfig) -> dict[str, int]:
+        """Exact train/val/test sizes loading will produce, from the listing alone (most
+        readers: :func:`raycl.data.splits.counted_split_sizes` of their class counts; shards:
+        whole shards)."""
+        ...
+
+
+def root_problem(error: OSError | ValueError) -> Problem:
+    """A reader's error, raised while it looked at ``data.root``, as the problem of that key
+    (the message loses the ``data.root:`` a trial's error starts with: the key names it)."""
+    return Problem("root", str(error).removeprefix("data.root: "))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from raycl.config.metric_names import DIAG, metric_name
 from raycl.eval.spectrum import effective_rank, singular_values
 from raycl.eval.subspaces import (
     AngleSummary,
@@ -44,15 +45,16 @@ def representation_diagnostics(
         ``diag/shared_directions``, ``diag/subclass_directions`` (mean per class), and the
         singular values and angles for :func:`plot_diagnostics`.
     """
-    metrics = {"diag/effective_rank": effective_rank(features)}
+    metrics = {metric_name(DIAG, None, "effective_rank"): effective_rank(features)}
     arrays = {SPECTRUM: singular_values(features)}
     if projections is not None:
-        metrics["diag/projection_effective_rank"] = effective_rank(projections)
+        metrics[metric_name(DIAG, None, "projection_effective_rank")] = effective_rank(
+            projections)
         arrays[PROJECTION_SPECTRUM] = singular_values(projections)
     summary = summarize_angles(class_principal_angles(features, labels))
     if summary.classes:
-        metrics["diag/shared_directions"] = summary.shared
-        metrics["diag/subclass_directions"] = summary.subclass
+        metrics[metric_name(DIAG, None, "shared_directions")] = summary.shared
+        metrics[metric_name(DIAG, None, "subclass_directions")] = summary.subclass
     arrays[ANGLES] = summary.angles
     return metrics, arrays
 

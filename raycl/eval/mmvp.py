@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from raycl.data.decode import decode_square
 from raycl.data.sources.captions import CAPTION_ORDER, WORDS, describe
-from raycl.data.sources.folders import load_square_rgb
 from raycl.data.sources.trifeature import NOISE_TABLE_SIZE, RADIUS_FRACTION, render_object
 
 # Patterns of the synthetic set: the attribute in which a pair's two images differ.
@@ -186,7 +186,7 @@ def load_mmvp_vlm(
             raise ValueError(f"MMVP-VLM image {path} does not exist")
     if check_only:
         return None
-    images = np.stack([load_square_rgb(path, resolution) for path in paths])
+    images = np.stack([decode_square(path, resolution) for path in paths])
     return MMVPSet(images=images, statements=np.array(statements), patterns=np.array(patterns))
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from raycl.config.metric_names import MMVP, ZEROSHOT, metric_name
 from raycl.data.sources.captions import WORDS, class_prompts
 from raycl.eval.image_text import (
     caption_recall,
@@ -91,12 +92,13 @@ def image_text_metrics(
     data: DatasetSplits,
     features: dict[str, np.ndarray],
     mmvp: dict[str, MMVPSet],
-    prefix: str,
+    stage: int | None,
     device: torch.device,
     mmvp_direction: str = "text_to_image",
 ) -> dict[str, float]:
     """MMVP-style, zero-shot and caption-retrieval scores of every scored split in
-    ``features`` (see the module docstring), keys prefixed with ``prefix``."""
+    ``features`` (see the module docstring), named with MCL's ``stage<j>/`` when ``stage`` is
+    one stage alone (:func:`raycl.config.metric_names.metric_name`)."""
     metrics: dict[str, float] = {}
     texts: dict[str, np.ndarray] = {}
 
@@ -115,7 +117,7 @@ def image_text_metrics(
         if pairs is not None and f"mmvp:{split}" in features:
             similarity = image_text_similarity(features[f"mmvp:{split}"],
                                                text_features(list(pairs.statements)))
-            metrics.update({f"{prefix}{split}/mmvp/{name}": value
+            metrics.update({metric_name(split, MMVP, name, stage=stage): value
                             for name, value in mmvp_scores(similarity, pairs.patterns,
                                                               mmvp_direction).items()})
         labels = data.split(split).labels
@@ -124,12 +126,12 @@ def image_text_metrics(
             prompts = {name: text_features(class_prompts(name)) for name in prompted}
             scores = zero_shot_accuracy(images, {name: labels[name] for name in prompted},
                                         prompts)
-            metrics.update({f"{prefix}{split}/zeroshot/{name}": value
+            metrics.update({metric_name(split, ZEROSHOT, name, stage=stage): value
                             for name, value in scores.items()})
         captions = data.split(split).captions
         if captions is not None:
             recall = caption_recall(images, list(captions), text_features(list(captions)))
             for name, value in recall.items():
-                direction, k = name.split("_")
-                metrics[f"{prefix}{split}/{direction}/{k}"] = value
+                direction, k = name.split("_")  # i2t_r1: family i2t, score r1
+                metrics[metric_name(split, direction, k, stage=stage)] = value
     return metrics

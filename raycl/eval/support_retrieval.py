@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from raycl.config.metric_names import MEAN, NN_RETRIEVAL, metric_name
 from raycl.data import DatasetSplits
 from raycl.data.augment import to_float
 from raycl.methods.base import Method
@@ -17,13 +18,15 @@ def neighbour_retrieval_accuracy(
     splits: tuple[str, ...],
     device: torch.device,
     batch_size: int = 512,
+    stage: int | None = None,
 ) -> dict[str, float]:
     """NN-retrieval accuracy of a method's support set: for every image of each split, does the
     training sample behind its nearest support-set entry share its label?
 
-    Returns ``{split}/nn_retrieval/<attribute>`` (and ``/mean``) over the queries whose neighbour
-    holds a sample; ``{}`` for a method without a support set. The queries are held-out images
-    (the papers measure training batches), so the figure is comparable across trials.
+    Returns ``[stage<j>/]{split}/nn_retrieval/<attribute>`` (and ``/mean``; the prefix for MCL's
+    ``stage`` alone) over the queries whose neighbour holds a sample; ``{}`` for a method
+    without a support set. The queries are held-out images (the papers measure training
+    batches), so the figure is comparable across trials.
     """
     if type(method).neighbour_retrieval is Method.neighbour_retrieval:
         return {}
@@ -43,8 +46,8 @@ def neighbour_retrieval_accuracy(
             scores = {name: float(np.mean(data.train.labels[name][found[holds_sample]]
                                           == labels[holds_sample]))
                       for name, labels in data.split(split).labels.items()}
-            scores["mean"] = float(np.mean(list(scores.values())))
-            metrics.update({f"{split}/nn_retrieval/{name}": value
+            scores[MEAN] = float(np.mean(list(scores.values())))
+            metrics.update({metric_name(split, NN_RETRIEVAL, name, stage=stage): value
                             for name, value in scores.items()})
     finally:
         method.train(was_training)

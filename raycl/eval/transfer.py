@@ -11,11 +11,11 @@ reported once per trial, like ``test/``, and never optimised.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from raycl.config.training import DataConfig, TransferConfig
 from raycl.data import ImageRows, ImageSet, load_dataset
 
 if TYPE_CHECKING:
@@ -88,16 +88,21 @@ def load_transfer_sets(config: CoreConfig, channels: int) -> list[TransferSet]:
     return sets
 
 
-def transfer_data_config(config: CoreConfig, entry: Any) -> SimpleNamespace:
+def transfer_data_config(config: CoreConfig, entry: TransferConfig) -> DataConfig:
     """The data settings a transfer ``entry`` (of ``config.eval.transfer``) is read with: the
     pretraining set's resolution and cache, the probe trained on everything outside the
-    held-out share (no validation split), no unlabelled images (a probe fits on labels)."""
-    return SimpleNamespace(
+    held-out share (no validation split), no unlabelled images (a probe fits on labels), read
+    whole into the cache; every other key the schema's default (no captions, layout auto, no
+    skipping: a transfer set has no such keys)."""
+    # Built without validation: val_fraction 0 (no validation split) is below what the schema
+    # lets a user set for the pretraining data, and is what a transfer probe wants.
+    return DataConfig.model_construct(
         dataset=entry.dataset, resolution=config.data.resolution,
         samples_per_combination=entry.samples_per_combination,
         num_samples=entry.num_samples, root=entry.root, val_fraction=0.0,
         test_fraction=entry.test_fraction, cache_dir=config.data.cache_dir,
-        decode_workers=config.data.decode_workers, download=False, pretrain_unlabeled=False)
+        decode_workers=config.data.decode_workers, download=False, pretrain_unlabeled=False,
+        loader="memory")
 
 
 __all__ = ["FEATURE_PREFIX", "TransferSet", "load_transfer_sets", "match_channels",

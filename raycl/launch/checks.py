@@ -20,16 +20,16 @@ running Ray can hold (its ``CLUSTER_CHECKS``, run once Ray has started).
 from __future__ import annotations
 
 import os
-import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, get_args
+from typing import get_args
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ValidationError
 
+from raycl.config.metric_names import KNN, LABEL_FAMILIES, LINEAR, MEAN, MMVP, VAL, maybe_metric
 from raycl.config.problems import all_problems
 from raycl.config.schema import ConfigErrors, CoreConfig, Problem, resolve_tracking_uri
 from raycl.config.search_config import (
@@ -41,6 +41,7 @@ from raycl.config.search_config import (
     searched_note,
     searched_variants,
 )
+from raycl.config.training import DataConfig
 from raycl.launch.feasibility import CONSTRAINED_KEYS, joint_domain, trial_problem
 from raycl.launch.placement import check_gpu_sharing
 
@@ -111,84 +112,32 @@ def check_labels(config: CoreConfig) -> Iterator[Problem]:
                                       f"to be evaluated on")
 
 
-def _dataset_problems(dataset: str, root: str | None, section: str,
-                      layout: str = "auto", streamed: bool = False,
-                      skip: bool = False) -> Iterator[Problem]:
-    """The dataset's files exist: a folder's images (both halves of a train/test layout, with
-    their classes aligned, every image decodable: the first few bad ones named, with their
-    count), the pairs file, Fashion-MNIST's package. ``streamed`` (stream mode): a folder is
-    listed but its files' headers are not read (a bucket of a million images); training skips
-    and counts an undecodable one instead. ``skip`` (``data.skip_unreadable``): unreadable
-    images are no problem, the trials leave them out (the launch's notice counts them)."""
-    if dataset == "folder":
-        from raycl.data.bucket_paths import is_remote
-
-        remote = is_remote(str(root))
-        path: Path | str = str(root) if remote else Path(str(root)).expanduser()
-        if not remote and not Path(path).is_dir():
-            yield Problem(f"{section}.root", f"not a directory: {root}")
-            return
-        from raycl.data.sources.folders import folder_unreadable, list_folder, unreadable_message
-
-        try:
-            list_folder(path, layout)
-        except (OSError, ValueError) as exc:
-            yield Problem(f"{section}.root", str(exc))
-            return
-        if streamed or skip:
-            return
-        unreadable, counted = folder_unreadable(path, layout)
-        if unreadable:
-            yield Problem(f"{section}.root",
-                          unreadable_message(unreadable, counted, hint=section == "data"))
-    if dataset == "pairs":
-        from raycl.data.sources.pairs import read_pairs
-
-        try:
-            read_pairs(Path(str(root)).expanduser())
-        except (OSError, ValueError) as exc:
-            yield Problem(f"{section}.root", str(exc))
-    if dataset == "mnist_fashion":
-        from raycl.data.sources.packaged import FASHION_MNIST_DIR, FASHION_MNIST_PACKAGE
-
-        if not FASHION_MNIST_DIR.is_dir():
-            yield Problem(f"{section}.dataset", f"mnist_fashion needs Fashion-MNIST in "
-                                                f"{FASHION_MNIST_DIR} (Debian package "
-                                                f"{FASHION_MNIST_PACKAGE})")
-
-
-# Datasets whose files _dataset_problems checks itself; every other reader checks its own
-# files (Reader.check).
-_CHECKED_HERE = ("folder", "pairs", "mnist_fashion")
-
-
-def _reader_problems(data: Any, section: str) -> Iterator[Problem]:
-    """What the dataset's reader finds missing or unreadable (``Reader.check``), as a problem
-    of ``<section>.root``; readers without a check (generated sets) have nothing to find.
-    ``data``: the data section or a transfer entry (a reader reads only what its source uses).
+def dataset_problems(data: DataConfig, section: str) -> Iterator[Problem]:
+    """What the dataset's reader finds missing or unreadable among its files
+    (:meth:`Reader.check <raycl.data.types.Reader.check>`: a folder's images, the pairs file,
+    Fashion-MNIST's package, CIFAR's, STL-10's, ImageNet's and the shards' files), as a problem
+    of ``<section>.<key>``. ``data``: the data section, or a transfer set's data settings.
     """
     from raycl.data.registry import SOURCES, reader
+    from raycl.data.sources.folders import SKIP_HINT
 
-    if data.dataset in _CHECKED_HERE or data.dataset not in SOURCES:
+    if data.dataset not in SOURCES:
+        return  # pydantic's message names an unknown dataset
+    problem = reader(data.dataset).check(data)
+    if problem is None:
         return
-    check = getattr(reader(data.dataset), "check", None)
-    if check is None:
-        return
-    try:
-        check(data)
-    except (OSError, ValueError) as exc:
-        # A reader's message names data.root itself (a trial's error has no Problem around
-        # it); the Problem names the key already.
-        yield Problem(f"{section}.root", str(exc).removeprefix("data.root: "))
+    why = problem.why
+    if section != "data":  # a transfer set has no data.skip_unreadable to offer
+        why = why.removesuffix(f": {SKIP_HINT}")
+    yield Problem(f"{section}.{problem.key}", why)
 
 
 def check_data(config: CoreConfig) -> Iterator[Problem]:
-    """The files of the dataset (CIFAR's, STL-10's, ImageNet's by their readers' checks), of a
-    real MMVP-VLM copy and of every transfer dataset."""
-    yield from _dataset_problems(config.data.dataset, config.data.root, "data",
-                                 config.data.layout, streamed=config.data.loader == "stream",
-                                 skip=config.data.skip_unreadable)
-    yield from _reader_problems(config.data, "data")
+    """The files of the dataset and of every transfer dataset (each by its reader's check,
+    :func:`dataset_problems`) and of a real MMVP-VLM copy."""
+    from raycl.eval.transfer import transfer_data_config
+
+    yield from dataset_problems(config.data, "data")
     mmvp = config.eval.mmvp
     if mmvp not in (None, "synthetic"):
         from raycl.eval.mmvp import load_mmvp_vlm
@@ -198,8 +147,7 @@ def check_data(config: CoreConfig) -> Iterator[Problem]:
         except (OSError, ValueError) as exc:
             yield Problem("eval.mmvp", str(exc))
     for i, entry in enumerate(config.eval.transfer):
-        yield from _dataset_problems(entry.dataset, entry.root, f"eval.transfer.{i}")
-        yield from _reader_problems(entry, f"eval.transfer.{i}")
+        yield from dataset_problems(transfer_data_config(config, entry), f"eval.transfer.{i}")
 
 
 # Data keys that change the split sizes.
@@ -268,18 +216,19 @@ def check_metric(config: CoreConfig) -> Iterator[Problem]:
     from raycl.data import ATTRIBUTES
 
     dataset, metric = config.data.dataset, config.tune.metric
-    match = re.fullmatch(r"(?:stage\d+/)?val/(?:linear(?:_[\d.]+pct)?|knn)/(\w+)", metric)
+    name = maybe_metric(metric)  # the schema let only reported names through
+    if name is None or name.split != VAL:
+        return
     known = ATTRIBUTES.get(dataset)
-    if match and known and match.group(1) not in (*known, "mean"):
-        yield Problem("tune.metric", f"{dataset} has no attribute {match.group(1)!r} "
+    if name.family in (LINEAR, KNN) and known and name.name not in (*known, MEAN):
+        yield Problem("tune.metric", f"{dataset} has no attribute {name.name!r} "
                                      f"(attributes: {', '.join(known)}, or mean)")
-    unstaged = re.sub(r"^stage\d+/", "", metric)
     unlabelled = dataset in ATTRIBUTES and not ATTRIBUTES[dataset]
-    if unlabelled and re.match(r"val/(linear|knn|retrieval|nn_retrieval|zeroshot)", unstaged):
+    if unlabelled and name.family in LABEL_FAMILIES:
         yield Problem("tune.metric", f"{dataset} has no labels to probe or classify; select on "
                                      f"caption retrieval (val/i2t/r1, val/t2i/r1) or "
                                      f"val/mmvp/mean with eval.mmvp: synthetic")
-    if unstaged.startswith("val/mmvp/") and config.eval.mmvp != "synthetic":
+    if name.family == MMVP and config.eval.mmvp != "synthetic":
         yield Problem("tune.metric", f"{metric} needs validation pairs: eval.mmvp: synthetic (a "
                                      f"real MMVP-VLM directory is a test set)")
 

@@ -188,6 +188,25 @@ def grid_size(config: CoreConfig) -> int:
     return size
 
 
+def max_reports(config: CoreConfig) -> int:
+    """ASHA's max_t: ``scheduler.max_t``, or the reports of the longest trial the search space
+    allows (every phase's epochs, e.g. FGVR's decoder pre-training, times stages)."""
+    from raycl.methods import stage_epochs  # late: keeps `--help` and config errors fast
+
+    if config.tune.scheduler.max_t:
+        return config.tune.scheduler.max_t
+    space = config.tune.search_space
+    # The largest value of every searched epoch count and of the stage count.
+    longest = {key: max(int(v) for v in domain.candidates()) for key, domain in space.items()
+               if key.endswith("epochs") or key == "mcl.stages"}
+    longest_config = apply_overrides(config, longest) if longest else config
+    try:
+        epochs = stage_epochs(longest_config)
+    except ValueError:  # an unknown method: reported by raycl.launch.checks, not here
+        epochs = longest_config.train.epochs
+    return max(1, epochs * longest_config.num_stages)
+
+
 __all__ = ["CONSTRAINED_KEYS", "JOINT_PREFIX", "MAX_COMBINATIONS", "JointDomain",
-           "finite_values", "grid_size", "joint_domain", "stage_budget_problem",
+           "finite_values", "grid_size", "joint_domain", "max_reports", "stage_budget_problem",
            "train_split_size", "trial_problem"]

@@ -28,13 +28,12 @@ from raycl.config.search_config import (
     config_keys,
     did_you_mean,
     flatten,
-    max_reports,
     method_sections,
     search_config_class,
     set_dotted,
 )
 from raycl.launch.checks import CONFIG_CHECKS
-from raycl.launch.feasibility import grid_size
+from raycl.launch.feasibility import grid_size, max_reports
 
 
 def with_absolute_paths(config: CoreConfig) -> CoreConfig:
@@ -293,6 +292,8 @@ def load_search(
     Raises:
         ConfigError: one line per problem, naming the file (or ``--set``) and the dotted key.
     """
+    import raycl.methods  # noqa: F401  (late, for `--help`: fills the schema's method sections)
+
     source = str(path)
     notices = [] if notices is None else notices
     raw = _read_yaml(path)  # a file that does not parse: one line, nothing else to check

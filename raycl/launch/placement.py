@@ -26,6 +26,7 @@ from typing import Any
 
 from raycl.config.schema import CoreConfig, Problem
 from raycl.config.search_config import searched_note, searched_variants
+from raycl.data.load import settled_loader
 
 Check = Callable[[CoreConfig], Iterator[Problem]]
 
@@ -74,8 +75,9 @@ def worker_resources(config: CoreConfig) -> dict[str, float]:
 
 def data_cpus(config: CoreConfig) -> float:
     """CPUs a trial reserves for stream mode's Ray Data decoders: ``data.stream_cpus`` per
-    worker (per trial process when it trains itself); 0 in memory mode."""
-    if config.data.loader != "stream":
+    worker (per trial process when it trains itself); 0 in memory mode (``data.loader`` as the
+    launch settled it)."""
+    if settled_loader(config.data) != "stream":
         return 0.0
     return config.data.stream_cpus * max(1, config.scaling.num_workers)
 

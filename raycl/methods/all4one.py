@@ -40,12 +40,12 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from raycl.losses import info_nce, redundancy_reduction_loss, sinusoidal_positional_encoding
-from raycl.methods.base import Batch
+from raycl.methods.base import Batch, Encoder
 from raycl.methods.nnclr import NNCLR, NNCLRConfig
 from raycl.methods.registry import register
 from raycl.methods.two_view import encode_views
 from raycl.models import projection_mlp
-from raycl.models.momentum import ema_update, momentum_coefficient, momentum_copy
+from raycl.models.momentum import momentum_copy, momentum_update
 
 if TYPE_CHECKING:
     from raycl.config.schema import CoreConfig
@@ -180,66 +180,21 @@ def shift(neighbours: Tensor, prediction: Tensor) -> Tensor:
 
 @register("all4one", section=All4OneConfig)
 class All4One(NNCLR):
-    """NNCLR plus a momentum branch, a centroid predictor, ψ and the redundancy term.
+    """NNCLR plus a momentum branch, a centroid predictor, ψ and the redundancy term
+    (arguments: :class:`~raycl.methods.base.EncoderMethod`; knobs: :class:`All4OneConfig`)."""
 
-    Args:
-        nnclr_kwargs: NNCLR's constructor arguments (:meth:`NNCLR.nnclr_kwargs`).
-        neighbours: k.
-        weights: (σ, κ, η).
-        redundancy_lambda: λ.
-        centroid_temperature: τ of the centroid term.
-        transformer: ψ's ``layers``, ``heads``, ``feedforward``, ``dropout`` and
-            ``position_encoding``.
-        transformer_lr: absolute lr of ψ, or None for ``train.lr * transformer_lr_scale``.
-        transformer_lr_scale: ψ's lr relative to the base lr.
-        momentum: (start, end) of the EMA coefficient's schedule.
-    """
+    section: All4OneConfig
 
-    def __init__(
-        self,
-        nnclr_kwargs: dict[str, Any],
-        neighbours: int = 5,
-        weights: tuple[float, float, float] = (0.5, 0.5, 5.0),
-        redundancy_lambda: float = 0.5,
-        centroid_temperature: float = 0.1,
-        transformer: dict[str, Any] | None = None,
-        transformer_lr: float | None = None,
-        transformer_lr_scale: float = 1.0,
-        momentum: tuple[float, float] = (0.99, 1.0),
-    ) -> None:
-        super().__init__(**nnclr_kwargs)
-        dim = nnclr_kwargs["projector_dim"]
-        transformer = {"layers": 3, "heads": 8, "feedforward": 512, "dropout": 0.1,
-                       "position_encoding": "sequence", **(transformer or {})}
-        self.centroid_predictor = projection_mlp(dim, nnclr_kwargs["predictor_hidden_dim"], dim)
-        self.psi = CentroidEncoder(dim, neighbours, **transformer)
+    def __init__(self, encoder: Encoder, section: All4OneConfig | None = None,
+                 **knobs: Any) -> None:
+        super().__init__(encoder, section, **knobs)
+        dim, section = encoder.projector_dim, self.section  # the given one or the defaults
+        self.centroid_predictor = projection_mlp(dim, section.predictor_hidden_dim, dim)
+        self.psi = CentroidEncoder(dim, section.neighbours, section.transformer_layers,
+                                   section.transformer_heads, section.transformer_feedforward,
+                                   section.transformer_dropout, section.position_encoding)
         self.momentum_backbone = momentum_copy(self.backbone)
         self.momentum_projector = momentum_copy(self.projector)
-        self.neighbours = neighbours
-        self.weights = weights
-        self.redundancy_lambda = redundancy_lambda
-        self.centroid_temperature = centroid_temperature
-        self.transformer_lr = transformer_lr
-        self.transformer_lr_scale = transformer_lr_scale
-        self.momentum = momentum
-
-    @classmethod
-    def from_config(cls, cfg: CoreConfig, in_channels: int) -> All4One:
-        section = cfg.section(All4OneConfig)
-        return cls(
-            cls.nnclr_kwargs(cfg, in_channels, section),
-            neighbours=section.neighbours,
-            weights=(section.sigma, section.kappa, section.eta),
-            redundancy_lambda=section.redundancy_lambda,
-            centroid_temperature=section.centroid_temperature,
-            transformer={"layers": section.transformer_layers, "heads": section.transformer_heads,
-                         "feedforward": section.transformer_feedforward,
-                         "dropout": section.transformer_dropout,
-                         "position_encoding": section.position_encoding},
-            transformer_lr=section.transformer_lr,
-            transformer_lr_scale=section.transformer_lr_scale,
-            momentum=(section.momentum_start, section.momentum_end),
-        )
 
     @classmethod
     def config_problems(cls, cfg: CoreConfig) -> list[tuple[str, str]]:
@@ -263,16 +218,16 @@ class All4One(NNCLR):
         rest = [param for param in self.parameters()
                 if param.requires_grad and id(param) not in psi_ids]
         psi_group: dict[str, Any] = {"params": psi, "name": "transformer"}
-        if self.transformer_lr is not None:
-            psi_group["lr"] = self.transformer_lr
+        if self.section.transformer_lr is not None:
+            psi_group["lr"] = self.section.transformer_lr
         else:
-            psi_group["lr_scale"] = self.transformer_lr_scale
+            psi_group["lr_scale"] = self.section.transformer_lr_scale
         return [{"params": rest, "name": "default"}, psi_group]
 
     def on_train_step_end(self, step: int, total_steps: int) -> None:
-        coefficient = momentum_coefficient(step, total_steps, *self.momentum)
-        ema_update(self.backbone, self.momentum_backbone, coefficient)
-        ema_update(self.projector, self.momentum_projector, coefficient)
+        momentum_update([(self.backbone, self.momentum_backbone),
+                         (self.projector, self.momentum_projector)],
+                        step, total_steps, self.section.momentum_start, self.section.momentum_end)
 
     def forward(self, batch: Batch) -> dict[str, Tensor]:
         """The All4One objective; enqueues view 1's momentum projections after the lookups.
@@ -286,22 +241,23 @@ class All4One(NNCLR):
         both = torch.cat([z1, z2])  # each predictor sees both views in one batch
         p1, p2 = self.predictor(both).chunk(2)
         pc1, pc2 = self.centroid_predictor(both).chunk(2)
-        neighbours1, _ = self.queue.nearest(target1, self.neighbours)
-        neighbours2, _ = self.queue.nearest(target2, self.neighbours)
+        knobs = self.section
+        neighbours1, _ = self.queue.nearest(target1, knobs.neighbours)
+        neighbours2, _ = self.queue.nearest(target2, knobs.neighbours)
 
-        neighbour_loss = info_nce(neighbours1[:, 0], p2, self.temperature)
+        neighbour_loss = info_nce(neighbours1[:, 0], p2, knobs.temperature)
         centroid_loss = info_nce(self.psi(neighbours1), self.psi(shift(neighbours2, pc2)),
-                                 self.centroid_temperature)
-        if self.symmetric:
+                                 knobs.centroid_temperature)
+        if knobs.symmetric:
             neighbour_loss = (neighbour_loss
-                              + info_nce(neighbours2[:, 0], p1, self.temperature)) / 2
+                              + info_nce(neighbours2[:, 0], p1, knobs.temperature)) / 2
             centroid_loss = (centroid_loss + info_nce(
                 self.psi(neighbours2), self.psi(shift(neighbours1, pc1)),
-                self.centroid_temperature)) / 2
+                knobs.centroid_temperature)) / 2
         redundancy_loss = redundancy_reduction_loss(target1, z2, target2, z1,
-                                                    self.redundancy_lambda)
-        sigma, kappa, eta = self.weights
-        loss = sigma * neighbour_loss + kappa * centroid_loss + eta * redundancy_loss
+                                                    knobs.redundancy_lambda)
+        loss = (knobs.sigma * neighbour_loss + knobs.kappa * centroid_loss
+                + knobs.eta * redundancy_loss)
         self.queue.enqueue(target1, batch.index)  # after the lookups: never a sample's own entry
         with torch.no_grad():
             pos_sim = F.cosine_similarity(neighbours1[:, 0], p2.float(), dim=1).mean()

@@ -4,6 +4,14 @@ A method is an ``nn.Module`` that owns its networks (``self.backbone`` at least)
 :class:`Batch` into a loss. The training loop knows nothing else about it. The hooks below
 are what the planned methods need; keep them generic:
 
+- **Knobs are declared once**, in the method's config section (a
+  :class:`~raycl.config.section.Section` beside the class, registered with it): its fields give
+  the defaults, bounds and descriptions. A method reads them from ``self.section``; it is built
+  from a config with that section (:meth:`Method.from_config`) or, in a test, with a few
+  keyword overrides the section validates (``SimCLR(encoder, temperature=0.1)``).
+- **Backbone + projector methods** (all but FGVR and CLIP) derive from :class:`EncoderMethod`,
+  which builds both from an :class:`Encoder` (``model:``); a subclass only says how its
+  projector is laid out (:meth:`EncoderMethod.projector_layout`).
 - **State lives in the module.** Momentum encoders, queues and support sets (MoCo, All4One's
   nearest-neighbour queue) are registered as submodules or buffers (``register_buffer``), so
   ``state_dict()`` checkpoints them and DDP broadcasts them; they are updated in
@@ -28,9 +36,9 @@ are what the planned methods need; keep them generic:
   it is in, so a resumed trial continues in the right one. The last phase is ``"train"``
   (``train.epochs``). The default is that phase alone.
 - **Pictures.** :meth:`Method.diagnostic_arrays` returns arrays computed on a batch of test
-  images at the end of a trial (FGVR's reconstruction triples);
-  :meth:`Method.plot_diagnostics` turns them into PNGs on the driver, logged to the trial's
-  MLflow run.
+  images at the end of a trial (FGVR's reconstruction triples), keys prefixed with the method's
+  name; :mod:`raycl.eval.figures` draws them on the driver, logged to the trial's MLflow run.
+  A method draws nothing itself.
 - **Image-text methods** (CLIP) set ``multimodal``: the loop tokenises the dataset's captions
   once with :meth:`Method.tokenize`, hands each batch its captions' tokens as ``Batch.texts``,
   and scores image-text metrics (MMVP-style pairs, zero-shot, caption retrieval) with
@@ -48,14 +56,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from torch import Tensor, nn
 
+from raycl.config.section import Section
 from raycl.distributed import gather_no_grad
 from raycl.losses import same_label_mask
+from raycl.models import build_backbone, projection_mlp, resolve_stem
 
 if TYPE_CHECKING:
     from raycl.config.schema import CoreConfig
@@ -126,9 +135,22 @@ class Method(nn.Module):
 
     Subclasses set ``self.backbone`` (the encoder used for evaluation) and implement
     :meth:`forward` and :meth:`from_config`.
+
+    Args:
+        section: the method's knobs, an instance of its config section (``cfg.section(...)``);
+            None: the section's defaults, with ``knobs`` overriding them.
+        knobs: keyword overrides of the section's fields, validated by the section (a bad value
+            raises pydantic's ``ValidationError``, a ``ValueError``); only without ``section``.
+
+    Raises:
+        TypeError: for ``section`` and ``knobs`` together, a section of another type, or knobs
+            for a method without a section.
     """
 
     backbone: nn.Module
+    # The config section of the method's knobs; set by @register(name, section=...).
+    section_type: ClassVar[type[Section] | None] = None
+    section: Section | None
     # True when forward honours Batch.negative_mask() (MCL's ``negatives: mask``).
     accepts_negative_mask: ClassVar[bool] = False
     # True for image-text methods: Batch.texts, tokenize and embed_texts.
@@ -137,6 +159,20 @@ class Method(nn.Module):
     stages_share_initial_weights: ClassVar[bool] = False
     # Config keys of weight files the method reads (a resumed stage does not read them again).
     weight_file_keys: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, section: Section | None = None, **knobs: Any) -> None:
+        super().__init__()
+        name, expected = type(self).__name__, type(self).section_type
+        if section is None:
+            if expected is None and knobs:
+                raise TypeError(f"{name} has no config section for {sorted(knobs)}")
+            section = None if expected is None else expected(**knobs)  # validated
+        elif knobs:
+            raise TypeError(f"{name}: give a section or knobs, not both")
+        elif type(section) is not expected:
+            raise TypeError(f"{name} reads a {getattr(expected, '__name__', 'no section')}, "
+                            f"got a {type(section).__name__}")
+        self.section = section
 
     def forward(self, batch: Batch) -> dict[str, Tensor]:
         """Computes the training loss.
@@ -251,13 +287,6 @@ class Method(nn.Module):
         return {}
 
     @classmethod
-    def plot_diagnostics(cls, arrays: dict[str, np.ndarray], out: Path, title: str) -> list[Path]:
-        """Writes the pictures of :meth:`diagnostic_arrays` as PNGs into ``out`` (on the driver;
-        ``arrays`` also holds the other diagnostics). Returns the files written (none by
-        default)."""
-        return []
-
-    @classmethod
     def config_problems(cls, cfg: CoreConfig) -> list[tuple[str, str]]:
         """Problems with ``cfg`` that one section's validation cannot see, as ``(key, why)``;
         the loader reports the first as ``FILE: key: why`` before launching. None by default
@@ -277,3 +306,64 @@ class Method(nn.Module):
             A new, randomly initialised method.
         """
         raise NotImplementedError
+
+
+@dataclass
+class Encoder:
+    """The backbone a method starts from and its projector's widths, from ``model:``.
+
+    Attributes:
+        backbone: encoder mapping (B, C, H, W) -> (B, feature_dim).
+        feature_dim: output width of ``backbone``.
+        projector_hidden_dim: hidden width of the projector (``model.projector_hidden_dim``).
+        projector_dim: output width D of the projector (``model.projector_dim``): the embedding
+            the loss acts on.
+    """
+
+    backbone: nn.Module
+    feature_dim: int
+    projector_hidden_dim: int
+    projector_dim: int
+
+    @classmethod
+    def from_config(cls, cfg: CoreConfig, in_channels: int) -> Encoder:
+        """``model.backbone`` at ``model.width`` with ``model.stem`` (``auto`` resolved at
+        ``data.resolution``), starting from ``model.pretrained`` when it is set, and the
+        projector's widths."""
+        model = cfg.model
+        backbone, feature_dim = build_backbone(
+            model.backbone, in_channels, model.width,
+            stem=resolve_stem(model.stem, cfg.data.resolution), pretrained=model.pretrained)
+        return cls(backbone, feature_dim, model.projector_hidden_dim, model.projector_dim)
+
+
+class EncoderMethod(Method):
+    """A method with a backbone and a projector (every method but FGVR and CLIP).
+
+    Args:
+        encoder: the backbone and the projector's widths (:meth:`Encoder.from_config`).
+        section, knobs: the method's knobs (see :class:`Method`).
+    """
+
+    def __init__(self, encoder: Encoder, section: Section | None = None, **knobs: Any) -> None:
+        super().__init__(section, **knobs)
+        self.backbone = encoder.backbone
+        self.feature_dim = encoder.feature_dim
+        self.projector = projection_mlp(encoder.feature_dim, encoder.projector_hidden_dim,
+                                        encoder.projector_dim, **self.projector_layout())
+
+    def projector_layout(self) -> dict[str, Any]:
+        """:func:`~raycl.models.projection_mlp` options of the projector (``num_layers``,
+        ``batch_norm``, ``last_bn``); by default 2 layers, BatchNorm after the hidden one. Called
+        once ``self.section`` is set."""
+        return {}
+
+    def project(self, images: Tensor) -> Tensor:
+        """The projection the loss acts on (online branch, unnormalised)."""
+        return self.projector(self.backbone(images))
+
+    @classmethod
+    def from_config(cls, cfg: CoreConfig, in_channels: int) -> Method:
+        if cls.section_type is None:
+            raise TypeError(f"{cls.__name__} is registered without a config section")
+        return cls(Encoder.from_config(cfg, in_channels), cfg.section(cls.section_type))

@@ -255,27 +255,20 @@ class CLIP(Method):
     Args:
         model: an open_clip ``CLIP`` with a ViT image tower.
         tokenizer: open_clip tokenizer (callable: list of str -> (N, L) int64).
-        trainable_blocks: last image blocks to train (with ``ln_post``, ``proj``).
-        train_text: also train the text tower and the whole image tower.
-        learn_logit_scale: train the logit scale.
+        section, knobs: the knobs (:class:`CLIPConfig`; see :class:`Method`): which blocks
+            train (``trainable_blocks``, ``train_text``) and whether the logit scale does. The
+            model is built and loaded from it by :meth:`from_config`.
     """
 
     accepts_negative_mask = True
     multimodal = True
     stages_share_initial_weights = True
     weight_file_keys: ClassVar[tuple[str, ...]] = ("clip.pretrained",)
+    section: CLIPConfig
 
-    def __init__(
-        self,
-        model: nn.Module,
-        tokenizer: Any,
-        trainable_blocks: int,
-        train_text: bool = False,
-        learn_logit_scale: bool = True,
-    ) -> None:
-        super().__init__()
-        if trainable_blocks < 0:
-            raise ValueError(f"trainable_blocks must be >= 0, got {trainable_blocks}")
+    def __init__(self, model: nn.Module, tokenizer: Any, section: CLIPConfig | None = None,
+                 **knobs: Any) -> None:
+        super().__init__(section, **knobs)
         self.clip = model
         self.tokenizer = tokenizer
         self.register_buffer("pixel_mean", torch.tensor(CLIP_MEAN).view(1, 3, 1, 1),
@@ -284,8 +277,9 @@ class CLIP(Method):
                              persistent=False)
         visual = model.visual
         blocks = visual.transformer.resblocks
-        self.trainable_blocks = min(trainable_blocks, len(blocks))
-        self.train_text = train_text
+        # Capped at the tower's depth, where the whole image tower trains.
+        self.trainable_blocks = min(self.section.trainable_blocks, len(blocks))
+        train_text = self.section.train_text
         for param in model.parameters():
             param.requires_grad_(False)
         trainable: list[nn.Module] = [*blocks[len(blocks) - self.trainable_blocks:],
@@ -301,7 +295,7 @@ class CLIP(Method):
             param.requires_grad_(train_text)
         if isinstance(visual.proj, nn.Parameter):
             visual.proj.requires_grad_(True)
-        model.logit_scale.requires_grad_(learn_logit_scale)
+        model.logit_scale.requires_grad_(self.section.learn_logit_scale)
 
     @property
     def backbone(self) -> nn.Module:  # type: ignore[override]
@@ -318,8 +312,7 @@ class CLIP(Method):
         if section.init_logit_scale is not None:
             with torch.no_grad():
                 model.logit_scale.fill_(math.log(section.init_logit_scale))
-        return cls(model, _tokenizer(section, model), section.trainable_blocks,
-                   section.train_text, section.learn_logit_scale)
+        return cls(model, _tokenizer(section, model), section)
 
     def _pixels(self, images: Tensor) -> Tensor:
         # The loop's images are (x - 0.5) / 0.5; CLIP expects its own statistics.
@@ -340,7 +333,7 @@ class CLIP(Method):
             raise ValueError("clip needs Batch.texts (tokenised captions)")
         images = batch.views[0] if batch.views else batch.images
         image_features = self.embed(images)
-        with torch.set_grad_enabled(self.train_text and torch.is_grad_enabled()):
+        with torch.set_grad_enabled(self.section.train_text and torch.is_grad_enabled()):
             text_features = self.embed_texts(batch.texts)
         scale = self.clip.logit_scale.exp()
         loss = clip_loss(image_features, text_features, scale, batch.negative_mask())

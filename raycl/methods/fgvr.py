@@ -41,8 +41,7 @@ dimension with the full ``ε_g`` and ``ε_var`` noise, as if every score were 0.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -52,7 +51,7 @@ from torch import Tensor, nn
 
 from raycl.config.schema import Section
 from raycl.losses import nt_xent
-from raycl.methods.base import TRAIN_PHASE, Batch, Method, Phase
+from raycl.methods.base import TRAIN_PHASE, Batch, EncoderMethod, Method, Phase
 from raycl.methods.registry import METHODS, register
 from raycl.models.decoder import FeatureDecoder
 from raycl.queues import FeatureQueue
@@ -203,36 +202,19 @@ class FGVR(Method):
     Args:
         base: the base method; its ``backbone`` is ``f`` and its ``projector`` is ``g``.
         decoder: ``h``, from ``f``'s features to images.
-        feature_dim: width n of ``f``'s features.
-        perturbation: "both", "gradcam", "low_variance" or "random".
-        epsilon_g, epsilon_var, kappa, alpha, nu: the paper's ε_g, ε_var, κ, α, ν.
-        memory_size: rows D of the memory bank.
-        temperature: τ of Grad-CAM's and L_Cp's SimCLR losses.
+        section, knobs: FGVR's knobs (:class:`FGVRConfig`; see :class:`Method`).
     """
 
-    def __init__(
-        self,
-        base: Method,
-        decoder: nn.Module,
-        feature_dim: int,
-        perturbation: Perturbation = "both",
-        epsilon_g: float = 0.1,
-        epsilon_var: float = 0.05,
-        kappa: float = 0.02,
-        alpha: float = 1.0,
-        nu: float = 0.5,
-        memory_size: int = 5632,
-        temperature: float = 0.2,
-    ) -> None:
-        super().__init__()
-        if not isinstance(getattr(base, "projector", None), nn.Module):
+    section: FGVRConfig
+
+    def __init__(self, base: EncoderMethod, decoder: nn.Module,
+                 section: FGVRConfig | None = None, **knobs: Any) -> None:
+        super().__init__(section, **knobs)
+        if not isinstance(base, EncoderMethod):
             raise ValueError(f"{type(base).__name__} has no projector to serve as g")
         self.base = base
         self.decoder = decoder
-        self.memory = FeatureQueue(memory_size, feature_dim, normalize=False)
-        self.perturbation = perturbation
-        self.epsilon_g, self.epsilon_var, self.kappa = epsilon_g, epsilon_var, kappa
-        self.alpha, self.nu, self.temperature = alpha, nu, temperature
+        self.memory = FeatureQueue(self.section.memory_size, base.feature_dim, normalize=False)
         self.phase = TRAIN_PHASE.name
         # What the base trains (its momentum copies are frozen for good).
         self._trainable = {name for name, p in self.named_parameters() if p.requires_grad}
@@ -245,13 +227,10 @@ class FGVR(Method):
     def from_config(cls, cfg: CoreConfig, in_channels: int) -> FGVR:
         section = cfg.section(FGVRConfig)
         base = METHODS[section.base].from_config(cfg, in_channels)
-        feature_dim = next(m for m in base.projector.modules() if isinstance(m, nn.Linear))
-        decoder = FeatureDecoder(feature_dim.in_features, in_channels, cfg.data.resolution,
+        assert isinstance(base, EncoderMethod), "fgvr.base is mocov2 or simsiam"
+        decoder = FeatureDecoder(base.feature_dim, in_channels, cfg.data.resolution,
                                  width=section.decoder_width)
-        return cls(base, decoder, feature_dim.in_features, perturbation=section.perturbation,
-                   epsilon_g=section.epsilon_g, epsilon_var=section.epsilon_var,
-                   kappa=section.kappa, alpha=section.alpha, nu=section.nu,
-                   memory_size=section.memory_size, temperature=section.temperature)
+        return cls(base, decoder, section)
 
     @classmethod
     def phases(cls, cfg: CoreConfig) -> list[Phase]:
@@ -290,13 +269,14 @@ class FGVR(Method):
         column variances (bank already updated), each None when its criterion is off.
         ``gather``: Grad-CAM over the global batch (training, every rank) or this rank's."""
         scores = variance = None
-        if self.perturbation in ("both", "gradcam"):
+        perturbation = self.section.perturbation
+        if perturbation in ("both", "gradcam"):
             with torch.no_grad():
                 view_features = self.backbone(view)
-            scores = gradcam_scores(v, view_features, self.base.projector, self.temperature,
-                                    gather=gather)
+            scores = gradcam_scores(v, view_features, self.base.projector,
+                                    self.section.temperature, gather=gather)
         bank = self.memory.filled()
-        if self.perturbation in ("both", "low_variance") and bank.shape[0] >= 2:
+        if perturbation in ("both", "low_variance") and bank.shape[0] >= 2:
             variance = column_variance(bank)
         return scores, variance
 
@@ -304,10 +284,11 @@ class FGVR(Method):
         self, v: Tensor, scores: Tensor | None, variance: Tensor | None
     ) -> tuple[Tensor | None, Tensor | None]:
         """The two noise stds for features ``v`` from :meth:`_criteria`'s outputs."""
-        if self.perturbation == "random":
-            return (torch.full_like(v, self.epsilon_g, dtype=torch.float32),
-                    torch.full_like(v[0], self.epsilon_var, dtype=torch.float32))
-        return noise_std(scores, variance, self.epsilon_g, self.epsilon_var, self.kappa)
+        knobs = self.section
+        if knobs.perturbation == "random":
+            return (torch.full_like(v, knobs.epsilon_g, dtype=torch.float32),
+                    torch.full_like(v[0], knobs.epsilon_var, dtype=torch.float32))
+        return noise_std(scores, variance, knobs.epsilon_g, knobs.epsilon_var, knobs.kappa)
 
     def forward(self, batch: Batch) -> dict[str, Tensor]:
         """``L_C + α L_R + ν L_Cp`` (or ``L_R`` alone in the decoder phase).
@@ -337,8 +318,8 @@ class FGVR(Method):
             reconstruction_p = self.decoder(perturbed.to(v.dtype))
         z = self.base.project(reconstruction.detach())
         z_p = self.base.project(reconstruction_p)
-        loss_cp = nt_xent(z, z_p, self.temperature)
-        loss = base["loss"] + self.alpha * loss_r + self.nu * loss_cp
+        loss_cp = nt_xent(z, z_p, self.section.temperature)
+        loss = base["loss"] + self.section.alpha * loss_r + self.section.nu * loss_cp
         with torch.no_grad():
             relative = ((perturbed - v.float()).norm(dim=1)
                         / v.float().norm(dim=1).clamp_min(1e-12)).mean()
@@ -360,7 +341,8 @@ class FGVR(Method):
             reconstruction = self.decoder(v)
             reconstruction_p = self.decoder(perturb(v, std_g, std_var).to(v.dtype))
         triples = torch.stack([batch.images, reconstruction, reconstruction_p], dim=1)
-        arrays = {"fgvr_triples": _to_uint8(triples), "fgvr_kappa": np.array([self.kappa])}
+        arrays = {"fgvr_triples": _to_uint8(triples),
+                  "fgvr_kappa": np.array([self.section.kappa])}
         if scores is not None:
             arrays["fgvr_gradcam_scores"] = scores.cpu().numpy()
         bank = self.memory.filled()
@@ -369,52 +351,6 @@ class FGVR(Method):
         if variance is not None:
             arrays["fgvr_variance"] = variance.cpu().numpy()
         return arrays
-
-    @classmethod
-    def plot_diagnostics(cls, arrays: dict[str, np.ndarray], out: Path, title: str) -> list[Path]:
-        """``fgvr_triples.png`` (rows: test images; columns: x, x̂, x̂_p) and
-        ``fgvr_scores.png`` (histograms of the Grad-CAM scores and the bank's variances)."""
-        if "fgvr_triples" not in arrays:
-            return []
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        triples = arrays["fgvr_triples"]
-        rows = len(triples)
-        figure, axes = plt.subplots(rows, 3, figsize=(4.5, 1.5 * rows), squeeze=False)
-        for row, triple in enumerate(triples):
-            for column, (image, label) in enumerate(zip(triple, ("x", "x̂", "x̂_p"), strict=True)):
-                axis = axes[row][column]
-                picture = image.transpose(1, 2, 0)
-                axis.imshow(picture[..., 0] if picture.shape[2] == 1 else picture,
-                            cmap="gray" if picture.shape[2] == 1 else None)
-                axis.set_xticks([])
-                axis.set_yticks([])
-                if row == 0:
-                    axis.set_title(label)
-        figure.suptitle(f"FGVR reconstructions (test) — {title}", fontsize=8)
-        figure.tight_layout()
-        written = [out / "fgvr_triples.png"]
-        figure.savefig(written[0], dpi=100)
-        plt.close(figure)
-
-        figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-        if "fgvr_gradcam_scores" in arrays:
-            left.hist(arrays["fgvr_gradcam_scores"].ravel(), bins=50)
-        left.set(title="normalised Grad-CAM scores η̄", xlabel="η̄", ylabel="dimensions x images")
-        if "fgvr_variance" in arrays:
-            right.hist(arrays["fgvr_variance"], bins=50)
-            right.axvline(float(arrays["fgvr_kappa"][0]), color="red", label="κ")
-            right.legend()
-        right.set(title="memory-bank column variance s", xlabel="s", ylabel="dimensions")
-        figure.suptitle(title, fontsize=8)
-        figure.tight_layout()
-        written.append(out / "fgvr_scores.png")
-        figure.savefig(written[1], dpi=100)
-        plt.close(figure)
-        return written
 
 
 def _to_uint8(images: Tensor) -> np.ndarray:

@@ -11,18 +11,12 @@ gradient choice (none through W) are in :func:`raycl.losses.hscl_loss`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import Field
-from torch import Tensor, nn
+from torch import Tensor
 
-from raycl.losses import check_filter_args, hscl_loss
+from raycl.losses import hscl_loss
 from raycl.methods.registry import register
 from raycl.methods.spectral import SpectralCL, SpectralConfig
-from raycl.methods.two_view import encoder_kwargs
-
-if TYPE_CHECKING:
-    from raycl.config.schema import CoreConfig
 
 
 class HSCLConfig(SpectralConfig):
@@ -41,44 +35,13 @@ class HSCLConfig(SpectralConfig):
 
 @register("hscl", section=HSCLConfig)
 class HSCL(SpectralCL):
-    """Backbone + 2-layer projector trained with the high-pass filtered spectral loss.
+    """Backbone + 2-layer projector trained with the high-pass filtered spectral loss
+    (arguments: :class:`~raycl.methods.base.EncoderMethod`; knobs: :class:`HSCLConfig`;
+    ``model.projector_dim`` is m, Bmat is m x m)."""
 
-    Args:
-        backbone: encoder mapping (B, C, H, W) -> (B, feature_dim).
-        feature_dim: output dimension of ``backbone``.
-        projector_hidden_dim: hidden width of the projector.
-        projector_dim: output dimension of the projector, m (Bmat is m x m).
-        mu: squared radius of the embedding ball, > 0.
-        filter_exponent: p >= 0.
-        eigenvalue_floor: relative eigenvalue floor in (0, 1).
-        divide_by_mu: divide the loss by ``mu``, as Spectral CL.
-    """
-
-    def __init__(
-        self,
-        backbone: nn.Module,
-        feature_dim: int,
-        projector_hidden_dim: int,
-        projector_dim: int,
-        mu: float,
-        filter_exponent: float,
-        eigenvalue_floor: float,
-        divide_by_mu: bool = True,
-    ) -> None:
-        super().__init__(backbone, feature_dim, projector_hidden_dim, projector_dim, mu,
-                         divide_by_mu)
-        check_filter_args(filter_exponent, eigenvalue_floor)
-        self.filter_exponent = filter_exponent
-        self.eigenvalue_floor = eigenvalue_floor
-
-    @classmethod
-    def from_config(cls, cfg: CoreConfig, in_channels: int) -> HSCL:
-        section = cfg.section(HSCLConfig)
-        return cls(**encoder_kwargs(cfg, in_channels), mu=section.mu,
-                   filter_exponent=section.filter_exponent,
-                   eigenvalue_floor=section.eigenvalue_floor,
-                   divide_by_mu=section.divide_by_mu)
+    section: HSCLConfig
 
     def loss(self, z1: Tensor, z2: Tensor, negative_mask: Tensor | None) -> Tensor:
-        return hscl_loss(z1, z2, self.filter_exponent, self.mu, self.eigenvalue_floor,
-                         negative_mask=negative_mask, divide_by_mu=self.divide_by_mu)
+        knobs = self.section
+        return hscl_loss(z1, z2, knobs.filter_exponent, knobs.mu, knobs.eigenvalue_floor,
+                         negative_mask=negative_mask, divide_by_mu=knobs.divide_by_mu)

@@ -27,24 +27,20 @@ views in one pass per encoder (BatchNorm over 2B rows, as every raycl two-view m
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
-from torch import Tensor, nn
+from torch import Tensor
 
 from raycl.config.schema import Section
 from raycl.losses import moco_infonce
-from raycl.methods.base import Batch, Method
+from raycl.methods.base import Batch, Encoder, EncoderMethod
 from raycl.methods.registry import register
-from raycl.methods.two_view import encode_views, encoder_kwargs
-from raycl.models import projection_mlp
-from raycl.models.momentum import ema_update, momentum_coefficient, momentum_copy
+from raycl.methods.two_view import encode_views
+from raycl.models.momentum import momentum_copy, momentum_update
 from raycl.queues import FeatureQueue
-
-if TYPE_CHECKING:
-    from raycl.config.schema import CoreConfig
 
 
 class MoCoV2Config(Section):
@@ -76,58 +72,22 @@ class MoCoV2Config(Section):
 
 
 @register("mocov2", section=MoCoV2Config)
-class MoCoV2(Method):
-    """Query encoder (backbone + MLP head), its momentum key encoder and a queue of keys.
+class MoCoV2(EncoderMethod):
+    """Query encoder (backbone + MLP head), its momentum key encoder and a queue of keys
+    (arguments: :class:`~raycl.methods.base.EncoderMethod`; knobs: :class:`MoCoV2Config`;
+    ``model.projector_dim`` is the embedding width D of the head and the queue's entries)."""
 
-    Args:
-        backbone: encoder mapping (B, C, H, W) -> (B, feature_dim).
-        feature_dim: output dimension of ``backbone``.
-        projector_hidden_dim: hidden width of the head.
-        projector_dim: embedding width D (head output, queue entries).
-        projector_layers: Linear layers of the head (no BatchNorm).
-        temperature: InfoNCE temperature, > 0.
-        queue_size: negative keys in the queue.
-        momentum: (start, end) of the key encoder's EMA coefficient.
-        symmetric: average with the view-swapped loss and enqueue both views' keys.
-    """
+    section: MoCoV2Config
 
-    def __init__(
-        self,
-        backbone: nn.Module,
-        feature_dim: int,
-        projector_hidden_dim: int,
-        projector_dim: int,
-        projector_layers: int = 2,
-        temperature: float = 0.2,
-        queue_size: int = 65_536,
-        momentum: tuple[float, float] = (0.999, 0.999),
-        symmetric: bool = False,
-    ) -> None:
-        super().__init__()
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        momentum_coefficient(0, 1, *momentum)  # validates 0 <= start <= end <= 1
-        self.backbone = backbone
-        self.projector = projection_mlp(feature_dim, projector_hidden_dim, projector_dim,
-                                        num_layers=projector_layers, batch_norm=False)
+    def __init__(self, encoder: Encoder, section: MoCoV2Config | None = None,
+                 **knobs: Any) -> None:
+        super().__init__(encoder, section, **knobs)
         self.key_backbone = momentum_copy(self.backbone)
         self.key_projector = momentum_copy(self.projector)
-        self.queue = FeatureQueue(queue_size, projector_dim)
-        self.temperature = temperature
-        self.momentum = momentum
-        self.symmetric = symmetric
+        self.queue = FeatureQueue(self.section.queue_size, encoder.projector_dim)
 
-    @classmethod
-    def from_config(cls, cfg: CoreConfig, in_channels: int) -> MoCoV2:
-        section = cfg.section(MoCoV2Config)
-        return cls(**encoder_kwargs(cfg, in_channels), projector_layers=section.projector_layers,
-                   temperature=section.temperature, queue_size=section.queue_size,
-                   momentum=(section.momentum_start, section.momentum_end),
-                   symmetric=section.symmetric)
-
-    def project(self, images: Tensor) -> Tensor:
-        """The online (query) projection, unnormalised."""
-        return self.projector(self.backbone(images))
+    def projector_layout(self) -> dict[str, Any]:
+        return {"num_layers": self.section.projector_layers, "batch_norm": False}
 
     @torch.no_grad()
     def key_project(self, images: Tensor) -> Tensor:
@@ -135,9 +95,8 @@ class MoCoV2(Method):
         return self.key_projector(self.key_backbone(images))
 
     def on_train_step_end(self, step: int, total_steps: int) -> None:
-        coefficient = momentum_coefficient(step, total_steps, *self.momentum)
-        ema_update(self.backbone, self.key_backbone, coefficient)
-        ema_update(self.projector, self.key_projector, coefficient)
+        momentum_update([(self.backbone, self.key_backbone), (self.projector, self.key_projector)],
+                        step, total_steps, self.section.momentum_start, self.section.momentum_end)
 
     def forward(self, batch: Batch) -> dict[str, Tensor]:
         """MoCo's InfoNCE against the queue; enqueues the batch's keys after the loss.
@@ -149,19 +108,20 @@ class MoCoV2(Method):
         Raises:
             ValueError: if the batch does not have exactly two views.
         """
+        temperature = self.section.temperature
         negatives = self.queue.embeddings  # read before the enqueue below: earlier keys only
-        if self.symmetric:
+        if self.section.symmetric:
             q1, q2 = encode_views(self.project, batch)
             k1, k2 = encode_views(self.key_project, batch)
-            loss = (moco_infonce(q1, k2, negatives, self.temperature)
-                    + moco_infonce(q2, k1, negatives, self.temperature)) / 2
+            loss = (moco_infonce(q1, k2, negatives, temperature)
+                    + moco_infonce(q2, k1, negatives, temperature)) / 2
             keys, index = torch.cat([k2, k1]), torch.cat([batch.index, batch.index])
         else:
             if len(batch.views) != 2:
                 raise ValueError(f"this method needs exactly 2 views per batch, got "
                                  f"{len(batch.views)}")
             q1, k2 = self.project(batch.views[0]), self.key_project(batch.views[1])
-            loss = moco_infonce(q1, k2, negatives, self.temperature)
+            loss = moco_infonce(q1, k2, negatives, temperature)
             keys, index = k2, batch.index
         with torch.no_grad():
             pos_sim = F.cosine_similarity(q1.float(), k2.float(), dim=1).mean()

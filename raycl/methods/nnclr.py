@@ -11,23 +11,20 @@ neighbour within its step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from torch import Tensor, nn
+from torch import Tensor
 
 from raycl.config.schema import Section
 from raycl.losses import info_nce
-from raycl.methods.base import Batch, Method
+from raycl.methods.base import Batch, Encoder, EncoderMethod
 from raycl.methods.registry import register
-from raycl.methods.two_view import encode_views, encoder_kwargs
+from raycl.methods.two_view import encode_views
 from raycl.models import projection_mlp
 from raycl.queues import FeatureQueue, KnnBackend
-
-if TYPE_CHECKING:
-    from raycl.config.schema import CoreConfig
 
 
 class NNCLRConfig(Section):
@@ -52,61 +49,23 @@ class NNCLRConfig(Section):
 
 
 @register("nnclr", section=NNCLRConfig)
-class NNCLR(Method):
-    """Backbone, projector, predictor and a support-set queue of projections.
-
-    Args:
-        backbone: encoder mapping (B, C, H, W) -> (B, feature_dim).
-        feature_dim: output dimension of ``backbone``.
-        projector_hidden_dim: hidden width of the projector.
-        projector_dim: embedding width D (projector output, queue entries).
-        projector_layers: Linear layers of the projector.
-        predictor_hidden_dim: hidden width of the predictor.
-        temperature: InfoNCE temperature, > 0.
-        queue_size: support-set entries.
-        symmetric: average with the view-swapped loss.
-        knn_backend: lookup backend (see :func:`raycl.queues.cosine_topk`).
+class NNCLR(EncoderMethod):
+    """Backbone, projector, predictor and a support-set queue of projections (arguments:
+    :class:`~raycl.methods.base.EncoderMethod`; knobs: :class:`NNCLRConfig`;
+    ``model.projector_dim`` is the embedding width D of the projector and the queue's entries).
     """
 
-    def __init__(
-        self,
-        backbone: nn.Module,
-        feature_dim: int,
-        projector_hidden_dim: int,
-        projector_dim: int,
-        projector_layers: int,
-        predictor_hidden_dim: int,
-        temperature: float,
-        queue_size: int,
-        symmetric: bool,
-        knn_backend: KnnBackend = "torch",
-    ) -> None:
-        super().__init__()
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.backbone = backbone
-        self.projector = projection_mlp(feature_dim, projector_hidden_dim, projector_dim,
-                                        num_layers=projector_layers)
-        self.predictor = projection_mlp(projector_dim, predictor_hidden_dim, projector_dim)
-        self.queue = FeatureQueue(queue_size, projector_dim, knn_backend)
-        self.temperature = temperature
-        self.symmetric = symmetric
+    section: NNCLRConfig
 
-    @staticmethod
-    def nnclr_kwargs(cfg: CoreConfig, in_channels: int, section: NNCLRConfig) -> dict[str, Any]:
-        """The constructor arguments shared with All4One, from ``cfg.model`` and ``section``."""
-        return {**encoder_kwargs(cfg, in_channels),
-                "projector_layers": section.projector_layers,
-                "predictor_hidden_dim": section.predictor_hidden_dim,
-                "temperature": section.temperature, "queue_size": section.queue_size,
-                "symmetric": section.symmetric, "knn_backend": section.knn_backend}
+    def __init__(self, encoder: Encoder, section: NNCLRConfig | None = None,
+                 **knobs: Any) -> None:
+        super().__init__(encoder, section, **knobs)
+        dim = encoder.projector_dim
+        self.predictor = projection_mlp(dim, self.section.predictor_hidden_dim, dim)
+        self.queue = FeatureQueue(self.section.queue_size, dim, self.section.knn_backend)
 
-    @classmethod
-    def from_config(cls, cfg: CoreConfig, in_channels: int) -> NNCLR:
-        return cls(**cls.nnclr_kwargs(cfg, in_channels, cfg.section(NNCLRConfig)))
-
-    def project(self, images: Tensor) -> Tensor:
-        return self.projector(self.backbone(images))
+    def projector_layout(self) -> dict[str, Any]:
+        return {"num_layers": self.section.projector_layers}
 
     def queries(self, images: Tensor) -> Tensor:
         """The embeddings the support set is searched with and filled from (here: online
@@ -127,11 +86,12 @@ class NNCLR(Method):
         """
         z1, z2 = encode_views(self.project, batch)
         p1, p2 = self.predictor(torch.cat([z1, z2])).chunk(2)
+        temperature = self.section.temperature
         neighbour1 = self.queue.nearest(z1, k=1)[0][:, 0]
-        loss = info_nce(neighbour1, p2, self.temperature)
-        if self.symmetric:
+        loss = info_nce(neighbour1, p2, temperature)
+        if self.section.symmetric:
             neighbour2 = self.queue.nearest(z2, k=1)[0][:, 0]
-            loss = (loss + info_nce(neighbour2, p1, self.temperature)) / 2
+            loss = (loss + info_nce(neighbour2, p1, temperature)) / 2
         self.queue.enqueue(z1, batch.index)  # after the lookups: never a sample's own entry
         with torch.no_grad():
             pos_sim = F.cosine_similarity(neighbour1, p2.float(), dim=1).mean()

@@ -34,7 +34,8 @@ def register(
     Args:
         name: the value of ``cfg.method`` that selects the class; also the config key of its
             section.
-        section: the method's knobs (defaults and descriptions), or None for a method without.
+        section: the method's knobs (defaults and descriptions), or None for a method without;
+            the class's ``section_type``, so its instances read them as ``self.section``.
 
     Returns:
         The decorator; it returns the class unchanged.
@@ -59,6 +60,7 @@ def register(
         METHODS[name] = cls
         if section is not None:
             METHOD_SECTIONS[name] = section
+            cls.section_type = section  # what the class's instances read as self.section
         return cls
 
     return decorator

@@ -6,18 +6,13 @@ samples sharing the pseudo label (the loss-side form of the paper's per-group ba
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import Field
-from torch import Tensor, nn
+from torch import Tensor
 
 from raycl.config.schema import Section
 from raycl.losses import nt_xent
 from raycl.methods.registry import register
-from raycl.methods.two_view import TwoViewMethod, encoder_kwargs
-
-if TYPE_CHECKING:
-    from raycl.config.schema import CoreConfig
+from raycl.methods.two_view import TwoViewMethod
 
 
 class SimCLRConfig(Section):
@@ -29,33 +24,10 @@ class SimCLRConfig(Section):
 
 @register("simclr", section=SimCLRConfig)
 class SimCLR(TwoViewMethod):
-    """Backbone + 2-layer projector trained with NT-Xent.
+    """Backbone + 2-layer projector trained with NT-Xent (arguments:
+    :class:`~raycl.methods.base.EncoderMethod`; knobs: :class:`SimCLRConfig`)."""
 
-    Args:
-        backbone: encoder mapping (B, C, H, W) -> (B, feature_dim).
-        feature_dim: output dimension of ``backbone``.
-        projector_hidden_dim: hidden width of the projector.
-        projector_dim: output dimension of the projector.
-        temperature: NT-Xent temperature, > 0.
-    """
-
-    def __init__(
-        self,
-        backbone: nn.Module,
-        feature_dim: int,
-        projector_hidden_dim: int,
-        projector_dim: int,
-        temperature: float,
-    ) -> None:
-        super().__init__(backbone, feature_dim, projector_hidden_dim, projector_dim)
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.temperature = temperature
-
-    @classmethod
-    def from_config(cls, cfg: CoreConfig, in_channels: int) -> SimCLR:
-        return cls(**encoder_kwargs(cfg, in_channels),
-                   temperature=cfg.section(SimCLRConfig).temperature)
+    section: SimCLRConfig
 
     def loss(self, z1: Tensor, z2: Tensor, negative_mask: Tensor | None) -> Tensor:
-        return nt_xent(z1, z2, self.temperature, negative_mask=negative_mask)
+        return nt_xent(z1, z2, self.section.temperature, negative_mask=negative_mask)

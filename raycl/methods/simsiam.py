@@ -18,22 +18,19 @@ affine parameters (the official code's has none, ``affine=False``; the paper doe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from torch import Tensor, nn
+from torch import Tensor
 
 from raycl.config.schema import Section
 from raycl.losses import simsiam_loss
-from raycl.methods.base import Batch, Method
+from raycl.methods.base import Batch, Encoder, EncoderMethod
 from raycl.methods.registry import register
-from raycl.methods.two_view import encode_views, encoder_kwargs
+from raycl.methods.two_view import encode_views
 from raycl.models import projection_mlp
-
-if TYPE_CHECKING:
-    from raycl.config.schema import CoreConfig
 
 
 class SimSiamConfig(Section):
@@ -48,41 +45,21 @@ class SimSiamConfig(Section):
 
 
 @register("simsiam", section=SimSiamConfig)
-class SimSiam(Method):
-    """Backbone, projector and predictor trained with the symmetrised negative cosine.
+class SimSiam(EncoderMethod):
+    """Backbone, projector and predictor trained with the symmetrised negative cosine
+    (arguments: :class:`~raycl.methods.base.EncoderMethod`; knobs: :class:`SimSiamConfig`;
+    ``model.projector_dim`` is the embedding width D of projector and predictor)."""
 
-    Args:
-        backbone: encoder mapping (B, C, H, W) -> (B, feature_dim).
-        feature_dim: output dimension of ``backbone``.
-        projector_hidden_dim: hidden width of the projector.
-        projector_dim: embedding width D (projector and predictor output).
-        projector_layers: Linear layers of the projector.
-        predictor_hidden_dim: hidden width of the predictor.
-    """
+    section: SimSiamConfig
 
-    def __init__(
-        self,
-        backbone: nn.Module,
-        feature_dim: int,
-        projector_hidden_dim: int,
-        projector_dim: int,
-        projector_layers: int = 3,
-        predictor_hidden_dim: int = 512,
-    ) -> None:
-        super().__init__()
-        self.backbone = backbone
-        self.projector = projection_mlp(feature_dim, projector_hidden_dim, projector_dim,
-                                        num_layers=projector_layers, last_bn=True)
-        self.predictor = projection_mlp(projector_dim, predictor_hidden_dim, projector_dim)
+    def __init__(self, encoder: Encoder, section: SimSiamConfig | None = None,
+                 **knobs: Any) -> None:
+        super().__init__(encoder, section, **knobs)
+        dim = encoder.projector_dim
+        self.predictor = projection_mlp(dim, self.section.predictor_hidden_dim, dim)
 
-    @classmethod
-    def from_config(cls, cfg: CoreConfig, in_channels: int) -> SimSiam:
-        section = cfg.section(SimSiamConfig)
-        return cls(**encoder_kwargs(cfg, in_channels), projector_layers=section.projector_layers,
-                   predictor_hidden_dim=section.predictor_hidden_dim)
-
-    def project(self, images: Tensor) -> Tensor:
-        return self.projector(self.backbone(images))
+    def projector_layout(self) -> dict[str, Any]:
+        return {"num_layers": self.section.projector_layers, "last_bn": True}
 
     def forward(self, batch: Batch) -> dict[str, Tensor]:
         """The SimSiam loss between the two views.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -45,3 +46,20 @@ def ema_update(online: nn.Module, target: nn.Module, coefficient: float) -> None
     """
     for online_param, target_param in zip(online.parameters(), target.parameters(), strict=True):
         target_param.lerp_(online_param.detach(), 1.0 - coefficient)
+
+
+def momentum_update(
+    pairs: Iterable[tuple[nn.Module, nn.Module]], step: int, total_steps: int, start: float,
+    end: float,
+) -> float:
+    """One EMA step of every ``(online, momentum copy)`` pair at the coefficient BYOL's schedule
+    gives ``step`` (:func:`momentum_coefficient`, :func:`ema_update`): what MoCo's key encoder
+    and All4One's momentum branch do after each optimizer step.
+
+    Returns:
+        The coefficient used.
+    """
+    coefficient = momentum_coefficient(step, total_steps, start, end)
+    for online, target in pairs:
+        ema_update(online, target, coefficient)
+    return coefficient

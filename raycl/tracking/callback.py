@@ -32,6 +32,7 @@ import yaml
 from ray.tune import Callback
 
 import raycl
+from raycl.config.metric_names import TEST, maybe_metric
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides, flatten
 from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
@@ -441,8 +442,9 @@ class MLflowSweepCallback(Callback):
             trial, value = best
             # The winner is chosen on validation; its test numbers are reported beside it.
             metrics = {self.config.tune.metric: value}
-            metrics.update({key: v for key, v in _numeric_metrics(
-                trial.last_result or {}).items() if key.startswith("test/")})
+            metrics.update({key: v for key, v in _numeric_metrics(trial.last_result or {}).items()
+                            if (name := maybe_metric(key)) and name.split == TEST
+                            and name.stage is None})
             metrics.update(objective_aliases(metrics, self.config.tune.metric))
             metrics = {f"best/{key}": v for key, v in metrics.items()}
             for key, v in metrics.items():

@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import re
 import shutil
 import sys
 import textwrap
@@ -24,6 +23,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raycl.closed_stdout import stdout_closed
+from raycl.config.metric_names import (
+    DIAG,
+    I2T,
+    LINEAR,
+    MEAN,
+    MMVP,
+    NN_RETRIEVAL,
+    RETRIEVAL,
+    T2I,
+    TEST,
+    TRANSFER,
+    VAL,
+    ZEROSHOT,
+    maybe_metric,
+    metric_name,
+)
 from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
 from raycl.tracking.runs import (
     GREATER_IS_BETTER_TAG,
@@ -40,6 +55,13 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Run
 
+# Columns shown when a trial reported them (besides transfer means and the probes).
+REPORTED: tuple[str, ...] = (
+    metric_name(DIAG, None, "effective_rank"), metric_name(VAL, NN_RETRIEVAL, MEAN),
+    metric_name(VAL, RETRIEVAL, "rank1"), metric_name(VAL, RETRIEVAL, "map"),
+    metric_name(VAL, MMVP, MEAN), metric_name(TEST, MMVP, MEAN), metric_name(VAL, ZEROSHOT, MEAN),
+    metric_name(VAL, I2T, "r1"), metric_name(VAL, T2I, "r1"),
+)
 
 def trial_runs(client: MlflowClient, experiment_id: str, parent_run_id: str | None) -> list[Run]:
     """The trial (child) runs of one sweep (its parent run), or of every sweep (None)."""
@@ -88,20 +110,20 @@ def trial_table(children: list[Run], metric: str, mode: str) -> TrialTable:
     searched = sorted({key for run in children
                        for key in searched_values(run.data.tags.get("raycl.searched", ""))})
     objective_test = reported_test_metric(metric)
-    attributes = sorted({key.split("/", 2)[2] for run in children for key in run.data.metrics
-                         if key.startswith("val/linear/")})
+    names = {key: maybe_metric(key) for run in children for key in run.data.metrics}
+    attributes = sorted({name.name for name in names.values() if name and name.split == VAL
+                         and name.family == LINEAR and name.percent is None
+                         and name.stage is None})
     # Reported beside the objective, never ranked on: transfer means, the effective rank,
     # (NNCLR, All4One) the support set's NN-retrieval accuracy, image retrieval (rank-1, mAP)
     # and (CLIP) the MMVP-style pairs, zero-shot accuracy and caption retrieval.
-    reported = sorted({key for run in children for key in run.data.metrics
-                       if re.fullmatch(r"transfer/[^/]+/linear/mean", key)})
-    reported += [key for key in ("diag/effective_rank", "val/nn_retrieval/mean",
-                                 "val/retrieval/rank1", "val/retrieval/map", "val/mmvp/mean",
-                                 "test/mmvp/mean", "val/zeroshot/mean", "val/i2t/r1",
-                                 "val/t2i/r1")
+    reported = sorted({key for key, name in names.items() if name and name.split == TRANSFER
+                       and name.stage is None and name.name == MEAN})
+    reported += [key for key in REPORTED
                  if key != metric and any(key in run.data.metrics for run in children)]
     extra = [*reported, *[key for attribute in attributes
-                          for key in (f"val/linear/{attribute}", f"test/linear/{attribute}")
+                          for key in (metric_name(VAL, LINEAR, attribute),
+                                      metric_name(TEST, LINEAR, attribute))
                           if key not in (metric, objective_test)]]
     tested = [objective_test] if objective_test else []
     header = ["trial", "trial_id", "status", metric, *tested, *searched, *extra]

@@ -1,68 +1,98 @@
-"""One training epoch: the optimizer steps over the loader, with the NaN/inf check of the loss.
+"""One training epoch: the optimizer steps over the loader, then the epoch's report.
 
-The loop knows nothing about a particular method: it calls ``method(batch)`` for the loss and
-``method.on_train_step_end`` for EMA/queue updates. A loss that turns NaN/inf ends the trial at
-the next check (every :data:`FINITE_CHECK_EVERY` steps and at the epoch's end) with
-:class:`NonFiniteLossError` on every rank, naming the step and the value.
+Read top to bottom, :func:`run_epoch` is the whole epoch: per batch, the learning rate of the
+step, the method's batch, the forward pass under autocast, the scaled backward pass and the
+optimizer step, the method's step hook (EMA, queues), and every
+:data:`FINITE_CHECK_EVERY` steps the NaN/inf check of the loss. The loop knows nothing about a
+particular method: ``method(batch)`` gives the loss. A loss that turns NaN/inf ends the trial at
+the next check (and at the epoch's end) with :class:`NonFiniteLossError` on every rank, naming
+the step and the value. :func:`report_epoch` hands the epoch's metrics and checkpoint on.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
 
 from raycl.data.augment import BatchAugment, to_float
 from raycl.distributed import any_rank
 from raycl.methods.base import Batch, Method, Phase
+from raycl.worker.batches import TrainBatch, TrainLoader
 from raycl.worker.faults import maybe_inject_fault
 from raycl.worker.optim import Autocast, LrSchedule
 from raycl.worker.outcome import NonFiniteLossError
 from raycl.worker.perf import Clock
-from raycl.worker.stream_loader import StreamLoader
+from raycl.worker.session import Session
 
 # Losses are checked for NaN/inf every this many steps (and at each epoch's end): one device
 # sync per check, so a GPU is not stalled every step, and a diverged trial still stops at once.
 FINITE_CHECK_EVERY = 20
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepParts:
     """What every training step of one stage uses, built once per stage.
 
     Attributes:
         stage: index of the stage being trained.
+        session: this rank's runtime (its device; where the epoch is reported).
         method: the stage's method (unwrapped: its hooks are called directly).
-        loader: ``(uint8 images, index)`` batches of this rank (streamed shards add the
-            batch's captions).
+        loader: this rank's batches (:class:`~raycl.worker.batches.TrainBatch`), of the kind
+            the trial reads its images with (:func:`raycl.worker.loader.trial_training_images`).
         augment: the batched, on-device augmentation that makes the views.
         pseudo_labels: MCL group code per training sample, on the device (None: none used).
         tokens: every caption tokenised once, on the device (None: no captions).
         autocast: the forward pass's autocast region.
         scaler: the loss scaler (a no-op unless fp16 on CUDA).
-        device: this rank's device.
         clock: the start-up clock (the first step stops it).
-        fault_hook: tests only: ``fault`` (:mod:`raycl.worker.faults`) and ``in_process``.
     """
 
     stage: int
+    session: Session
     method: Method
-    loader: DataLoader | StreamLoader
+    loader: TrainLoader
     augment: BatchAugment
     pseudo_labels: Tensor | None
     tokens: Tensor | None
     autocast: Autocast
     scaler: torch.amp.GradScaler
-    device: torch.device
     clock: Clock
-    fault_hook: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return self.session.device
 
 
-@dataclass
+@dataclass(frozen=True)
+class PhaseRun:
+    """One phase of a stage in training: where it sits in the stage, and what its steps update.
+
+    Attributes:
+        index: the phase's position in the stage's phases.
+        phase: the phase (its name, epochs, whether its batches are augmented).
+        offset: epochs of the stage before this phase (seeds and MLflow steps count on).
+        epochs: the phase's epochs.
+        start_epoch: the epoch the phase (re)starts at: a resumed one's checkpointed epoch.
+        model: the method, wrapped for data parallelism with several ranks.
+        optimizer: the phase's optimizer.
+        schedule: the phase's learning rate per step.
+    """
+
+    index: int
+    phase: Phase
+    offset: int
+    epochs: int
+    start_epoch: int
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: LrSchedule
+
+
+@dataclass(frozen=True)
 class EpochStats:
     """What one epoch's steps leave: per-output sums (tensors: no sync per step), the samples
     this rank saw, and the epoch's seconds."""
@@ -83,29 +113,22 @@ def seed_epoch(seed: int, stage: int, stage_epoch: int, rank: int,
 
 
 def run_epoch(
-    parts: StepParts,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    schedule: LrSchedule,
-    phase: Phase,
-    epoch: int,
-    generator: torch.Generator,
+    parts: StepParts, run: PhaseRun, epoch: int, generator: torch.Generator
 ) -> EpochStats:
-    """Train ``model`` (the method, DDP-wrapped with several ranks) for epoch ``epoch`` of
-    ``phase``: one optimizer step per batch, the learning rate set per step."""
+    """Train ``run.model`` for epoch ``epoch`` of ``run.phase``: one optimizer step per batch,
+    the learning rate set per step, the views drawn from ``generator``."""
+    model, optimizer, schedule = run.model, run.optimizer, run.schedule
     steps_per_epoch = len(parts.loader)
     model.train()
     sums: dict[str, Tensor] = {}
-    unchecked: list[Tensor] = []
-    started = time.perf_counter()
+    unchecked: list[Tensor] = []  # losses not yet checked for NaN/inf
     seen = 0
+    started = time.perf_counter()
     for step_in_epoch, loaded in enumerate(parts.loader):
         step = epoch * steps_per_epoch + step_in_epoch
         schedule.apply(optimizer, step)
-        # (images, index), or stream mode's shards: (images, index, captions)
-        batch_images, index = loaded[0], loaded[1]
-        captions = loaded[2] if len(loaded) > 2 else None
-        batch = _batch(parts, batch_images, index, phase.augment, generator, captions)
+        batch = _batch(parts, loaded, run.phase.augment, generator)
+
         with parts.autocast():
             outputs = model(batch)
         optimizer.zero_grad(set_to_none=True)
@@ -114,29 +137,39 @@ def run_epoch(
         parts.scaler.update()
         parts.method.on_train_step_end(step + 1, schedule.total_steps)
         parts.clock.first_step_done()
+
         for key, value in outputs.items():
             # Summed as tensors: converting every step would sync the GPU every step.
             sums[key] = sums.get(key, 0.0) + value.detach().float()
+        seen += len(loaded.index)
         unchecked.append(outputs["loss"].detach())
         if len(unchecked) == FINITE_CHECK_EVERY or step_in_epoch == steps_per_epoch - 1:
             check_finite(unchecked, step - len(unchecked) + 1, parts.stage, epoch, parts.device)
             unchecked = []
-        seen += len(index)
         if step_in_epoch == steps_per_epoch // 2:  # tests: a worker killed mid-epoch
-            maybe_inject_fault(parts.fault_hook, parts.stage, epoch,
-                               bool(parts.fault_hook.get("in_process")), mid_epoch=True)
-    return EpochStats(sums, seen, time.perf_counter() - started)
+            maybe_inject_fault(parts.session, parts.stage, run.offset + epoch, mid_epoch=True)
+    return EpochStats(sums=sums, seen=seen, seconds=time.perf_counter() - started)
+
+
+def report_epoch(
+    parts: StepParts, metrics: dict[str, Any], checkpoint_dir: str | None, completed: int
+) -> None:
+    """Report the epoch's ``metrics`` (and its checkpoint, when it wrote one) to the session,
+    after ``completed`` epochs of the stage; then the tests' fault point
+    (:mod:`raycl.worker.faults`): right after the report that registers the checkpoint."""
+    parts.session.report(metrics, checkpoint_dir)
+    maybe_inject_fault(parts.session, parts.stage, completed)
 
 
 def _batch(
-    parts: StepParts, images: Tensor, index: Tensor, augment: bool, generator: torch.Generator,
-    captions: list[str] | None = None,
+    parts: StepParts, loaded: TrainBatch, augment: bool, generator: torch.Generator
 ) -> Batch:
-    """The method's batch: the images on the device, two augmented views when the phase wants
-    them, and the batch's rows of the pseudo labels and caption tokens (streamed shards: the
-    batch's ``captions``, tokenised here)."""
-    images = images.to(parts.device, non_blocking=True)
-    index = index.to(parts.device, non_blocking=True)
+    """The method's batch of the ``loaded`` one: the images on the device, two augmented views
+    when the phase wants them, and the batch's rows of the pseudo labels and caption tokens
+    (streamed shards: the batch's own captions, tokenised here)."""
+    images = loaded.images.to(parts.device, non_blocking=True)
+    index = loaded.index.to(parts.device, non_blocking=True)
+    captions = loaded.captions
     views = [parts.augment(images, generator), parts.augment(images, generator)] if augment else []
     return Batch(
         images=to_float(images),
@@ -168,5 +201,5 @@ def check_finite(
         f"e.g. a small simclr.temperature)")
 
 
-__all__ = ["FINITE_CHECK_EVERY", "EpochStats", "StepParts", "check_finite", "run_epoch",
-           "seed_epoch"]
+__all__ = ["FINITE_CHECK_EVERY", "EpochStats", "PhaseRun", "StepParts", "check_finite",
+           "report_epoch", "run_epoch", "seed_epoch"]

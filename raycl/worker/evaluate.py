@@ -22,6 +22,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from raycl.config.metric_names import (
+    DATA,
+    KNN,
+    LINEAR,
+    PERF,
+    RETRIEVAL,
+    TRANSFER,
+    fraction_percent,
+    metric_name,
+)
 from raycl.config.schema import CoreConfig
 from raycl.data import SPLITS, DatasetSplits, ImageSet, stratified_subset
 from raycl.data.augment import BatchAugment, to_float
@@ -38,7 +48,7 @@ from raycl.methods.base import Batch, Method
 from raycl.worker.embed import embed_images, embed_splits, integrate_stages
 from raycl.worker.optim import inference_autocast
 from raycl.worker.session import Session
-from raycl.worker.stage_integration import Features, StageInputs
+from raycl.worker.stage_integration import Features, StageInputs, mcl_summary
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +60,12 @@ def evaluate_features(
     config: CoreConfig,
     data: DatasetSplits,
     features: Features,
-    prefix: str = "",
+    stage: int | None = None,
     device: torch.device | None = None,
 ) -> dict[str, float]:
     """Linear probe and kNN per attribute, fit on ``features["train"]`` and scored on every other
-    split in ``features``, as ``{prefix}{split}/linear/<attribute>``, ``.../knn/...``; image
+    split in ``features``, as ``[stage<j>/]{split}/linear/<attribute>``, ``.../knn/...`` (the
+    prefix for MCL's ``stage`` alone, :mod:`raycl.config.metric_names`); image
     retrieval within each scored split on the first attribute, ``.../retrieval/rank1``,
     ``rank5`` and ``map`` (every image a query against the rest of its split).
 
@@ -80,21 +91,25 @@ def evaluate_features(
     probe = partial(evaluate_linear_splits, eval_sets=eval_sets,
                     max_iter=config.eval.linear_max_iter, seed=config.seed, backend=backend,
                     device=device)
-    # Probe name -> split -> scores; the shares of the labels probe the same splits.
-    probes = {"linear": probe(train_features, train_labels)}
+    # Label share (percent; None: all labels) -> split -> scores; the shares probe the same
+    # splits.
+    probes: dict[str | None, dict[str, dict[str, float]]] = {
+        None: probe(train_features, train_labels)}
     for fraction in config.eval.label_fractions:
         keep = label_fraction_subset(train_labels[data.attributes[0]], fraction, config.seed)
-        probes[f"linear_{config.eval.fraction_percent(fraction)}pct"] = probe(
+        probes[fraction_percent(fraction)] = probe(
             train_features[keep], {name: labels[keep] for name, labels in train_labels.items()})
     metrics: dict[str, float] = {}
     for split, (values, labels) in eval_sets.items():
-        for probe_name, scores in probes.items():
-            metrics.update({f"{prefix}{split}/{probe_name}/{name}": value
+        for percent, scores in probes.items():
+            metrics.update({metric_name(split, LINEAR, name, stage=stage, percent=percent): value
                             for name, value in scores[split].items()})
         knn = evaluate_knn(train_features, train_labels, values, labels, k=config.eval.knn_k)
-        metrics.update({f"{prefix}{split}/knn/{name}": v for name, v in knn.items()})
+        metrics.update({metric_name(split, KNN, name, stage=stage): v
+                        for name, v in knn.items()})
         retrieval = retrieval_scores(values, labels[data.attributes[0]])
-        metrics.update({f"{prefix}{split}/retrieval/{name}": v for name, v in retrieval.items()})
+        metrics.update({metric_name(split, RETRIEVAL, name, stage=stage): v
+                        for name, v in retrieval.items()})
     return metrics
 
 
@@ -102,11 +117,11 @@ def evaluate_transfer(
     config: CoreConfig,
     transfer_sets: list[TransferSet],
     features: Features,
-    prefix: str = "",
+    stage: int | None = None,
     device: torch.device | None = None,
 ) -> dict[str, float]:
     """Linear probe per transfer set, fit on its probe-training share and scored on its held-out
-    share: ``{prefix}transfer/<name>/linear/<attribute>`` (and ``/mean``)."""
+    share: ``[stage<j>/]transfer/<name>/linear/<attribute>`` (and ``/mean``)."""
     metrics: dict[str, float] = {}
     for transfer in transfer_sets:
         scores = evaluate_linear_splits(
@@ -115,8 +130,8 @@ def evaluate_transfer(
             max_iter=config.eval.linear_max_iter, seed=config.seed,
             backend="torch" if device is not None and device.type == "cuda" else "sklearn",
             device=device)
-        metrics.update({f"{prefix}transfer/{transfer.name}/linear/{name}": value
-                        for name, value in scores["test"].items()})
+        metrics.update({metric_name(TRANSFER, LINEAR, name, stage=stage, transfer=transfer.name):
+                        value for name, value in scores["test"].items()})
     return metrics
 
 
@@ -152,14 +167,17 @@ def evaluate_epoch(
     if diagnose and type(method).project is not Method.project:
         projections = embed_images(method, data.test.images, session, embed=method.project,
                                    autocast=autocast)
-    metrics: dict[str, float] = {"perf/embed_seconds": time.perf_counter() - started}
+    metrics: dict[str, float] = {
+        metric_name(PERF, None, "embed_seconds"): time.perf_counter() - started}
     # Only stream mode's files are marked: elsewhere a NaN is the model's, not to be hidden.
     keep = {split: rows for split, rows
             in decodable_rows([features, integrated, {"test": projections}]).items()
             if isinstance(data.split(split).images, FileRows)}
     if keep:  # stream mode met files it could not decode: scored without them, and counted
-        metrics["data/eval_skipped"] = float(sum(len(features[split]) - len(rows)
-                                                 for split, rows in keep.items()))
+        metrics[metric_name(DATA, None, "eval_skipped")] = float(
+            sum(len(features[split]) - len(rows) for split, rows in keep.items()))
+    # Clustering (MCL) and checkpoints need a row per image: an undecodable one's is zeros.
+    stage_features = _finite(features) if keep else features
     diagnostics = None
     if session.rank == 0:
         started = time.perf_counter()
@@ -173,16 +191,18 @@ def evaluate_epoch(
             # The method's support set indexes the whole training split: only queries are cut.
             queries = _keep_rows(data, {split: rows for split, rows in keep.items()
                                         if split != "train"})
-            retrieval = neighbour_retrieval_accuracy(method, queries, splits[1:], device)
-            prefix = f"stage{inputs.stage}/" if config.num_stages > 1 else ""
-            metrics.update({prefix + key: value for key, value in retrieval.items()})
+            metrics.update(neighbour_retrieval_accuracy(
+                method, queries, splits[1:], device,
+                stage=inputs.stage if config.num_stages > 1 else None))
             if diagnose and data.attributes:
                 diagnostics = _trial_diagnostics(config, _keep_rows(data, keep), method,
                                                  _keep_features(integrated, keep), projections,
                                                  metrics, device)
-        metrics["perf/eval_seconds"] = time.perf_counter() - started
-    # Clustering (MCL) and checkpoints need a row per image: an undecodable one's is zeros.
-    return _finite(features) if keep else features, metrics, diagnostics
+            if last and 0 < inputs.stage == config.num_stages - 1:  # MCL's figure's arrays
+                diagnostics = {**(diagnostics or {}), **mcl_summary(
+                    config, inputs, stage_features, metrics, device)}
+        metrics[metric_name(PERF, None, "eval_seconds")] = time.perf_counter() - started
+    return stage_features, metrics, diagnostics
 
 
 def decodable_rows(embedded: Sequence[Mapping[str, np.ndarray | None]]) -> dict[str, np.ndarray]:
@@ -247,24 +267,24 @@ def _stage_and_trial_metrics(
     scored only after the last stage, so every trial scores them exactly once.
     """
 
-    def scores(values: Features, prefix: str, model: Method) -> dict[str, float]:
-        metrics = evaluate_features(config, data, values, prefix, device) \
+    def scores(values: Features, stage: int | None, model: Method) -> dict[str, float]:
+        metrics = evaluate_features(config, data, values, stage, device) \
             if data.attributes else {}
         if "test" in values:  # a stage's last epoch: the transfer sets were embedded too
-            metrics.update(evaluate_transfer(config, eval_sets.transfer, values, prefix,
+            metrics.update(evaluate_transfer(config, eval_sets.transfer, values, stage,
                                              device))
         if type(model).multimodal:
-            metrics.update(image_text_metrics(model, data, values, eval_sets.mmvp, prefix,
+            metrics.update(image_text_metrics(model, data, values, eval_sets.mmvp, stage,
                                               device, config.eval.mmvp_direction))
         return metrics
 
     if config.num_stages == 1:
-        return scores(features, "", method)
-    metrics = scores(features, f"stage{inputs.stage}/", method)
+        return scores(features, None, method)
+    metrics = scores(features, inputs.stage, method)
     if inputs.stage < config.num_stages - 1:
         integrated = {split: values for split, values in integrated.items()
                       if split in ("train", "val", "mmvp:val")}
-    return {**metrics, **scores(integrated, "", integrated_method)}
+    return {**metrics, **scores(integrated, None, integrated_method)}
 
 
 def _trial_diagnostics(

@@ -1,32 +1,57 @@
 """Fault injection for the reliability tests: a worker that dies once, at a chosen epoch.
 
-``loop_config["fault"]`` (tests only; see :func:`raycl.pipeline.run_trial` and
-:func:`raycl.tune.build_tuner`): ``after_epoch``, ``marker`` (a file: the fault happens once),
-optional ``stage`` (default 0), ``settle_seconds`` and ``pause_seconds`` (instead of dying, the
-worker waits that long: a test then preempts or kills its node, tests/test_cloud_local.py), and
-``mid_epoch`` (die halfway through the epoch after ``after_epoch``, between two steps, instead of
-right after its report: stream mode's decoders are then mid-pipeline).
+Nothing in raycl sets a fault. A test installs one (tests/faults.py) by writing its spec, a JSON
+object, to the file that ``$RAYCL_TEST_FAULT`` names, for the duration of one sweep or one
+in-process trial; without the variable, or without the file, there is none. The variable is set
+before Ray starts, so every process of the test's Ray session inherits it (Ray's workers take the
+environment of the process that started Ray; Ray Train's workers are Ray actors too), while the
+file's content changes from test to test.
+
+The spec: ``after_epoch``, ``marker`` (a file: the fault happens once), optional ``stage``
+(default 0), ``settle_seconds`` and ``pause_seconds`` (instead of dying, the worker waits that
+long: a test then preempts or kills its node, tests/cloud_local.py), and ``mid_epoch`` (die
+halfway through the epoch after ``after_epoch``, between two steps, instead of right after its
+report: stream mode's decoders are then mid-pipeline).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raycl.worker.session import Session
+
+# The file holding the installed fault's spec (tests only).
+FAULT_ENV = "RAYCL_TEST_FAULT"
+
+
+def installed_fault() -> dict[str, Any] | None:
+    """The spec a test installed, or None (no ``$RAYCL_TEST_FAULT``, or no file there)."""
+    path = os.environ.get(FAULT_ENV)
+    if not path:
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
 
 
 def maybe_inject_fault(
-    loop_config: dict[str, Any], stage: int, completed: int, local_mode: bool,
-    mid_epoch: bool = False,
+    session: Session, stage: int, completed: int, mid_epoch: bool = False
 ) -> None:
     """Test hook: die once after epoch ``after_epoch`` of stage ``stage`` (default 0), or with
     ``mid_epoch`` halfway through the next one (``completed`` epochs done); the marker file
     records that we did. ``settle_seconds`` waits first, so Ray Train's controller
     has polled the epoch's report (without it the crash races the checkpoint's registration).
 
-    In process (``local_mode``) the fault is an exception; in a Ray worker a hard exit.
+    In the calling process (:class:`InProcessSession`) the fault is an exception; in a Ray
+    Train worker a hard exit.
     """
-    fault = loop_config.get("fault")
+    fault = installed_fault()
     if not fault or stage != fault.get("stage", 0) or completed != fault["after_epoch"]:
         return
     if bool(fault.get("mid_epoch")) != mid_epoch:
@@ -38,7 +63,10 @@ def maybe_inject_fault(
         return
     with os.fdopen(handle, "w") as marker:
         marker.write(str(completed))
-    if local_mode:
+    # Imported here: the tests import this module (for FAULT_ENV) before Ray or torch.
+    from raycl.worker.session import InProcessSession
+
+    if isinstance(session, InProcessSession):
         raise RuntimeError("injected fault")
     time.sleep(float(fault.get("settle_seconds", 0)))
     if fault.get("pause_seconds"):
@@ -48,4 +76,4 @@ def maybe_inject_fault(
     os._exit(1)  # a hard worker crash, not an exception Ray could see coming
 
 
-__all__ = ["maybe_inject_fault"]
+__all__ = ["FAULT_ENV", "installed_fault", "maybe_inject_fault"]

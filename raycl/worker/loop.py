@@ -26,13 +26,13 @@ import numpy as np
 import torch
 
 from raycl.config.schema import CoreConfig
-from raycl.config.search_config import search_config_class
 from raycl.data import DatasetSplits, load_dataset
 from raycl.distributed import broadcast_from_rank0, single_rank_section
 from raycl.eval.multimodal import EvalSets, load_mmvp_sets
 from raycl.eval.transfer import load_transfer_sets
 from raycl.methods import method_class
 from raycl.worker.checkpoints import Restored, restore
+from raycl.worker.context import TrialContext
 from raycl.worker.cuda import configure_cuda_backends
 from raycl.worker.loader import trial_training_images
 from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY, NonFiniteLossError
@@ -50,32 +50,30 @@ from raycl.worker.stage_integration import (
 logger = logging.getLogger(__name__)
 
 
-def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
+def train_loop_per_worker(context: TrialContext) -> None:
     """Ray Train entry point: every stage of one trial on this worker (see
     :func:`run_trial_loop`)."""
-    run_trial_loop(loop_config, RayTrainSession())
+    run_trial_loop(context, RayTrainSession())
 
 
-def run_trial_loop(loop_config: dict[str, Any], session: Session) -> None:
-    """Train every stage of one trial: one worker group for the whole trial.
+def run_trial_loop(context: TrialContext, session: Session) -> None:
+    """Train every stage of ``context``'s trial: one worker group for the whole trial.
 
-    ``loop_config``: ``config`` (dict), ``trial_started_at`` (``time.time()`` when the trial
-    began, for the start-up figure), ``fault`` (tests only). The data is loaded once; between MCL
-    stages the workers embed their shards and gather them, rank 0 clusters and broadcasts the
-    assignment, and every rank goes on with a fresh encoder. A restart resumes from the newest
-    readable checkpoint: inside the stage it was written in, or after it when that stage had
-    finished.
+    The data is loaded once; between MCL stages the workers embed their shards and gather them,
+    rank 0 clusters and broadcasts the assignment, and every rank goes on with a fresh encoder.
+    A restart resumes from the newest readable checkpoint: inside the stage it was written in,
+    or after it when that stage had finished.
     """
-    config = search_config_class().model_validate(loop_config["config"])
+    config = context.config
     torch.set_num_threads(max(1, int(config.scaling.cpus_per_worker)))
     configure_cuda_backends(session.device)  # TF32, cuDNN autotuning; nothing on CPU
     data, eval_sets = _load_data(config)
     if session.rank == 0 and data.skipped:
         with single_rank_section("rank 0's list of skipped images"):
-            log_skipped_images(config, str(loop_config.get("trial_id", "local")), data.skipped)
+            log_skipped_images(config, context.trial_id, data.skipped)
     # Once per trial: on the device (data.on_device) every stage gathers its batches there.
     train_images = trial_training_images(config, data, session.device)
-    clock = Clock(loop_config.get("trial_started_at"))
+    clock = Clock(context.started_at)
     last_stage = config.num_stages - 1
 
     restored = restore(session)
@@ -89,8 +87,8 @@ def run_trial_loop(loop_config: dict[str, Any], session: Session) -> None:
         inputs, resume = _resume_point(config, restored, session, clock)
     try:
         while True:
-            result = train_stage(config, data, train_images, eval_sets, inputs, session,
-                                 resume, clock, loop_config)
+            result = train_stage(context, data, train_images, eval_sets, inputs, session,
+                                 resume, clock)
             resume = None
             if inputs.stage == last_stage:
                 return
@@ -110,8 +108,9 @@ def _load_data(config: CoreConfig) -> tuple[DatasetSplits, EvalSets]:
         raise ValueError(f"train.batch_size={config.train.batch_size} exceeds the training split "
                          f"({len(data.train.images)} samples)")
     # MMVP-style pairs score image-text methods only (a unimodal one has no statements to match).
-    eval_sets = EvalSets(load_transfer_sets(config, data.channels),
-                         load_mmvp_sets(config) if method_class(config).multimodal else {})
+    eval_sets = EvalSets(
+        transfer=load_transfer_sets(config, data.channels),
+        mmvp=load_mmvp_sets(config) if method_class(config).multimodal else {})
     return data, eval_sets
 
 

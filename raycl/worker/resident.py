@@ -5,7 +5,8 @@ trial's CUDA device as one uint8 tensor, copied once per trial, so an epoch's ba
 gathered on the device and never touch host memory or a DataLoader worker (a CIFAR or STL
 epoch). ``auto`` does so when they take at most a quarter of the device's memory, leaving the
 rest to the model, its activations and the optimizer. On CPU the setting is ignored: host
-memory is where the images are anyway (the memory-mapped cache).
+memory is where the images are anyway (the memory-mapped cache). Whether a trial's images stay
+on the device is asked once per trial, by :func:`raycl.worker.loader.trial_training_images`.
 
 Imports no Ray: ``benchmarks/gpu.py`` and the tests use it bare.
 """
@@ -65,18 +66,4 @@ def copy_to_device(images: np.ndarray | ImageRows, device: torch.device) -> torc
     return resident
 
 
-def training_images(
-    data: DatasetSplits, setting: bool | str, device: torch.device
-) -> np.ndarray | ImageRows | torch.Tensor:
-    """The pretraining images (:func:`pretraining_images`), on ``device`` when
-    :func:`keep_on_device` says so, else as they are (host memory: the memory map)."""
-    images = pretraining_images(data)
-    if not isinstance(images, np.ndarray | ImageRows):
-        return images  # stream mode: files or shards, decoded batch by batch
-    if keep_on_device(setting, int(images.nbytes), device):
-        return copy_to_device(images, device)
-    return images
-
-
-__all__ = ["AUTO_SHARE", "copy_to_device", "keep_on_device", "pretraining_images",
-           "training_images"]
+__all__ = ["AUTO_SHARE", "copy_to_device", "keep_on_device", "pretraining_images"]

@@ -1,4 +1,6 @@
-"""MCL feature-aware batch sampler (paper appendix A.1, Algorithm 1), DDP-aware.
+"""MCL feature-aware batch sampler (paper appendix A.1, Algorithm 1), DDP-aware, and what every
+loader that draws a stage's batches with a sampler does with it each epoch (:func:`reshuffle`,
+:func:`grouping_metrics`).
 
 Only numpy and torch are imported here so that this module has no dependency on the rest of
 `raycl.data`.
@@ -10,7 +12,9 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import BatchSampler, DistributedSampler, Sampler
+
+from raycl.config.metric_names import TRAIN, metric_name
 
 
 class PseudoLabelBatchSampler(Sampler[list[int]]):
@@ -163,3 +167,30 @@ class PseudoLabelBatchSampler(Sampler[list[int]]):
         stop = start + self.local_batch_size
         for batch in self.global_batches():
             yield batch[start:stop].tolist()
+
+
+# A stage's batch sampler: MCL's pseudo-label groups, or a shuffled share of the global batch
+# (a DistributedSampler over several ranks, a RandomSampler over one).
+StageSampler = PseudoLabelBatchSampler | BatchSampler
+
+
+def reshuffle(sampler: StageSampler, stage_epoch: int) -> None:
+    """Seed ``sampler``'s order for ``stage_epoch``: the pseudo-label groups and the distributed
+    share are seeded by it; one rank's RandomSampler draws from torch's seed, set per epoch
+    (:func:`raycl.worker.epoch.seed_epoch`)."""
+    if isinstance(sampler, PseudoLabelBatchSampler):
+        sampler.set_epoch(stage_epoch)
+    elif isinstance(sampler.sampler, DistributedSampler):
+        sampler.sampler.set_epoch(stage_epoch)
+
+
+def grouping_metrics(sampler: StageSampler) -> dict[str, float]:
+    """How the pseudo-label groups filled the epoch's batches (``train/sampler_*``: pure vs
+    pooled leftovers vs dropped); empty without MCL's sampler."""
+    if not isinstance(sampler, PseudoLabelBatchSampler):
+        return {}
+    return {metric_name(TRAIN, None, f"sampler_{key}"): float(value)
+            for key, value in sampler.stats().items()}
+
+
+__all__ = ["PseudoLabelBatchSampler", "StageSampler", "grouping_metrics", "reshuffle"]

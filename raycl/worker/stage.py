@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from raycl.config.metric_names import TRAIN, metric_name, staged
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides
 from raycl.data import DatasetSplits
@@ -30,10 +31,17 @@ from raycl.methods import build_method, method_class, stage_epochs, stage_phases
 from raycl.methods.base import Method, Phase
 from raycl.queues import queue_buffer_names
 from raycl.worker.checkpoints import Restored, write_checkpoint
+from raycl.worker.context import TrialContext
 from raycl.worker.cuda import prefer_channels_last
-from raycl.worker.epoch import EpochStats, StepParts, run_epoch, seed_epoch
+from raycl.worker.epoch import (
+    EpochStats,
+    PhaseRun,
+    StepParts,
+    report_epoch,
+    run_epoch,
+    seed_epoch,
+)
 from raycl.worker.evaluate import evaluate_epoch
-from raycl.worker.faults import maybe_inject_fault
 from raycl.worker.loader import TrainImages, build_loader, sampler_metrics, set_sampler_epoch
 from raycl.worker.optim import (
     LrSchedule,
@@ -42,7 +50,7 @@ from raycl.worker.optim import (
     load_scaler_state,
 )
 from raycl.worker.perf import Clock, peak_rss_mb
-from raycl.worker.session import InProcessSession, Session
+from raycl.worker.session import Session
 from raycl.worker.stage_integration import Features, StageInputs, StageWeights, soup_weights
 
 
@@ -56,37 +64,35 @@ class StageResult:
     soup: StageWeights | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Stage:
-    """One stage in training: the trial's context and the parts built for the stage."""
+    """One stage in training: the trial's data, the stage's inputs and the parts built for it.
+
+    Attributes:
+        config: the trial's config.
+        data: the trial's splits (evaluated when due).
+        eval_sets: the trial's transfer and MMVP sets.
+        inputs: what the previous stages hand this one (its index, pseudo labels).
+        parts: what every step of the stage uses (its session, method, loader, ...).
+        phases: the stage's phases (most methods: ``train`` alone).
+        epochs_per_stage: epochs over all phases: the MLflow step of a stage's first epoch.
+    """
 
     config: CoreConfig
     data: DatasetSplits
     eval_sets: EvalSets
     inputs: StageInputs
-    session: Session
-    loop_config: dict[str, Any]
     parts: StepParts
     phases: list[Phase]
-    epochs_per_stage: int  # over all phases: the MLflow step of a stage's first epoch
+    epochs_per_stage: int
 
-
-@dataclass
-class _PhaseRun:
-    """One phase in training: where it sits in the stage and its optimizer."""
-
-    index: int
-    phase: Phase
-    offset: int  # epochs of the stage before this phase
-    epochs: int
-    start_epoch: int  # the epoch the phase (re)starts at: a resumed one's checkpointed epoch
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    schedule: LrSchedule
+    @property
+    def session(self) -> Session:
+        return self.parts.session
 
 
 def train_stage(
-    config: CoreConfig,
+    context: TrialContext,
     data: DatasetSplits,
     train_images: TrainImages,
     eval_sets: EvalSets,
@@ -94,17 +100,17 @@ def train_stage(
     session: Session,
     resume: Restored | None,
     clock: Clock,
-    loop_config: dict[str, Any],
 ) -> StageResult:
-    """Train stage ``inputs.stage`` with a fresh encoder (or the one ``resume`` holds), every
-    phase and epoch of it, reporting each epoch. ``train_images``: what the trial pretrains on
-    (:func:`~raycl.worker.loader.trial_training_images`, built once per trial)."""
+    """Train stage ``inputs.stage`` of ``context``'s trial with a fresh encoder (or the one
+    ``resume`` holds), every phase and epoch of it, reporting each epoch. ``train_images``:
+    what the trial pretrains on (:func:`~raycl.worker.loader.trial_training_images`, built once
+    per trial)."""
+    config = context.config
     torch.manual_seed(config.seed + 1000 * inputs.stage)
     np.random.seed(config.seed + 1000 * inputs.stage + session.rank)
-    stage = _Stage(config, data, eval_sets, inputs, session, loop_config,
-                   _build_parts(config, data, train_images, inputs, session, resume, clock,
-                                loop_config),
-                   stage_phases(config), stage_epochs(config))
+    parts = _build_parts(context, data, train_images, inputs, session, resume, clock)
+    stage = _Stage(config=config, data=data, eval_sets=eval_sets, inputs=inputs, parts=parts,
+                   phases=stage_phases(config), epochs_per_stage=stage_epochs(config))
     first_phase, start_epoch = _resume_position(stage.phases, resume)
     result = StageResult()
     for phase_index in range(first_phase, len(stage.phases)):
@@ -114,41 +120,37 @@ def train_stage(
             set_sampler_epoch(stage.parts.loader, run.offset + epoch)
             generator = seed_epoch(config.seed, inputs.stage, run.offset + epoch,
                                    session.rank, session.device)
-            stats = run_epoch(stage.parts, run.model, run.optimizer, run.schedule, run.phase,
-                              epoch, generator)
+            stats = run_epoch(stage.parts, run, epoch, generator)
             result = _end_epoch(stage, run, stats, epoch + 1)
     return result
 
 
 def _build_parts(
-    config: CoreConfig,
+    context: TrialContext,
     data: DatasetSplits,
     train_images: TrainImages,
     inputs: StageInputs,
     session: Session,
     resume: Restored | None,
     clock: Clock,
-    loop_config: dict[str, Any],
 ) -> StepParts:
-    """The stage's loader, method (see :func:`build_stage_method`), pseudo labels, caption
-    tokens, augmentation and mixed precision. ``loop_config``: where stream mode's decoders
-    run (``data_placement_group``: the trial's reservation for them), the test hook."""
-    device = session.device
+    """The stage's loader (stream mode's decoders run in the trial's
+    ``context.data_placement_group``), method (see :func:`build_stage_method`), pseudo labels,
+    caption tokens, augmentation and mixed precision."""
+    config, device = context.config, session.device
     feature_aware = inputs.pseudo_labels is not None and config.mcl.negatives != "none"
     pseudo_labels = torch.from_numpy(inputs.pseudo_labels).to(device) if feature_aware else None
     multimodal = method_class(config).multimodal
     loader = build_loader(config, train_images, inputs, session,
-                          loop_config.get("data_placement_group"), need_captions=multimodal)
-    augment = BatchAugment(config.augment)
+                          context.data_placement_group, need_captions=multimodal)
     method = build_stage_method(config, data.channels, inputs.stage, device, resume)
     # Every caption tokenised once; a batch takes its rows.
     tokens = (method.tokenize(data.train.captions).to(device)
-              if method_class(config).multimodal and data.train.captions is not None else None)
+              if multimodal and data.train.captions is not None else None)
     autocast, scaler = autocast_and_scaler(config, device)
-    fault_hook = {"fault": loop_config.get("fault"),
-                  "in_process": isinstance(session, InProcessSession)}
-    return StepParts(inputs.stage, method, loader, augment, pseudo_labels, tokens, autocast,
-                     scaler, device, clock, fault_hook)
+    return StepParts(stage=inputs.stage, session=session, method=method, loader=loader,
+                     augment=BatchAugment(config.augment), pseudo_labels=pseudo_labels,
+                     tokens=tokens, autocast=autocast, scaler=scaler, clock=clock)
 
 
 def build_stage_method(
@@ -183,7 +185,7 @@ def _resume_position(phases: list[Phase], resume: Restored | None) -> tuple[int,
 
 def _start_phase(
     stage: _Stage, index: int, start_epoch: int, resume: Restored | None
-) -> _PhaseRun:
+) -> PhaseRun:
     """Switch the method to phase ``index``, build its optimizer (with the checkpoint's state
     when resumed inside the phase) and wrap the model for data parallelism."""
     config, method, phase = stage.config, stage.parts.method, stage.phases[index]
@@ -204,7 +206,8 @@ def _start_phase(
     model = data_parallel(method, stage.session) if stage.session.world_size > 1 else method
     epochs = phase.epoch_count(config.train.epochs)
     schedule = LrSchedule.for_phase(config, phase, epochs, len(stage.parts.loader))
-    return _PhaseRun(index, phase, offset, epochs, start_epoch, model, optimizer, schedule)
+    return PhaseRun(index=index, phase=phase, offset=offset, epochs=epochs,
+                    start_epoch=start_epoch, model=model, optimizer=optimizer, schedule=schedule)
 
 
 def data_parallel(method: Method, session: Session) -> nn.Module:
@@ -224,9 +227,9 @@ def data_parallel(method: Method, session: Session) -> nn.Module:
     return session.wrap_model(method)
 
 
-def _end_epoch(stage: _Stage, run: _PhaseRun, stats: EpochStats, completed: int) -> StageResult:
+def _end_epoch(stage: _Stage, run: PhaseRun, stats: EpochStats, completed: int) -> StageResult:
     """After epoch ``completed`` of the phase: its metrics, the evaluation when due, the
-    checkpoint when due (rank 0), the report, and the test hook's fault."""
+    checkpoint when due (rank 0), and the report."""
     config, inputs, session = stage.config, stage.inputs, stage.session
     method = stage.parts.method
     last = completed == run.epochs and run.index == len(stage.phases) - 1
@@ -251,20 +254,18 @@ def _end_epoch(stage: _Stage, run: _PhaseRun, stats: EpochStats, completed: int)
             write_checkpoint(Path(checkpoint_dir), method, run.optimizer, stage.parts.scaler,
                              progress, inputs, features if last else None, metrics,
                              diagnostics, soup)
-    session.report(metrics, checkpoint_dir)
-    maybe_inject_fault(stage.loop_config, inputs.stage, run.offset + completed,
-                       isinstance(session, InProcessSession))
-    return StageResult(features, metrics, soup)
+    report_epoch(stage.parts, metrics, checkpoint_dir, run.offset + completed)
+    return StageResult(features=features, metrics=metrics, soup=soup)
 
 
 def _epoch_metrics(
-    stage: _Stage, run: _PhaseRun, stats: EpochStats, completed: int
+    stage: _Stage, run: PhaseRun, stats: EpochStats, completed: int
 ) -> dict[str, Any]:
     """The epoch's ``train/*`` means, throughput and position (stage, epoch, the MLflow step);
     for MCL also under ``stage<j>/``."""
     config, inputs = stage.config, stage.inputs
     steps_per_epoch = len(stage.parts.loader)
-    metrics: dict[str, Any] = {f"train/{key}": float(value) / steps_per_epoch
+    metrics: dict[str, Any] = {metric_name(TRAIN, None, key): float(value) / steps_per_epoch
                                for key, value in stats.sums.items()}
     metrics.update({
         "train/lr": run.optimizer.param_groups[0]["lr"],
@@ -282,7 +283,7 @@ def _epoch_metrics(
     if stage.data.skipped:  # left out by data.skip_unreadable: counted beside stream's skips
         metrics["data/skipped"] = metrics.get("data/skipped", 0.0) + len(stage.data.skipped)
     if config.num_stages > 1:
-        metrics = {**metrics, **{f"stage{inputs.stage}/{key}": value
+        metrics = {**metrics, **{staged(key, inputs.stage): value
                                  for key, value in metrics.items() if "/" in key}}
     return metrics
 

@@ -15,6 +15,7 @@ metrics of every earlier stage), so a trial resumed in stage j has stages 0..j-1
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,16 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from raycl.cluster import kmeans, kmeans_gpu, l2_normalize, pseudo_label_codes
+from raycl.cluster import (
+    ami_matrix,
+    group_size_histogram,
+    kmeans,
+    kmeans_gpu,
+    l2_normalize,
+    pseudo_label_codes,
+)
+from raycl.config.metric_names import LINEAR, TEST, maybe_metric
+from raycl.distributed import CollectiveInSingleRankSection
 
 if TYPE_CHECKING:
     from raycl.config.schema import CoreConfig
@@ -36,6 +46,12 @@ METRICS_FILE = "metrics.json"
 STAGE_INPUTS_FILE = "stage_inputs.npz"
 STAGE_WEIGHTS_FILE = "stage_weights.pt"  # beside STAGE_INPUTS_FILE: the earlier stages' soup
 DIAGNOSTICS_FILE = "diagnostics.npz"  # end of trial: spectra and principal angles, for plots
+# Entries of DIAGNOSTICS_FILE with MCL's end-of-trial summary (:func:`mcl_summary`).
+MCL_AMI = "mcl_ami"
+MCL_GROUP_SIZES = "mcl_group_sizes"
+MCL_STAGE_METRICS = "mcl_stage_metrics"
+
+logger = logging.getLogger(__name__)
 
 
 # Split name ("train", "val", "test", and "transfer:<name>:train|test" after a stage's last
@@ -186,6 +202,50 @@ def next_stage_inputs(
         stage_metrics=[*inputs.stage_metrics, metrics or {}],
         weights=[*inputs.weights, weights] if weights is not None else inputs.weights,
     )
+
+
+def mcl_summary(
+    config: CoreConfig,
+    inputs: StageInputs,
+    features: Features,
+    metrics: dict[str, Any],
+    device: torch.device | None = None,
+) -> dict[str, np.ndarray]:
+    """MCL's end-of-trial summary, made on rank 0 after the last stage's last evaluation, for
+    the trial process to draw and log (:mod:`raycl.eval.figures`): small arrays, never features.
+
+    The last stage's training features are clustered as between stages (it feeds nothing but
+    this), then: :data:`MCL_AMI`, the (S, S) AMI between the stages' clusterings;
+    :data:`MCL_GROUP_SIZES`, the sizes of the last stage's pseudo-label groups, largest first;
+    :data:`MCL_STAGE_METRICS`, per stage its final test-split linear-probe scores (JSON).
+
+    Args:
+        inputs: the last stage's inputs (the earlier stages' clusterings and metrics).
+        features: the last stage's features per split (``train`` is clustered).
+        metrics: the last stage's final metrics.
+        device: the worker's device (k-means runs on it when it is a GPU faiss can use).
+
+    Returns:
+        The arrays, or none when the clustering failed (extras: logged, the trial goes on).
+    """
+    try:
+        assignments = [*inputs.assignments, cluster_stage(config, inputs, features, device)]
+    except CollectiveInSingleRankSection:
+        raise
+    except Exception:  # extras: a failure here must not cost the trial its results
+        logger.exception("MCL's end-of-trial clustering failed; the trial's results are kept")
+        return {}
+    codes = pseudo_label_codes(inputs.assignments, config.mcl.clusters)
+    scores = [{key: value for key, value in stage.items() if _is_test_probe(key)}
+              for stage in [*inputs.stage_metrics, metrics]]
+    return {MCL_AMI: ami_matrix(assignments), MCL_GROUP_SIZES: group_size_histogram(codes),
+            MCL_STAGE_METRICS: np.asarray(json.dumps(scores))}
+
+
+def _is_test_probe(key: str) -> bool:
+    """Whether ``key`` is a full-label linear probe's test score (of a stage or the trial)."""
+    name = maybe_metric(key)
+    return name is not None and (name.split, name.family, name.percent) == (TEST, LINEAR, None)
 
 
 def integrate(features: list[np.ndarray]) -> np.ndarray:

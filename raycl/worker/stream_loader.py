@@ -41,6 +41,8 @@ import torch
 from raycl.config.schema import CoreConfig
 from raycl.data.stream.files import FileRows, decode_paths
 from raycl.data.stream.shards import Shard, ShardRows, shard_chunks_as_columns
+from raycl.worker.batches import TrainBatch
+from raycl.worker.samplers import StageSampler, grouping_metrics, reshuffle
 from raycl.worker.stage_integration import StageInputs
 
 logger = logging.getLogger(__name__)
@@ -49,14 +51,12 @@ logger = logging.getLogger(__name__)
 # batches Ray Data may hold in the object store at once (it runs a little over the limit).
 PREFETCH_BATCHES = 4
 BUFFERED_BATCHES = 16
-# What the loader yields: uint8 images, their indices, and (shards with captions) the captions.
-StreamBatch = tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, list[str]]
 
 
 def _decode_file_batch(batch: dict[str, np.ndarray], resolution: int) -> dict[str, np.ndarray]:
     """Ray Data task: one training batch's files decoded (an undecodable one replaced by another
     image of the batch, so the batch keeps its size and its pseudo-label group). The skipped
-    files travel with the batch: the trial's worker names them (:meth:`StreamLoader._skip`)."""
+    files travel with the batch: the trial's worker names them (:meth:`FileStreamLoader._skip`)."""
     paths = [str(path) for path in batch["paths"][0]]
     decoded = decode_paths(paths, resolution, threads=1, fill="copy")
     skips = [(name, reason or name) for name, reason in zip(decoded.skipped, decoded.reasons,
@@ -128,62 +128,71 @@ def _data_context(preserve_order: bool, batch_bytes: int) -> None:
 
 
 class StreamLoader:
-    """One rank's batches of one stage, decoded by Ray Data (see the module docstring).
+    """What both stream kinds share (see the module docstring): where the decoding tasks run, the
+    epoch that seeds the order, and the count of undecodable samples.
 
     Args:
         config: the trial's config (batch size, seed, ``data.*``).
-        images: the training images: files or shards.
+        resolution: side of the decoded images, in pixels.
         inputs: the stage (its index seeds the order; its pseudo labels group MCL's batches).
         rank, world: this rank and the number of ranks.
         placement_group: hex id of the trial's placement group holding the decoders' CPUs, or
             None (decoders take free CPUs).
-        need_captions: shards: skip samples without a caption (image-text methods).
-        sampler: files: the stage's batch sampler (:func:`raycl.worker.loader.batch_sampler`),
-            whose batches are decoded in its order.
     """
 
-    def __init__(
-        self,
-        config: CoreConfig,
-        images: FileRows | ShardRows,
-        inputs: StageInputs,
-        rank: int,
-        world: int,
-        placement_group: str | None = None,
-        need_captions: bool = False,
-        sampler: Any = None,
-    ) -> None:
-        self.images = images
+    def __init__(self, config: CoreConfig, resolution: int, inputs: StageInputs, rank: int,
+                 world: int, placement_group: str | None = None) -> None:
         self.rank, self.world = rank, world
         self.seed, self.stage = config.seed, inputs.stage
         self.per_rank = config.train.batch_size // world
-        self.shuffle_buffer = config.data.shuffle_buffer
-        self.need_captions = need_captions
+        self.resolution = resolution
         self.remote_args = _scheduling(placement_group, config.data.stream_cpus)
-        self.epoch = 0  # within the stage: raycl.worker.loader.set_sampler_epoch sets it
+        self.epoch = 0  # within the stage: set_epoch sets it
         self.skipped = 0  # in the epoch being read (data/skipped)
-        self._named: set[str] = set()  # undecodable files already named in a warning
-        self.batch_sampler: Any = None
-        if isinstance(images, FileRows):
-            if sampler is None:
-                raise ValueError("StreamLoader over image files needs the stage's batch sampler")
-            self.batch_sampler = sampler
-            self.steps = 0  # len(sampler), read per epoch
-        else:
-            self.steps = len(images) // world // self.per_rank
 
-    def __len__(self) -> int:
-        # Files: the sampler's count, which MCL's pseudo-label sampler may change per epoch.
-        return len(self.batch_sampler) if self.batch_sampler is not None else self.steps
+    def set_epoch(self, stage_epoch: int) -> None:
+        """Seed the order of ``stage_epoch`` (the epoch within the stage)."""
+        self.epoch = stage_epoch
+
+    def pop_metrics(self) -> dict[str, float]:
+        """``data/skipped``: the undecodable samples this rank skipped in the epoch just read;
+        the count starts again for the next one."""
+        skipped, self.skipped = self.skipped, 0
+        return {"data/skipped": float(skipped)}
 
     def _batch_bytes(self) -> int:
         """Bytes of one decoded batch of this rank."""
-        return self.per_rank * 3 * self.images.resolution ** 2
+        return self.per_rank * 3 * self.resolution ** 2
 
-    def __iter__(self) -> Iterator[StreamBatch]:
-        if isinstance(self.images, FileRows):
-            return self._file_batches()
-        return self._shard_batches()
+
+class FileStreamLoader(StreamLoader):
+    """Image files, decoded a batch per Ray Data task in the order ``sampler`` draws (see the
+    module docstring); an undecodable file is replaced by another image of its batch.
+
+    Args:
+        images: the training images' files.
+        sampler: the stage's batch sampler (:func:`raycl.worker.loader.batch_sampler`), whose
+            batches are decoded in its order.
+        config, inputs, rank, world, placement_group: as :class:`StreamLoader`'s.
+    """
+
+    def __init__(self, config: CoreConfig, images: FileRows, inputs: StageInputs, rank: int,
+                 world: int, sampler: StageSampler, placement_group: str | None = None) -> None:
+        super().__init__(config, images.resolution, inputs, rank, world, placement_group)
+        self.images = images
+        self.batch_sampler = sampler
+        self._named: set[str] = set()  # undecodable files already named in a warning
+
+    def __len__(self) -> int:
+        # The sampler's count, which MCL's pseudo-label sampler may change per epoch.
+        return len(self.batch_sampler)
+
+    def set_epoch(self, stage_epoch: int) -> None:
+        super().set_epoch(stage_epoch)
+        reshuffle(self.batch_sampler, stage_epoch)
+
+    def pop_metrics(self) -> dict[str, float]:
+        return {**super().pop_metrics(), **grouping_metrics(self.batch_sampler)}
 
     def _skip(self, skips: list[list[str]]) -> None:
         """Count a file batch's undecodable files (data/skipped, every epoch) and name each in a
@@ -195,10 +204,9 @@ class StreamLoader:
                 logger.warning("data: skipped an undecodable image (replaced by another of its "
                                "batch, counted in data/skipped every epoch): %s", reason)
 
-    def _file_batches(self) -> Iterator[StreamBatch]:
+    def __iter__(self) -> Iterator[TrainBatch]:
         import ray.data
 
-        assert isinstance(self.images, FileRows)
         _data_context(preserve_order=True, batch_bytes=self._batch_bytes())
         paths = self.images.paths
         rows = [{"index": np.asarray(batch, dtype=np.int64),
@@ -206,35 +214,55 @@ class StreamLoader:
                 for batch in self.batch_sampler]
         dataset = _map_batches(ray.data.from_items(rows, override_num_blocks=max(1, len(rows))),
                                _decode_file_batch,
-                               fn_kwargs={"resolution": self.images.resolution},
+                               fn_kwargs={"resolution": self.resolution},
                                **self.remote_args)
         for batch in dataset.iter_batches(batch_size=1, batch_format="numpy",
                                           prefetch_batches=PREFETCH_BATCHES):
             self._skip(json.loads(str(batch["skips"][0])))
             # A copy: Ray hands out read-only views of its object store.
-            yield (torch.from_numpy(np.array(batch["images"][0])),
-                   torch.from_numpy(np.array(batch["index"][0], dtype=np.int64)))
+            yield TrainBatch(torch.from_numpy(np.array(batch["images"][0])),
+                             torch.from_numpy(np.array(batch["index"][0], dtype=np.int64)))
+
+
+class ShardStreamLoader(StreamLoader):
+    """Shards, read in sequence through a seeded shuffle buffer (see the module docstring); an
+    undecodable sample is skipped. Every rank yields exactly ``len(loader)`` batches.
+
+    Args:
+        images: the training images' shards.
+        need_captions: skip samples without a caption, and hand each batch its captions
+            (image-text methods).
+        config, inputs, rank, world, placement_group: as :class:`StreamLoader`'s.
+    """
+
+    def __init__(self, config: CoreConfig, images: ShardRows, inputs: StageInputs, rank: int,
+                 world: int, placement_group: str | None = None,
+                 need_captions: bool = False) -> None:
+        super().__init__(config, images.resolution, inputs, rank, world, placement_group)
+        self.images = images
+        self.shuffle_buffer = config.data.shuffle_buffer
+        self.need_captions = need_captions
+        self.steps = len(images) // world // self.per_rank
+
+    def __len__(self) -> int:
+        return self.steps
 
     def _epoch_shards(self, cycle: int) -> list[Shard]:
         """This rank's shards for the epoch (and for the ``cycle``-th re-read of them)."""
-        assert isinstance(self.images, ShardRows)
         state = np.random.SeedSequence([self.seed, self.stage, self.epoch, cycle]).generate_state(1)
         order = np.random.default_rng(int(state[0])).permutation(len(self.images.shards))
         mine = order[self.rank::self.world] if len(order) >= self.world else order
         return [self.images.shards[int(i)] for i in mine]
 
-    def _shard_pass(self, cycle: int) -> Iterator[StreamBatch]:
+    def _shard_pass(self, cycle: int) -> Iterator[TrainBatch]:
         import ray.data
 
-        assert isinstance(self.images, ShardRows)
         _data_context(preserve_order=False, batch_bytes=self._batch_bytes())
-        shards = self._epoch_shards(cycle)
         rows = [{"path": shard.path, "count": shard.count, "offset": shard.offset}
-                for shard in shards]
+                for shard in self._epoch_shards(cycle)]
         dataset = _map_batches(ray.data.from_items(rows, override_num_blocks=max(1, len(rows))),
                                _decode_shards,
-                               fn_kwargs={"fmt": self.images.fmt,
-                                          "resolution": self.images.resolution,
+                               fn_kwargs={"fmt": self.images.fmt, "resolution": self.resolution,
                                           "need_captions": self.need_captions},
                                **self.remote_args)
         seed = int(np.random.SeedSequence([self.seed, self.stage, self.epoch, cycle, self.rank])
@@ -249,14 +277,13 @@ class StreamLoader:
             self.skipped += int(np.asarray(batch["skipped"]).sum())
             if len(batch["index"]) < self.per_rank:
                 continue
-            images = torch.from_numpy(np.array(batch["images"]))  # writable (see above)
-            index = torch.from_numpy(np.array(batch["index"], dtype=np.int64))
-            if "caption" in batch:
-                yield images, index, [str(text) for text in batch["caption"]]
-            else:
-                yield images, index
+            # The columns carry captions exactly when the decoders were asked for them.
+            yield TrainBatch(torch.from_numpy(np.array(batch["images"])),  # writable (above)
+                             torch.from_numpy(np.array(batch["index"], dtype=np.int64)),
+                             [str(text) for text in batch["caption"]]
+                             if self.need_captions else None)
 
-    def _shard_batches(self) -> Iterator[StreamBatch]:
+    def __iter__(self) -> Iterator[TrainBatch]:
         """Exactly ``len(self)`` batches: a rank whose shards run short reads them again."""
         yielded, cycle = 0, 0
         while yielded < self.steps:
@@ -271,11 +298,6 @@ class StreamLoader:
                                    f"{self.per_rank} decodable samples in its shards")
             cycle += 1
 
-    def pop_metrics(self) -> dict[str, float]:
-        """``data/skipped``: the undecodable samples this rank skipped in the epoch just read;
-        the count starts again for the next one."""
-        skipped, self.skipped = self.skipped, 0
-        return {"data/skipped": float(skipped)}
 
-
-__all__ = ["BUFFERED_BATCHES", "PREFETCH_BATCHES", "StreamBatch", "StreamLoader"]
+__all__ = ["BUFFERED_BATCHES", "PREFETCH_BATCHES", "FileStreamLoader", "ShardStreamLoader",
+           "StreamLoader"]

@@ -38,8 +38,9 @@ from typing import Any, TextIO
 import numpy as np
 
 from raycl.data.cache.store import IMAGES_FILE, open_cached, write_metadata
+from raycl.data.decode import decode_square
 from raycl.data.progress import Progress
-from raycl.data.sources.folders import image_problem, load_square_rgb, unreadable_message
+from raycl.data.sources.folders import image_problem, unreadable_message
 from raycl.data.types import ImageFiles, ImageSet
 
 # Images one decoding task handles: large enough to amortise the pool's overhead, small enough
@@ -222,8 +223,7 @@ def decode_files(
 
     Args:
         paths: one image file per row.
-        resolution: side of the decoded squares
-        (:func:`~raycl.data.sources.folders.load_square_rgb`).
+        resolution: side of the decoded squares (:func:`~raycl.data.decode.decode_square`).
         out: uint8 (len(paths), 3, resolution, resolution), typically a writable memory map.
         workers: threads, >= 1.
         progress: counts the decoded files.
@@ -298,7 +298,7 @@ def _decode_chunk(
     errors = []
     for row in rows:
         try:
-            out[row] = load_square_rgb(paths[row], resolution)
+            out[row] = decode_square(paths[row], resolution)
         except ValueError as error:
             # In the words of the launch's check; the decoder's own when that check passes.
             prefix = f"cannot read image {str(paths[row])!r}: "

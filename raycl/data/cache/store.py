@@ -32,11 +32,13 @@ from typing import Any
 
 import numpy as np
 
+from raycl.config.training import DataConfig
 from raycl.data.types import ImageSet
 
 # Bump when a generator or the cache layout changes, so stale caches are not reused.
 # 2: a directory with a memory-mappable images.npy (1 was one .npz per set).
-CACHE_VERSION = 2
+# 3: image files decoded by raycl.data.decode (a JPEG at reduced scale first, as streams are).
+CACHE_VERSION = 3
 
 IMAGES_FILE = "images.npy"
 META_FILE = "meta.npz"
@@ -48,17 +50,17 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("RAYCL_CACHE") or Path.home() / ".cache" / "raycl")
 
 
-def cache_key(cfg: Any, content: dict[str, Any]) -> dict[str, Any]:
+def cache_key(cfg: DataConfig, content: dict[str, Any]) -> dict[str, Any]:
     """Everything that names one cached set: version, dataset, resolution and ``content``."""
     return {"version": CACHE_VERSION, "dataset": cfg.dataset, "resolution": int(cfg.resolution),
             **content}
 
 
-def cache_path(cfg: Any, content: dict[str, Any]) -> Path:
+def cache_path(cfg: DataConfig, content: dict[str, Any]) -> Path:
     """Where the full image set of ``cfg`` is cached: ``<cache_dir>/<dataset>-<hash>/``.
 
     Args:
-        cfg: DataConfig-like object (dataset, resolution, cache_dir).
+        cfg: the data settings (dataset, resolution, cache_dir).
         content: the source's own part of the key (:meth:`Reader.content_key
             <raycl.data.types.Reader.content_key>`).
 

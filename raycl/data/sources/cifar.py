@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from raycl.config.section import Problem
+from raycl.config.training import DataConfig
 from raycl.data.sources.shipped import (
     StackedImages,
     dataset_directory,
@@ -37,7 +39,8 @@ from raycl.data.sources.shipped import (
     files_key,
     missing_files_problem,
 )
-from raycl.data.types import ImageSet
+from raycl.data.splits import counted_split_sizes
+from raycl.data.types import ImageSet, root_problem
 
 SIDE = 32
 ROW_BYTES = 3 * SIDE * SIDE
@@ -205,13 +208,13 @@ class CifarReader:
         getattr(torchvision.datasets, self.fmt.torchvision_class)(
             root=str(parent), train=True, download=True)
 
-    def _problem(self, cfg: Any) -> str | None:
+    def _problem(self, cfg: DataConfig) -> str | None:
         """One line naming the directory and the files it lacks, or None."""
         root = dataset_root(cfg)
         return missing_files_problem(dataset_directory(root, self.fmt.folder), self.fmt.folder,
                                      self.fmt.files, f"{self.fmt.title} python batches")
 
-    def _directory(self, cfg: Any) -> Path:
+    def _directory(self, cfg: DataConfig) -> Path:
         """The directory of the files, downloaded first if asked for.
 
         Raises:
@@ -223,20 +226,22 @@ class CifarReader:
             raise ValueError(problem)
         return dataset_directory(dataset_root(cfg), self.fmt.folder)
 
-    def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
+    def content_key(self, cfg: DataConfig, seed: int) -> dict[str, Any]:
         return files_key(self._directory(cfg), self.fmt.files)
 
-    def read(self, cfg: Any, seed: int) -> ImageSet:
+    def read(self, cfg: DataConfig, seed: int) -> ImageSet:
         return read_cifar(self.fmt, self._directory(cfg), int(cfg.resolution))
 
-    def check(self, cfg: Any) -> None:
-        """Raise ValueError naming the directory and the files it lacks; nothing is missing
-        yet while ``data.download`` will fetch it."""
-        problem = self._problem(cfg)
-        if problem and not getattr(cfg, "download", False):
-            raise ValueError(problem)
+    def check(self, cfg: DataConfig) -> Problem | None:
+        """The directory and the files it lacks; nothing is missing yet while
+        ``data.download`` will fetch it."""
+        try:
+            problem = self._problem(cfg)
+        except (OSError, ValueError) as error:
+            return root_problem(error)
+        return Problem("root", problem) if problem and not cfg.download else None
 
-    def class_counts(self, cfg: Any) -> dict[str, list[int]]:
+    def class_counts(self, cfg: DataConfig) -> dict[str, list[int]]:
         directory = self._directory(cfg)
         first, key = next(iter(self.fmt.label_keys.items()))
         minlength = self.fmt.num_classes[first]
@@ -245,6 +250,9 @@ class CifarReader:
             per_file = [file_label_counts(directory / name, key, minlength) for name in names]
             counts[part] = np.sum(per_file, axis=0).tolist()
         return counts
+
+    def split_sizes(self, cfg: DataConfig) -> dict[str, int]:
+        return counted_split_sizes(self.class_counts(cfg), cfg.val_fraction, cfg.test_fraction)
 
 
 def file_label_counts(path: Path, key: str, num_classes: int) -> tuple[int, ...]:

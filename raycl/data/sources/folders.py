@@ -29,9 +29,12 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from raycl.config.section import Problem
+from raycl.config.training import DataConfig
 from raycl.data.bucket_paths import BucketPath, as_listed, is_remote, read_bytes, root_path
+from raycl.data.decode import NOT_AN_IMAGE
 from raycl.data.listed_once import remembered
-from raycl.data.stream.files import square_rgb
+from raycl.data.splits import counted_split_sizes
 from raycl.data.types import ImageFiles
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".webp"})
@@ -290,7 +293,7 @@ def image_problem(path: Listed | str) -> str | None:
             if not _ends_whole(image.format, data if data is not None else path):
                 image.load()  # decoded whole: a missing end marker alone is not an error
     except UnidentifiedImageError:
-        return "not an image Pillow can decode"
+        return NOT_AN_IMAGE
     except (OSError, ValueError, Image.DecompressionBombError) as error:
         return str(error)
     return None
@@ -350,17 +353,17 @@ def folder_unreadable(root: str | Listed, layout: str = "auto") -> tuple[list[tu
     return remembered(("unreadable", str(root), layout), check)
 
 
-def skip_notice(cfg: Any) -> str | None:
+def skip_notice(cfg: DataConfig) -> str | None:
     """The launch's line counting the image files ``data.skip_unreadable`` leaves out of a
     folder dataset (the check's files: every local one, a sample of a bucket's); None when
     there are none, the key is off, or a bucket is streamed (there training replaces an
     undecodable file and evaluation leaves it out, file by file)."""
-    if cfg.dataset != "folder" or not getattr(cfg, "skip_unreadable", False) or not cfg.root:
+    if cfg.dataset != "folder" or not cfg.skip_unreadable or not cfg.root:
         return None
     root = str(cfg.root) if is_remote(str(cfg.root)) else root_path(str(cfg.root)).expanduser()
     if is_remote(str(root)) and cfg.loader == "stream":
         return None
-    unreadable, counted = folder_unreadable(root, _folder_layout(cfg))
+    unreadable, counted = folder_unreadable(root, cfg.layout)
     if not unreadable:
         return None
     return (f"data.skip_unreadable: {len(unreadable)} of {counted} unreadable, left out of "
@@ -368,22 +371,10 @@ def skip_notice(cfg: Any) -> str | None:
             f"data/skipped, listed in diagnostics/skipped_images.txt)")
 
 
-def load_square_rgb(path: Path | str, resolution: int) -> np.ndarray:
-    """Read one image (a local file or a bucket URI), centre-crop it to a square, resize it;
-    uint8 (3, resolution, resolution)."""
-    try:
-        source = io.BytesIO(read_bytes(path)) if is_remote(path) else path
-        with Image.open(source) as image:
-            rgb = image.convert("RGB")
-    except OSError as error:  # includes PIL.UnidentifiedImageError
-        raise ValueError(f"cannot read image {str(path)!r}: {error}") from error
-    return square_rgb(rgb, resolution)
-
-
 def image_folder_files(root: str | Path, layout: str = "auto") -> ImageFiles:
     """Every image file of an ImageFolder tree with its class, for the cache builder to decode
     (:mod:`raycl.data.cache.build`: RGB squares, centre-cropped and resized by
-    :func:`load_square_rgb`).
+    :func:`raycl.data.decode.decode_square`).
 
     Args:
         root: directory with one sub-folder per class (flat), or train/ and test/ that each
@@ -411,39 +402,54 @@ def image_folder_files(root: str | Path, layout: str = "auto") -> ImageFiles:
                       test_mask=test_mask)
 
 
-def _folder_root(cfg: Any) -> str:
+def _folder_root(cfg: DataConfig) -> str:
     if not cfg.root:
         raise ValueError("dataset 'folder' needs data.root (the ImageFolder directory)")
     return str(cfg.root)
 
 
-def _folder_layout(cfg: Any) -> str:
-    """``cfg.layout``; "auto" for config-like objects without it (transfer entries)."""
-    return str(getattr(cfg, "layout", None) or "auto")
-
-
 class FolderReader:
     """``data.dataset: folder``: ``data.root`` in ``data.layout`` (see the module docstring)."""
 
-    def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
+    def content_key(self, cfg: DataConfig, seed: int) -> dict[str, Any]:
         root = _folder_root(cfg)
-        layout = resolve_layout(root, _folder_layout(cfg))
+        layout = resolve_layout(root, cfg.layout)
         # A URI is the key as given (its query names the endpoint); a local path is absolute.
         # Listed with the layout as set, as the pre-launch checks list it: one listing per
         # launch (raycl.data.listed_once) serves both; the files are the same either way.
         key: dict[str, Any] = {"root": root if is_remote(root) else str(Path(root).resolve()),
-                               "files": folder_fingerprint(root, _folder_layout(cfg))}
+                               "files": folder_fingerprint(root, cfg.layout)}
         if layout != "flat":
             # Added only here: flat keys stay as they were, so existing caches remain valid.
             key.update(layout=layout)
         return key
 
-    def read(self, cfg: Any, seed: int) -> ImageFiles:
-        return image_folder_files(_folder_root(cfg), _folder_layout(cfg))
+    def read(self, cfg: DataConfig, seed: int) -> ImageFiles:
+        return image_folder_files(_folder_root(cfg), cfg.layout)
 
-    def class_counts(self, cfg: Any) -> dict[str, list[int]]:
-        root, layout = _folder_root(cfg), _folder_layout(cfg)
-        if not getattr(cfg, "skip_unreadable", False) or is_remote(root):
+    def check(self, cfg: DataConfig) -> Problem | None:
+        """The folder lists in its layout (both halves of a train/test layout, their classes
+        aligned) and every image decodes: the first few bad ones named, with their count
+        (:func:`folder_unreadable`). In stream mode the folder is listed but its files are not
+        read (a bucket of a million images): training skips and counts an undecodable one.
+        With ``data.skip_unreadable`` unreadable images are no problem: the trials leave them
+        out (the launch's notice counts them, :func:`skip_notice`)."""
+        remote = is_remote(str(cfg.root))
+        path: Path | str = str(cfg.root) if remote else Path(str(cfg.root)).expanduser()
+        if not remote and not Path(path).is_dir():
+            return Problem("root", f"not a directory: {cfg.root}")
+        try:
+            list_folder(path, cfg.layout)
+        except (OSError, ValueError) as error:
+            return Problem("root", str(error))
+        if cfg.loader == "stream" or cfg.skip_unreadable:
+            return None
+        unreadable, counted = folder_unreadable(path, cfg.layout)
+        return Problem("root", unreadable_message(unreadable, counted)) if unreadable else None
+
+    def class_counts(self, cfg: DataConfig) -> dict[str, list[int]]:
+        root, layout = _folder_root(cfg), cfg.layout
+        if not cfg.skip_unreadable or is_remote(root):
             return folder_class_counts(root, layout)
         # The files data.skip_unreadable leaves out are in no split: not counted (a bucket's
         # check is a sample, so there the counts are the listing's).
@@ -452,6 +458,9 @@ class FolderReader:
         kept = {part: [(path, name) for path, name in files if str(path) not in left_out]
                 for part, files in parts.items()}
         return count_classes(kept, {name: i for i, name in enumerate(class_names(parts))})
+
+    def split_sizes(self, cfg: DataConfig) -> dict[str, int]:
+        return counted_split_sizes(self.class_counts(cfg), cfg.val_fraction, cfg.test_fraction)
 
 
 READER = FolderReader()

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from raycl.config.section import Problem
+from raycl.config.training import DataConfig
 from raycl.data.bucket_paths import as_listed, root_path
 from raycl.data.listed_once import remembered
 from raycl.data.sources.folders import (
@@ -32,7 +34,8 @@ from raycl.data.sources.folders import (
     list_image_files,
     require_trained_classes,
 )
-from raycl.data.types import ImageFiles
+from raycl.data.splits import counted_split_sizes
+from raycl.data.types import ImageFiles, root_problem
 
 # The halves of an ImageNet root, as read: val is the shipped test split.
 HALVES: tuple[str, ...] = ("train", "val")
@@ -47,9 +50,9 @@ def imagenet100_class_list() -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
-def _root(cfg: Any) -> Listed:
+def _root(cfg: DataConfig) -> Listed:
     """``data.root``: a local directory, or a bucket folder (a URI)."""
-    if not getattr(cfg, "root", None):
+    if not cfg.root:
         raise ValueError(f"dataset {cfg.dataset!r} needs data.root (the ImageNet directory "
                          f"holding train/<wnid>/ and val/<wnid>/)")
     root = str(cfg.root)
@@ -133,7 +136,7 @@ class ImageNetReader:
     def __init__(self, subset: bool) -> None:
         self.subset = subset
 
-    def _list(self, cfg: Any) -> dict[str, FileList]:
+    def _list(self, cfg: DataConfig) -> dict[str, FileList]:
         return list_imagenet(_root(cfg), imagenet100_class_list() if self.subset else None)
 
     def _class_index(self, parts: dict[str, FileList]) -> dict[str, int]:
@@ -142,7 +145,7 @@ class ImageNetReader:
                  else {name for _, name in parts["train"]})
         return {name: i for i, name in enumerate(sorted(names))}
 
-    def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
+    def content_key(self, cfg: DataConfig, seed: int) -> dict[str, Any]:
         root = _root(cfg)
         # One digest of every file's (path, size, mtime): a 1.3 M-file list would make the
         # key (hashed as JSON on every load) tens of MB.
@@ -154,7 +157,7 @@ class ImageNetReader:
                                           stat.st_mtime_ns]).encode())
         return {"root": str(root.resolve()), "files": digest.hexdigest()}
 
-    def read(self, cfg: Any, seed: int) -> ImageFiles:
+    def read(self, cfg: DataConfig, seed: int) -> ImageFiles:
         parts = self._list(cfg)
         index = self._class_index(parts)
         files = parts["train"] + parts["test"]
@@ -164,12 +167,20 @@ class ImageNetReader:
         return ImageFiles(paths=[as_listed(path) for path, _ in files], labels={"class": labels},
                           test_mask=test_mask)
 
-    def check(self, cfg: Any) -> None:
-        self._list(cfg)
+    def check(self, cfg: DataConfig) -> Problem | None:
+        """The root lists as ImageNet's halves of wnid folders (no image is read)."""
+        try:
+            self._list(cfg)
+        except (OSError, ValueError) as error:
+            return root_problem(error)
+        return None
 
-    def class_counts(self, cfg: Any) -> dict[str, list[int]]:
+    def class_counts(self, cfg: DataConfig) -> dict[str, list[int]]:
         parts = self._list(cfg)
         return count_classes(parts, self._class_index(parts))
+
+    def split_sizes(self, cfg: DataConfig) -> dict[str, int]:
+        return counted_split_sizes(self.class_counts(cfg), cfg.val_fraction, cfg.test_fraction)
 
 
 IMAGENET_READER = ImageNetReader(subset=False)

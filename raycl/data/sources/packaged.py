@@ -18,6 +18,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from raycl.config.section import Problem
+from raycl.config.training import DataConfig
+from raycl.data.splits import counted_split_sizes
 from raycl.data.types import ImageSet
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -177,33 +180,49 @@ def load_digits_set(resolution: int, seed: int) -> ImageSet:
 class MnistFashionReader:
     """``data.dataset: mnist_fashion``: :func:`make_mnist_fashion` of ``data.num_samples``."""
 
-    def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
+    def content_key(self, cfg: DataConfig, seed: int) -> dict[str, Any]:
         num_samples = cfg.num_samples
         return {"num_samples": None if num_samples is None else int(num_samples),
                 "seed": int(seed)}
 
-    def read(self, cfg: Any, seed: int) -> ImageSet:
+    def read(self, cfg: DataConfig, seed: int) -> ImageSet:
         return make_mnist_fashion(cfg.num_samples, cfg.resolution, seed)
 
-    def class_counts(self, cfg: Any) -> dict[str, list[int]]:
+    def check(self, cfg: DataConfig) -> Problem | None:
+        """Fashion-MNIST's Debian package is installed (MNIST ships with scikit-learn)."""
+        if FASHION_MNIST_DIR.is_dir():
+            return None
+        return Problem("dataset", f"mnist_fashion needs Fashion-MNIST in {FASHION_MNIST_DIR} "
+                                  f"(Debian package {FASHION_MNIST_PACKAGE})")
+
+    def class_counts(self, cfg: DataConfig) -> dict[str, list[int]]:
         total = MNIST_SIZE if cfg.num_samples is None else int(cfg.num_samples)
         # balanced_subset: class counts differ by at most one.
         return {"all": [total // 10 + (1 if digit < total % 10 else 0) for digit in range(10)]}
+
+    def split_sizes(self, cfg: DataConfig) -> dict[str, int]:
+        return counted_split_sizes(self.class_counts(cfg), cfg.val_fraction, cfg.test_fraction)
 
 
 class DigitsReader:
     """``data.dataset: digits``: scikit-learn's digits (:func:`load_digits_set`)."""
 
-    def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
+    def content_key(self, cfg: DataConfig, seed: int) -> dict[str, Any]:
         return {"seed": int(seed)}
 
-    def read(self, cfg: Any, seed: int) -> ImageSet:
+    def read(self, cfg: DataConfig, seed: int) -> ImageSet:
         return load_digits_set(cfg.resolution, seed)
 
-    def class_counts(self, cfg: Any) -> dict[str, list[int]]:
+    def check(self, cfg: DataConfig) -> Problem | None:
+        return None  # shipped inside scikit-learn: no file to miss
+
+    def class_counts(self, cfg: DataConfig) -> dict[str, list[int]]:
         from sklearn.datasets import load_digits
 
         return {"all": np.bincount(load_digits().target).tolist()}
+
+    def split_sizes(self, cfg: DataConfig) -> dict[str, int]:
+        return counted_split_sizes(self.class_counts(cfg), cfg.val_fraction, cfg.test_fraction)
 
 
 MNIST_FASHION_READER = MnistFashionReader()

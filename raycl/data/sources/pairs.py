@@ -20,7 +20,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from raycl.data.types import ImageFiles
+from raycl.config.section import Problem
+from raycl.config.training import DataConfig
+from raycl.data.splits import unlabelled_split_sizes
+from raycl.data.types import ImageFiles, root_problem
 
 IMAGE_COLUMNS: tuple[str, ...] = ("image", "filepath", "path")
 CAPTION_COLUMNS: tuple[str, ...] = ("caption", "title", "text")
@@ -194,7 +197,7 @@ def image_text_files(path: str | Path) -> ImageFiles:
     return ImageFiles(paths=[pair.image for pair in pairs], labels={}, captions=captions)
 
 
-def _pairs_file(cfg: Any) -> str:
+def _pairs_file(cfg: DataConfig) -> str:
     if not cfg.root:
         raise ValueError("dataset 'pairs' needs data.root (the CSV or TSV file of image, "
                          "caption rows)")
@@ -205,15 +208,29 @@ class PairsReader:
     """``data.dataset: pairs``: the image-caption rows of the CSV/TSV file ``data.root``;
     unlabelled, so its one "class" holds every image."""
 
-    def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
+    def content_key(self, cfg: DataConfig, seed: int) -> dict[str, Any]:
         path = _pairs_file(cfg)
         return {"root": str(Path(path).resolve()), "files": pairs_fingerprint(path)}
 
-    def read(self, cfg: Any, seed: int) -> ImageFiles:
+    def read(self, cfg: DataConfig, seed: int) -> ImageFiles:
         return image_text_files(_pairs_file(cfg))
 
-    def class_counts(self, cfg: Any) -> dict[str, list[int]]:
+    def check(self, cfg: DataConfig) -> Problem | None:
+        """The file exists and its header and rows are well formed (:func:`read_pairs`; the
+        images are found and decoded when the cache is built)."""
+        try:
+            read_pairs(Path(str(cfg.root)).expanduser())
+        except (OSError, ValueError) as error:
+            return root_problem(error)
+        return None
+
+    def class_counts(self, cfg: DataConfig) -> dict[str, list[int]]:
         return {"all": [count_pairs(_pairs_file(cfg))]}
+
+    def split_sizes(self, cfg: DataConfig) -> dict[str, int]:
+        """At random (unlabelled): :func:`~raycl.data.splits.unlabelled_split_sizes`."""
+        return unlabelled_split_sizes(count_pairs(_pairs_file(cfg)), cfg.val_fraction,
+                                      cfg.test_fraction)
 
 
 READER = PairsReader()

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from raycl.config.section import Problem
+from raycl.config.training import DataConfig
 from raycl.data.bucket_paths import is_remote
 from raycl.data.stream.shards import (
     ShardFormat,
@@ -21,7 +23,7 @@ from raycl.data.stream.shards import (
     read_captions,
     split_shards,
 )
-from raycl.data.types import DatasetSplits, ImageSet
+from raycl.data.types import DatasetSplits, ImageSet, root_problem
 
 
 class ShardReader:
@@ -31,24 +33,29 @@ class ShardReader:
     def __init__(self, fmt: ShardFormat) -> None:
         self.fmt = fmt
 
-    def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
+    def content_key(self, cfg: DataConfig, seed: int) -> dict[str, Any]:
         root = str(cfg.root)
         shards = list_shards(cfg, self.fmt)
         return {"root": root if is_remote(root) else str(Path(root).resolve()),
                 "shards": [[shard.path.rsplit("/", 1)[-1], shard.count] for shard in shards]}
 
-    def read(self, cfg: Any, seed: int) -> ImageSet:
+    def read(self, cfg: DataConfig, seed: int) -> ImageSet:
         raise ValueError(f"data.dataset: {self.fmt} is streamed only; set data.loader: stream "
                          f"(or auto)")
 
-    def check(self, cfg: Any) -> None:
-        split_shards(list_shards(cfg, self.fmt), float(cfg.val_fraction),
-                     float(cfg.test_fraction))
+    def check(self, cfg: DataConfig) -> Problem | None:
+        """The shards list, each with its sample count, and make a split each."""
+        try:
+            split_shards(list_shards(cfg, self.fmt), float(cfg.val_fraction),
+                         float(cfg.test_fraction))
+        except (OSError, ValueError) as error:
+            return root_problem(error)
+        return None
 
-    def class_counts(self, cfg: Any) -> dict[str, list[int]]:
+    def class_counts(self, cfg: DataConfig) -> dict[str, list[int]]:
         return {"all": [sum(shard.count for shard in list_shards(cfg, self.fmt))]}
 
-    def split_sizes(self, cfg: Any) -> dict[str, int]:
+    def split_sizes(self, cfg: DataConfig) -> dict[str, int]:
         """Samples of each split as listed: whole shards (:func:`shard_split_sizes`)."""
         return shard_split_sizes(cfg)
 
@@ -57,14 +64,14 @@ WEBDATASET_READER = ShardReader("webdataset")
 PARQUET_READER = ShardReader("parquet")
 
 
-def _format(cfg: Any) -> ShardFormat:
+def _format(cfg: DataConfig) -> ShardFormat:
     if cfg.dataset not in ("webdataset", "parquet"):
         raise ValueError(f"data.dataset: {cfg.dataset!r} is not read from shards (webdataset, "
                          f"parquet)")
     return cfg.dataset
 
 
-def shard_split_sizes(cfg: Any) -> dict[str, int]:
+def shard_split_sizes(cfg: DataConfig) -> dict[str, int]:
     """Samples of each split as listed (``{"train", "val", "test"}``), without reading one: the
     shard datasets' answer to :func:`raycl.data.load.split_sizes_for` (their splits are whole
     shards, not random shares).
@@ -78,12 +85,12 @@ def shard_split_sizes(cfg: Any) -> dict[str, int]:
     return {name: sum(shard.count for shard in shards) for name, shards in splits.items()}
 
 
-def shard_splits(cfg: Any, seed: int) -> DatasetSplits:
+def shard_splits(cfg: DataConfig, seed: int) -> DatasetSplits:
     """The splits of a shard dataset: whole shards (see :mod:`raycl.data.stream.shards`), images
     lazy.
 
     Args:
-        cfg: DataConfig-like (dataset, root, samples_per_shard, val_fraction, test_fraction,
+        cfg: the data settings (dataset, root, samples_per_shard, val_fraction, test_fraction,
             resolution).
         seed: unused (the split is by shard name); kept for load_dataset's signature.
 

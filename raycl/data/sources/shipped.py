@@ -16,19 +16,20 @@ from typing import Any
 
 import numpy as np
 
+from raycl.config.training import DataConfig
 from raycl.data.stream.files import SquareImages
 
 # Images resized per call to torch: bounds the float copy (512 x 3 x 96 x 96 x 4 B = 57 MB).
 RESIZE_CHUNK = 512
 
 
-def dataset_root(cfg: Any) -> Path:
+def dataset_root(cfg: DataConfig) -> Path:
     """``data.root``, with ``~`` expanded.
 
     Raises:
         ValueError: data.root is not set.
     """
-    if not getattr(cfg, "root", None):
+    if not cfg.root:
         raise ValueError(f"dataset {cfg.dataset!r} needs data.root (the directory its files "
                          f"are in, or its parent)")
     return Path(str(cfg.root)).expanduser()
@@ -81,19 +82,19 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def download_if_missing(cfg: Any, folder: str, names: list[str],
+def download_if_missing(cfg: DataConfig, folder: str, names: list[str],
                         download: Callable[[Path], None]) -> None:
     """With ``data.download: true``, call ``download(parent)`` when files of ``names`` are
     missing; otherwise do nothing (a missing file is reported by the reader's check).
 
     Args:
-        cfg: DataConfig-like (root, download).
+        cfg: the data settings (root, download).
         folder: the dataset's own directory name; torchvision creates it inside ``parent``.
         names: the files the dataset needs.
         download: fetches the dataset into the given parent directory (torchvision's class
             with ``download=True``).
     """
-    if not getattr(cfg, "download", False):
+    if not cfg.download:
         return
     root = dataset_root(cfg)
     if all((dataset_directory(root, folder) / name).is_file() for name in names):

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from raycl.config.section import Problem
+from raycl.config.training import DataConfig
 from raycl.data.sources.shipped import (
     StackedImages,
     dataset_directory,
@@ -35,7 +37,8 @@ from raycl.data.sources.shipped import (
     files_key,
     missing_files_problem,
 )
-from raycl.data.types import ImageSet
+from raycl.data.splits import counted_split_sizes
+from raycl.data.types import ImageSet, root_problem
 
 FOLDER = "stl10_binary"
 SIDE = 96
@@ -43,10 +46,6 @@ IMAGE_BYTES = 3 * SIDE * SIDE
 NUM_CLASSES = 10
 # The labelled halves, in the order their images are stacked (unlabeled last).
 LABELLED: tuple[str, ...] = ("train", "test")
-
-
-def _pretrain_unlabeled(cfg: Any) -> bool:
-    return bool(getattr(cfg, "pretrain_unlabeled", True))
 
 
 def required_files(pretrain_unlabeled: bool) -> list[str]:
@@ -135,9 +134,9 @@ class Stl10Reader:
         torchvision.datasets.STL10(root=str(parent), split="train+unlabeled", download=True)
         torchvision.datasets.STL10(root=str(parent), split="test", download=True)
 
-    def _problem(self, cfg: Any) -> str | None:
+    def _problem(self, cfg: DataConfig) -> str | None:
         """One line naming the directory and the file(s) it lacks, or None."""
-        names = required_files(_pretrain_unlabeled(cfg))
+        names = required_files(cfg.pretrain_unlabeled)
         directory = dataset_directory(dataset_root(cfg), FOLDER)
         missing = [name for name in names if not (directory / name).is_file()]
         if missing == ["unlabeled_X.bin"]:
@@ -145,46 +144,56 @@ class Stl10Reader:
                     f"unlabeled split reads: add it, or set data.pretrain_unlabeled: false")
         return missing_files_problem(directory, FOLDER, names, "STL-10 binary files")
 
-    def _directory(self, cfg: Any) -> Path:
+    def _directory(self, cfg: DataConfig) -> Path:
         """The directory of the files, downloaded first if asked for.
 
         Raises:
             ValueError: files are missing (after the download, if any).
         """
-        names = required_files(_pretrain_unlabeled(cfg))
+        names = required_files(cfg.pretrain_unlabeled)
         download_if_missing(cfg, FOLDER, names, self._download)
         problem = self._problem(cfg)
         if problem:
             raise ValueError(problem)
         return dataset_directory(dataset_root(cfg), FOLDER)
 
-    def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
-        unlabeled = _pretrain_unlabeled(cfg)
+    def content_key(self, cfg: DataConfig, seed: int) -> dict[str, Any]:
+        unlabeled = cfg.pretrain_unlabeled
         return {**files_key(self._directory(cfg), required_files(unlabeled)),
                 "pretrain_unlabeled": unlabeled}
 
-    def read(self, cfg: Any, seed: int) -> ImageSet:
-        return read_stl10(self._directory(cfg), int(cfg.resolution), _pretrain_unlabeled(cfg))
+    def read(self, cfg: DataConfig, seed: int) -> ImageSet:
+        return read_stl10(self._directory(cfg), int(cfg.resolution), cfg.pretrain_unlabeled)
 
-    def check(self, cfg: Any) -> None:
-        """Raise ValueError naming the directory and the file(s) it lacks (unlabeled_X.bin with
+    def check(self, cfg: DataConfig) -> Problem | None:
+        """The directory and the file(s) it lacks (unlabeled_X.bin with
         data.pretrain_unlabeled: false as the other way out); nothing is missing yet while
         ``data.download`` will fetch it. File sizes are checked too (no image is read)."""
-        problem = self._problem(cfg)
-        if problem and not getattr(cfg, "download", False):
-            raise ValueError(problem)
-        if not problem:
-            directory = dataset_directory(dataset_root(cfg), FOLDER)
-            for split in LABELLED:
-                read_labels(directory, split)
-            if _pretrain_unlabeled(cfg):
-                image_count(directory / "unlabeled_X.bin")
+        try:
+            problem = self._problem(cfg)
+            if problem:
+                return None if cfg.download else Problem("root", problem)
+            self._check_sizes(cfg)
+        except (OSError, ValueError) as error:
+            return root_problem(error)
+        return None
 
-    def class_counts(self, cfg: Any) -> dict[str, list[int]]:
+    def _check_sizes(self, cfg: DataConfig) -> None:
+        """Raise ValueError when a file's size does not fit its images (or labels)."""
+        directory = dataset_directory(dataset_root(cfg), FOLDER)
+        for split in LABELLED:
+            read_labels(directory, split)
+        if cfg.pretrain_unlabeled:
+            image_count(directory / "unlabeled_X.bin")
+
+    def class_counts(self, cfg: DataConfig) -> dict[str, list[int]]:
         directory = self._directory(cfg)
         return {split: np.bincount(read_labels(directory, split),
                                    minlength=NUM_CLASSES).tolist()
                 for split in LABELLED}
+
+    def split_sizes(self, cfg: DataConfig) -> dict[str, int]:
+        return counted_split_sizes(self.class_counts(cfg), cfg.val_fraction, cfg.test_fraction)
 
 
 READER = Stl10Reader()

@@ -32,6 +32,9 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
+from raycl.config.section import Problem
+from raycl.config.training import DataConfig
+from raycl.data.splits import counted_split_sizes
 from raycl.data.types import ImageSet
 
 # Diameter of the object's circumscribed circle is 2 * RADIUS_FRACTION of the image side.
@@ -291,15 +294,21 @@ class TrifeatureReader:
     """``data.dataset: trifeature``: generated, ``data.samples_per_combination`` images of every
     (shape, texture, colour), seeded by the data seed."""
 
-    def content_key(self, cfg: Any, seed: int) -> dict[str, Any]:
+    def content_key(self, cfg: DataConfig, seed: int) -> dict[str, Any]:
         return {"samples_per_combination": int(cfg.samples_per_combination), "seed": int(seed)}
 
-    def read(self, cfg: Any, seed: int) -> ImageSet:
+    def read(self, cfg: DataConfig, seed: int) -> ImageSet:
         return generate_trifeature(cfg.samples_per_combination, cfg.resolution, seed)
 
-    def class_counts(self, cfg: Any) -> dict[str, list[int]]:
+    def check(self, cfg: DataConfig) -> Problem | None:
+        return None  # generated: no file to miss
+
+    def class_counts(self, cfg: DataConfig) -> dict[str, list[int]]:
         # Every (shape, texture, colour) combination appears samples_per_combination times.
         return {"all": [100 * int(cfg.samples_per_combination)] * 10}
+
+    def split_sizes(self, cfg: DataConfig) -> dict[str, int]:
+        return counted_split_sizes(self.class_counts(cfg), cfg.val_fraction, cfg.test_fraction)
 
 
 READER = TrifeatureReader()

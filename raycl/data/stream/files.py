@@ -3,8 +3,8 @@ stream``) for datasets larger than a node's memory.
 
 In memory mode a dataset is decoded once per node into a memory-mapped cache
 (:mod:`raycl.data.cache.store`). In stream mode nothing is decoded up front: a split's ``images``
-is a
-lazy array-like that decodes the rows it is asked for.
+is a lazy array-like that decodes the rows it is asked for, with the cache builder's decode
+(:func:`raycl.data.decode.decode_square`: a file gives the same pixels in both modes).
 
 - :class:`FileRows`: one image file per row (a folder, ImageNet's wnid folders, a pairs file;
   local paths or ``s3://`` / ``gs://`` URIs, read by :mod:`raycl.data.bucket_paths`). Random
@@ -12,9 +12,8 @@ lazy array-like that decodes the rows it is asked for.
   batches as in memory mode (a global shuffle per epoch, MCL's pseudo-label batches), decoded
   by Ray Data tasks (:mod:`raycl.worker.stream_loader`).
 - :class:`~raycl.data.stream.shards.ShardRows`: samples packed in shards read in sequence
-  (WebDataset
-  tar files, Parquet files with an image-bytes column). Shards are shuffled per epoch and
-  samples pass through a seeded shuffle buffer.
+  (WebDataset tar files, Parquet files with an image-bytes column). Shards are shuffled per
+  epoch and samples pass through a seeded shuffle buffer.
 
 An image that cannot be decoded never stops a trial: when training its row is filled by a copy
 of another image of the same batch, counted, and the file named in a warning (``data/skipped``
@@ -27,7 +26,6 @@ use it.
 
 from __future__ import annotations
 
-import io
 import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,47 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
-from raycl.data.bucket_paths import read_bytes
+from raycl.data.decode import decode_square
 from raycl.data.types import rows_then_rest
 
 logger = logging.getLogger(__name__)
-
-def decode_square_rgb(data: bytes, resolution: int, name: str = "image") -> np.ndarray:
-    """Decode encoded image bytes, centre-crop to a square, resize: uint8 (3, resolution,
-    resolution), the crop and resize of :func:`raycl.data.sources.folders.load_square_rgb`. A JPEG
-    of
-    more than twice the target side is decoded at a reduced scale first (still at least twice
-    the side), which is several times cheaper; its pixels differ slightly from memory mode's.
-
-    Raises:
-        ValueError: the bytes are not an image Pillow can decode (``name`` is named).
-    """
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            # Decoding a JPEG at a fraction of its size first (draft) is far cheaper than
-            # decoding it whole and then shrinking; it keeps at least twice the target side.
-            if image.format == "JPEG":
-                image.draft("RGB", (2 * resolution, 2 * resolution))
-            rgb = image.convert("RGB")
-    except UnidentifiedImageError as error:  # its message names a BytesIO, not the file
-        raise ValueError(f"cannot read image {name!r}: not an image Pillow can decode") \
-            from error
-    except (OSError, ValueError, Image.DecompressionBombError) as error:
-        raise ValueError(f"cannot read image {name!r}: {error}") from error
-    return square_rgb(rgb, resolution)
-
-
-def square_rgb(rgb: Image.Image, resolution: int) -> np.ndarray:
-    """An RGB image centre-cropped to a square and resized (bicubic): uint8 (3, resolution,
-    resolution), as every image file is read in both modes."""
-    width, height = rgb.size
-    side = min(width, height)
-    left, top = (width - side) // 2, (height - side) // 2
-    square = rgb.crop((left, top, left + side, top + side))
-    resized = square.resize((resolution, resolution), Image.Resampling.BICUBIC)
-    return np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1)
 
 
 class SquareImages:
@@ -144,7 +106,7 @@ def decode_paths(
 
     def one(row: int) -> str | None:
         try:
-            out[row] = decode_square_rgb(read_bytes(paths[row]), resolution, str(paths[row]))
+            out[row] = decode_square(paths[row], resolution)
         except (OSError, ValueError) as error:
             return str(error)
         return None
@@ -241,5 +203,4 @@ def decoded_bytes(count: int, resolution: int, channels: int = 3) -> int:
     return int(count) * int(channels) * int(resolution) ** 2
 
 
-__all__ = ["Decoded", "FileRows", "SquareImages", "decode_paths", "decode_square_rgb",
-           "decoded_bytes", "square_rgb"]
+__all__ = ["Decoded", "FileRows", "SquareImages", "decode_paths", "decoded_bytes"]

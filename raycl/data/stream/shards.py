@@ -30,7 +30,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from raycl.data.stream.files import SquareImages, decode_square_rgb
+from raycl.config.training import DataConfig
+from raycl.data.decode import decode_square
+from raycl.data.stream.files import SquareImages
 from raycl.data.stream.shard_samples import Raw, parquet_samples, webdataset_samples
 from raycl.data.types import rows_then_rest
 
@@ -116,7 +118,7 @@ def _decode(raw: Raw, resolution: int, need_captions: bool) -> tuple[np.ndarray 
     if need_captions and raw.caption is None:
         return None, "no caption"
     try:
-        return decode_square_rgb(raw.image, resolution, raw.key), ""
+        return decode_square(raw.image, resolution, raw.key), ""
     except ValueError as error:
         return None, str(error)
 
@@ -124,10 +126,9 @@ def _decode(raw: Raw, resolution: int, need_captions: bool) -> tuple[np.ndarray 
 def read_shard(
     shard: Shard, fmt: ShardFormat, resolution: int, need_captions: bool
 ) -> Iterator[Chunk]:
-    """The samples of ``shard`` in order, decoded
-    (:func:`raycl.data.stream.files.decode_square_rgb`)
-    in chunks of at most :data:`CHUNK`. Never raises for a bad sample: an undecodable image, or
-    a missing caption when ``need_captions``, is skipped and reported in ``Chunk.skipped``.
+    """The samples of ``shard`` in order, decoded (:func:`raycl.data.decode.decode_square`) in
+    chunks of at most :data:`CHUNK`. Never raises for a bad sample: an undecodable image, or a
+    missing caption when ``need_captions``, is skipped and reported in ``Chunk.skipped``.
 
     Args:
         shard: the shard; a sample's index is ``shard.offset`` plus its position in the shard.
@@ -360,12 +361,12 @@ class ShardRows(SquareImages):
         return ShardRows, (self.shards, self.fmt, self.resolution)
 
 
-def list_shards(cfg: Any, fmt: ShardFormat) -> list[Shard]:
+def list_shards(cfg: DataConfig, fmt: ShardFormat) -> list[Shard]:
     """Every shard of ``cfg.root`` sorted by name with its sample count (offsets over all of
     them; :func:`split_shards` re-bases them per split).
 
     Args:
-        cfg: DataConfig-like: ``root`` and (webdataset) ``samples_per_shard``.
+        cfg: the data settings: ``root`` and (webdataset) ``samples_per_shard``.
         fmt: ``"webdataset"`` or ``"parquet"``.
 
     Returns:
@@ -379,11 +380,11 @@ def list_shards(cfg: Any, fmt: ShardFormat) -> list[Shard]:
     """
     from raycl.data.stream.shard_listing import parquet_counts, webdataset_counts
 
-    root = str(getattr(cfg, "root", None) or "")
+    root = str(cfg.root or "")
     if not root:
         raise ValueError(f"dataset {fmt!r} needs data.root (a directory of shards, a shard "
                          f"file{' or a brace pattern' if fmt == 'webdataset' else ''})")
-    counts = (webdataset_counts(root, getattr(cfg, "samples_per_shard", None))
+    counts = (webdataset_counts(root, cfg.samples_per_shard)
               if fmt == "webdataset" else parquet_counts(root))
     return _with_offsets(counts)
 
