@@ -129,13 +129,13 @@ def plain_loop_in_ray_worker(config: Any, threads: int, device: torch.device) ->
     # (same machine) instead.
     out = Path(tempfile.mkdtemp(prefix="raycl-plain-worker-")) / "rates.json"
 
-    def loop(loop_config: dict[str, Any]) -> None:
+    def loop(train_config: dict[str, Any]) -> None:
         import ray.train.torch
 
-        from raycl.config.search_config import SearchConfig
+        from raycl.methods import SearchConfig
 
         torch.set_num_threads(threads)
-        out.write_text(json.dumps(plain_loop(SearchConfig.model_validate(loop_config),
+        out.write_text(json.dumps(plain_loop(SearchConfig.model_validate(train_config),
                                              ray.train.torch.get_device())))
 
     gpu = device.type == "cuda"

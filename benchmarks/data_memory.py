@@ -284,7 +284,7 @@ def _batch_as_is(batch: Any) -> Any:
     return batch
 
 
-def ray_worker_loop(loop_config: dict[str, Any]) -> None:
+def ray_worker_loop(train_config: dict[str, Any]) -> None:
     """One Ray Train worker: measure itself empty, load the set from the cache, read every
     pretraining image through raycl's loader, measure again once both workers have; every
     worker reports all workers' figures (``w<rank>/<phase>/<figure>``, gathered over gloo),
@@ -309,8 +309,8 @@ def ray_worker_loop(loop_config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     dist.barrier()  # both hold their imports, so shared libraries' PSS is settled when measured
     empty = {**memory_now(), **mapping_memory(IMAGES_FILE)}
-    cfg = data_config(Path(loop_config["folder"]), Path(loop_config["cache"]), 0,
-                      loop_config["resolution"])
+    cfg = data_config(Path(train_config["folder"]), Path(train_config["cache"]), 0,
+                      train_config["resolution"])
     images = pretraining_images(load_dataset(cfg, 0))
     order = RandomSampler(range(len(images)), generator=torch.Generator().manual_seed(rank))
     loader = DataLoader(IndexedImages(images), collate_fn=_batch_as_is,

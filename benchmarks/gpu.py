@@ -44,14 +44,14 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from raycl.config.search_config import SearchConfig  # noqa: E402
 from raycl.data.augment import BatchAugment, to_float  # noqa: E402
-from raycl.methods import build_method  # noqa: E402
+from raycl.methods import SearchConfig, build_method  # noqa: E402
 from raycl.methods.base import TRAIN_PHASE, Batch, Method  # noqa: E402
 from raycl.methods.registry import METHODS  # noqa: E402
+from raycl.worker.batches import TrainBatch  # noqa: E402
 from raycl.worker.cuda import configure_cuda_backends, prefer_channels_last  # noqa: E402
 from raycl.worker.embed import embed_images  # noqa: E402
-from raycl.worker.epoch import StepParts, run_epoch  # noqa: E402
+from raycl.worker.epoch import PhaseRun, StepParts, run_epoch  # noqa: E402
 from raycl.worker.optim import (  # noqa: E402
     LrSchedule,
     autocast_and_scaler,
@@ -157,16 +157,21 @@ def raycl_vs_plain(args: argparse.Namespace, device: torch.device, batches: Batc
     plain_scaler = torch.amp.GradScaler(device.type,
                                         enabled=mode == "fp16" and device.type == "cuda")
     augment = BatchAugment(config.augment)
-    parts = StepParts(0, raycl, batches, augment, None, None, autocast,  # type: ignore[arg-type]
-                      scaler, device, Clock(None))
+    # The session is only asked for its device here (no report, no fault installed).
+    parts = StepParts(stage=0, session=SimpleNamespace(device=device),  # type: ignore[arg-type]
+                      method=raycl, loader=[TrainBatch(images=images, index=index)  # type: ignore[arg-type]
+                                            for images, index in batches],
+                      augment=augment, pseudo_labels=None, tokens=None, autocast=autocast,
+                      scaler=scaler, clock=Clock(None))
     epochs = 1 + args.epochs
     schedule = LrSchedule(epochs * len(batches), 0, "cosine", False)
+    run = PhaseRun(index=0, phase=TRAIN_PHASE, offset=0, epochs=epochs, start_epoch=0,
+                   model=raycl, optimizer=raycl_optimizer, schedule=schedule)
     seen = len(batches) * args.batch_size
     rates: dict[str, list[float]] = {"raycl": [], "plain": []}
     for epoch in range(epochs):
         generator = torch.Generator(device=device).manual_seed(epoch)
-        raycl_s = timed(device, run_epoch, parts, raycl, raycl_optimizer, schedule,
-                        TRAIN_PHASE, epoch, generator)
+        raycl_s = timed(device, run_epoch, parts, run, epoch, generator)
         plain_s = timed(device, plain_epoch, plain, plain_optimizer, batches, augment, mode,
                         plain_scaler, device, epoch)
         if epoch > 0:

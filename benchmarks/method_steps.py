@@ -66,8 +66,7 @@ VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
 
 
 def build(args: argparse.Namespace, method: str, sections: dict[str, Any]) -> torch.nn.Module:
-    from raycl.config.search_config import SearchConfig
-    from raycl.methods import build_method
+    from raycl.methods import SearchConfig, build_method
 
     if method in ("nnclr", "all4one"):
         # The support set and the predictor are sized from the flags; ψ's heads must divide D.

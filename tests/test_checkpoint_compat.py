@@ -19,7 +19,7 @@ import pytest
 import torch
 from test_reliability import StoredSession  # keeps every checkpoint, resumes from the newest
 
-from raycl.config.search_config import SearchConfig
+from raycl.methods import SearchConfig
 from raycl.worker.context import TrialContext
 from raycl.worker.loop import run_trial_loop
 

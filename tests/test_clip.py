@@ -20,8 +20,7 @@ from test_config import error_of
 from test_reliability import StoredSession
 
 import raycl.worker.stage
-from raycl.config.search_config import SearchConfig
-from raycl.methods import Batch, build_method
+from raycl.methods import Batch, SearchConfig, build_method
 from raycl.methods.clip import CLIP, CLIPConfig, build_open_clip, clip_loss, read_clip_state
 from raycl.worker.context import TrialContext
 from raycl.worker.embed import soup_method

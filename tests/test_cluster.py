@@ -220,7 +220,7 @@ def test_kmeans_runs_on_the_one_gpu_the_worker_holds(four_faiss_gpus, monkeypatc
 def test_mcl_clusters_on_the_gpu_of_the_session_that_calls(monkeypatch) -> None:
     """Between stages rank 0 clusters on its own device; the trial process (no device) on the
     CPU."""
-    from raycl.config.search_config import SearchConfig
+    from raycl.methods import SearchConfig
     from raycl.worker import stage_integration as stages
 
     seen: list[int | None] = []

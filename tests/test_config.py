@@ -491,3 +491,27 @@ def test_transfer_entries_are_validated(tmp_path: Path) -> None:
     assert "transfer names must be distinct" in error_of(tmp_path, twice)
     missing = HSCL + f"eval: {{transfer: [{{dataset: folder, root: {tmp_path / 'nope'}}}]}}\n"
     assert ": eval.transfer.0.root: not a directory" in error_of(tmp_path, missing)
+
+
+def test_a_pickled_config_unpickles_in_a_process_that_imported_no_method() -> None:
+    """A config travels to Ray workers pickled: the class resolves in raycl.methods (which
+    registers every method on import), while raycl.config alone says what to import."""
+    import pickle
+
+    from raycl.methods import SearchConfig
+
+    config = SearchConfig(name="t", method="hscl", hscl={"filter_exponent": 2.0})
+    read_back = textwrap.dedent("""
+        import pickle, sys
+        config = pickle.loads(sys.stdin.buffer.read())
+        print(type(config).__module__, type(config).__name__, config.hscl.filter_exponent)
+    """)
+    result = subprocess.run([sys.executable, "-c", read_back], input=pickle.dumps(config),
+                            capture_output=True, timeout=120, check=True)
+    assert result.stdout.decode().split() == ["raycl.methods", "SearchConfig", "2.0"]
+    # raycl.config alone knows no method: it says where the whole schema comes from.
+    only_config = "from raycl.config.search_config import SearchConfig"
+    failed = subprocess.run([sys.executable, "-c", only_config], capture_output=True, text=True,
+                            timeout=120)
+    assert failed.returncode == 1
+    assert "from raycl.methods import SearchConfig" in failed.stderr

@@ -27,7 +27,7 @@ from torch import nn
 import raycl.worker.checkpoints
 import raycl.worker.loop
 import raycl.worker.stage
-from raycl.config.search_config import SearchConfig
+from raycl.methods import SearchConfig
 from raycl.worker.checkpoints import read_checkpoint, restore, write_checkpoint
 from raycl.worker.context import TrialContext
 from raycl.worker.embed import soup_method

@@ -14,11 +14,10 @@ from test_config import error_of, write
 from test_reliability import StoredSession, run
 from torch import Tensor, nn
 
-from raycl.config.search_config import SearchConfig
 from raycl.eval.figures import method_figures
 from raycl.launch.feasibility import max_reports
 from raycl.launch.load import load_search
-from raycl.methods import Batch, build_method, stage_epochs, stage_phases
+from raycl.methods import Batch, SearchConfig, build_method, stage_epochs, stage_phases
 from raycl.methods.fgvr import (
     FGVR,
     column_variance,

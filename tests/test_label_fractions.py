@@ -11,10 +11,10 @@ from test_config import BASE, error_of  # one-line ConfigError of a YAML in tmp_
 
 from raycl.config.metric_names import fraction_percent
 from raycl.config.schema import CoreConfig
-from raycl.config.search_config import SearchConfig
 from raycl.data import DatasetSplits, ImageSet, stratified_subset
 from raycl.eval import evaluate_linear_splits
 from raycl.eval.label_fractions import label_fraction_subset
+from raycl.methods import SearchConfig
 from raycl.worker.evaluate import evaluate_features
 
 

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-import raycl.methods  # noqa: F401  (fills the method sections SearchConfig holds)
 from raycl.cluster import ami_matrix
-from raycl.config.search_config import SearchConfig
 from raycl.losses import nt_xent, same_label_mask
+from raycl.methods import SearchConfig
 from raycl.pipeline import log_trial_figures
 from raycl.worker.samplers import PseudoLabelBatchSampler
 from raycl.worker.stage_integration import (

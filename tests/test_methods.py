@@ -7,9 +7,8 @@ import torch
 from torch import Tensor
 
 from raycl.config.schema import CoreConfig
-from raycl.config.search_config import SearchConfig
 from raycl.losses import nt_xent
-from raycl.methods import METHODS, Batch, Method, build_method, register
+from raycl.methods import METHODS, Batch, Method, SearchConfig, build_method, register
 from raycl.methods.base import Encoder
 from raycl.methods.hscl import HSCL, HSCLConfig
 from raycl.methods.simclr import SimCLR, SimCLRConfig

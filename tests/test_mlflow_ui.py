@@ -134,7 +134,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     """A three-trial sweep logged through raycl's MLflowSweepCallback into a sqlite store."""
     from mlflow import MlflowClient
 
-    from raycl.config.search_config import SearchConfig
+    from raycl.methods import SearchConfig
     from raycl.tracking import ROLE_TAG, MLflowSweepCallback
 
     db = tmp_path_factory.mktemp("mlflow-ui") / "mlflow.db"

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from raycl.config.schema import ConfigError
-from raycl.config.search_config import SearchConfig
 from raycl.launch.load import load_search
 from raycl.launch.placement import (
     CLUSTER_CHECKS,
@@ -25,6 +24,7 @@ from raycl.launch.placement import (
     read_cluster,
     readonly_autoscaler,
 )
+from raycl.methods import SearchConfig
 from raycl.tune import main
 
 BASE = """

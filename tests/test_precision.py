@@ -14,8 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raycl.config.search_config import SearchConfig
-from raycl.methods import build_method
+from raycl.methods import SearchConfig, build_method
 from raycl.methods.clip import clip_loss
 from raycl.methods.fgvr import gradcam_scores
 from raycl.queues import cosine_topk

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from raycl.config.search_config import SearchConfig, search_config_class
+from raycl.config.search_config import search_config_class
+from raycl.methods import SearchConfig
 from raycl.sweep_display import ProgressDisplay, fmt_duration, quiet_ray
 from raycl.tracking.trial_table import format_table
 from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY

@@ -15,7 +15,7 @@ import ray.train
 import torch
 from faults import injected_fault
 
-from raycl.config.search_config import SearchConfig
+from raycl.methods import SearchConfig
 from raycl.worker.checkpoints import CheckpointError
 from raycl.worker.context import TrialContext
 from raycl.worker.loop import run_trial_loop

@@ -11,7 +11,7 @@ from mlflow import MlflowClient
 from test_tracking import StubTrial
 
 from raycl import server
-from raycl.config.search_config import SearchConfig
+from raycl.methods import SearchConfig
 from raycl.tracking import COMMIT_ENV, MLflowSweepCallback, git_commit
 from raycl.tune import parse_args, resolve
 

@@ -17,7 +17,8 @@ import pytest
 from mlflow import MlflowClient
 
 from raycl.config.schema import Domain
-from raycl.config.search_config import SearchConfig, search_config_class
+from raycl.config.search_config import search_config_class
+from raycl.methods import SearchConfig
 from raycl.tracking.callback import MLflowSweepCallback
 from raycl.tracking.leaderboard_plot import leaderboard_figure
 from raycl.tracking.naming import trial_run_name

@@ -11,9 +11,9 @@ import pytest
 from faults import injected_fault
 from test_reliability import StoredSession  # keeps every checkpoint, resumes from the newest
 
-from raycl.config.search_config import SearchConfig
 from raycl.eval.diagnostics import plot_diagnostics, representation_diagnostics
 from raycl.eval.transfer import load_transfer_sets, match_channels
+from raycl.methods import SearchConfig
 from raycl.worker.context import TrialContext
 from raycl.worker.loop import run_trial_loop
 from raycl.worker.stage_integration import DIAGNOSTICS_FILE

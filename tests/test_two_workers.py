@@ -14,7 +14,6 @@ import pytest
 import torch
 from two_workers import RankResult, WorkerPair
 
-from raycl.config.search_config import SearchConfig
 from raycl.data import load_dataset
 from raycl.distributed import (
     CollectiveInSingleRankSection,
@@ -26,7 +25,7 @@ from raycl.distributed import (
     gather_with_grad,
     single_rank_section,
 )
-from raycl.methods import build_method
+from raycl.methods import SearchConfig, build_method
 from raycl.worker.evaluate import method_diagnostics
 
 TINY: dict[str, Any] = {

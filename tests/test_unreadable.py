@@ -160,8 +160,8 @@ def test_an_evaluation_pass_never_scores_a_file_it_cannot_decode(tmp_path: Path)
     assert len(scored.test.images) == len(good) and len(scored.val.images) == len(data.val.images)
 
     # A whole evaluation (every split, the test split too): scored without them, counted.
-    from raycl.config.search_config import SearchConfig
     from raycl.eval.multimodal import EvalSets
+    from raycl.methods import SearchConfig
     from raycl.worker.evaluate import evaluate_epoch
     from raycl.worker.session import InProcessSession
     from raycl.worker.stage import build_stage_method
@@ -184,7 +184,7 @@ def test_an_evaluation_pass_never_scores_a_file_it_cannot_decode(tmp_path: Path)
 def test_a_trial_counts_the_skipped_files_every_epoch(tmp_path: Path) -> None:
     """A memory-mode trial (the worker loop in process) on the folder with data.skip_unreadable
     trains and evaluates without the five files and reports them as data/skipped every epoch."""
-    from raycl.config.search_config import SearchConfig
+    from raycl.methods import SearchConfig
     from raycl.worker.context import TrialContext
     from raycl.worker.loop import run_trial_loop
     from raycl.worker.session import InProcessSession

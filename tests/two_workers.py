@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import raycl.methods  # noqa: F401  (fills the schema's method sections; spawned ranks too)
-from raycl.config.search_config import SearchConfig
+from raycl.methods import SearchConfig
 from raycl.worker.checkpoints import DIAGNOSTICS_FILE
 from raycl.worker.context import TrialContext
 from raycl.worker.loop import run_trial_loop

@@ -22,7 +22,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, Field, ValidationError, create_model
 
 from raycl.config.schema import CoreConfig, Domain
-from raycl.config.section import METHOD_SECTIONS, Section
+from raycl.config.section import METHOD_SECTIONS, Section, schema_home
 
 
 def search_config_class() -> type[CoreConfig]:
@@ -34,9 +34,10 @@ def search_config_class() -> type[CoreConfig]:
             import :mod:`raycl.methods` first (the config package never imports it).
     """
     if not METHOD_SECTIONS:
-        raise RuntimeError("no method sections are registered: import raycl.methods (its "
-                           "@register calls fill raycl.config.section.METHOD_SECTIONS) before "
-                           "using the whole schema (SearchConfig)")
+        raise RuntimeError("no method sections are registered: take the whole schema from "
+                           "raycl.methods (from raycl.methods import SearchConfig), or import "
+                           "raycl.methods first (its @register calls fill "
+                           "raycl.config.section.METHOD_SECTIONS)")
     return _schema_class(tuple(sorted(METHOD_SECTIONS.items())))
 
 
@@ -47,7 +48,10 @@ def _schema_class(sections: tuple[tuple[str, type[Section]], ...]) -> type[CoreC
                               f"(declared in {section.__module__})."))
         for name, section in sections
     }
-    model = create_model("SearchConfig", __base__=CoreConfig, __module__=__name__, **fields)
+    # Pickled by name where the registry's package resolves it (raycl.config.section
+    # .set_schema_home): unpickling imports that package, which registers every method first.
+    model = create_model("SearchConfig", __base__=CoreConfig,
+                         __module__=schema_home() or __name__, **fields)
     model.__doc__ = ("A whole experiment: method, data, model, training, scaling, search, "
                      "tracking, and the knobs of every registered method.")
     return model

@@ -39,4 +39,22 @@ class Problem(NamedTuple):
 # by :func:`raycl.methods.register`.
 METHOD_SECTIONS: dict[str, type[Section]] = {}
 
-__all__ = ["METHOD_SECTIONS", "ConfigError", "Problem", "Section"]
+_schema_home: str | None = None
+
+
+def set_schema_home(module: str) -> None:
+    """Name the module where the whole schema (``SearchConfig``) resolves by name: the method
+    registry's package names itself, since importing it registers every method first. A config
+    pickled in one process then unpickles in any other (a Ray worker that imported no method
+    yet), while this package imports nothing above it."""
+    global _schema_home
+    _schema_home = module
+
+
+def schema_home() -> str | None:
+    """The module :func:`set_schema_home` named (None: no registry imported)."""
+    return _schema_home
+
+
+__all__ = ["METHOD_SECTIONS", "ConfigError", "Problem", "Section", "schema_home",
+           "set_schema_home"]

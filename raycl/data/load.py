@@ -169,17 +169,16 @@ def split_sizes_for(cfg: DataConfig) -> dict[str, int]:
 LoaderChoice = Literal["memory", "stream"]
 
 
-def choose_loader(cfg: Any, node_memory: float | None) -> tuple[LoaderChoice, str]:
+def choose_loader(cfg: DataConfig, node_memory: float | None) -> tuple[LoaderChoice, str]:
     """What ``data.loader: auto`` means for this dataset on nodes of ``node_memory`` bytes:
     ``("memory" | "stream", why)``; the one rule for ``auto``. Memory when the decoded set
     (images x channels x resolution^2) takes at most ``data.memory_share`` of a node's memory;
     shards always stream, array sources never do. ``node_memory`` None (no cluster measured: a
-    config that never went through a launch) streams only what must. An explicit choice (and a
-    settings object without ``loader``: memory) is returned as it is.
+    config that never went through a launch) streams only what must. An explicit choice is
+    returned as it is.
     """
-    loader = getattr(cfg, "loader", "memory")
-    if loader != "auto":
-        return loader, "set in the config"
+    if cfg.loader != "auto":
+        return cfg.loader, "set in the config"
     if streamed_only(cfg.dataset):
         return "stream", f"{cfg.dataset} is streamed only"
     if not streams(cfg.dataset):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -26,7 +26,9 @@ from raycl.worker.faults import maybe_inject_fault
 from raycl.worker.optim import Autocast, LrSchedule
 from raycl.worker.outcome import NonFiniteLossError
 from raycl.worker.perf import Clock
-from raycl.worker.session import Session
+
+if TYPE_CHECKING:  # Ray is imported by the session's module; the epoch runs without it (GPU bench)
+    from raycl.worker.session import Session
 
 # Losses are checked for NaN/inf every this many steps (and at each epoch's end): one device
 # sync per check, so a GPU is not stalled every step, and a diverged trial still stops at once.
