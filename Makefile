@@ -54,7 +54,7 @@ PYTEST_WORKERS ?= 2
 test: install data browser
 	$(PY) -m ruff check .
 	$(PY) tools/structure.py
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=20
 
 # An MLflow server on 127.0.0.1:5000 over ./mlflow.db (sweeps: --tracking-uri http://127.0.0.1:5000).
 server: install

@@ -104,3 +104,13 @@ def test_xdist_groups_reach_the_scheduler(request: pytest.FixtureRequest) -> Non
     if not request.config.getvalue("loadgroup"):
         pytest.skip("not run with --dist loadgroup")
     assert request.node.nodeid.endswith("@canary")
+
+
+def test_the_ray_session_tests_reach_the_scheduler_as_one_group(
+    request: pytest.FixtureRequest, ray_session: object
+) -> None:
+    """The group conftest.py gives every test on the shared Ray session reaches xdist's
+    scheduler (its hook must run before xdist's): otherwise each worker starts a Ray."""
+    if not request.config.getvalue("loadgroup"):
+        pytest.skip("not run with --dist loadgroup")
+    assert request.node.nodeid.endswith("@ray-session")

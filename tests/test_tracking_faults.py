@@ -1,7 +1,7 @@
 """Faults on the MLflow logging path, end to end: ``python -m raycl.tune`` sweeps (each starting
-its own Ray) through a driver killed outright, an MLflow server down for ~20 s, and a sqlite
-store another process holds locked; plus the retry layer's bound (raycl.tracking.retry) and the
-runs of trials a killed driver's Tune state lost, without Ray."""
+its own Ray) through a driver interrupted (SIGINT) and then killed outright, an MLflow server
+down for ~20 s, and a sqlite store another process holds locked; plus the retry layer's bound
+(raycl.tracking.retry) and the runs of trials a killed driver's Tune state lost, without Ray."""
 
 from __future__ import annotations
 
@@ -65,6 +65,13 @@ def trial_runs(client: MlflowClient, name: str) -> list:
                               filter_string=f"tags.`{ROLE_TAG}` = 'trial'")
 
 
+def parent_runs(client: MlflowClient, name: str) -> list:
+    experiment = client.get_experiment_by_name(name)
+    assert experiment is not None, f"no MLflow experiment {name}"
+    return client.search_runs([experiment.experiment_id],
+                              filter_string=f"tags.`{ROLE_TAG}` = 'sweep'")
+
+
 def wait_until(check: object, process: object, log: Path, timeout_s: float = 300) -> object:
     """Poll ``check()`` every 0.5 s until it returns something true; fail with the log's tail
     should the sweep end or the time run out first."""
@@ -124,58 +131,60 @@ def hold_exclusive_lock(database: Path, until: Callable[[], bool], limit_s: floa
 
 @SWEEPS
 def test_driver_sigkilled_resumes_each_epoch_once_through_a_locked_store(tmp_path: Path) -> None:
-    """SIGKILL to the driver's process group once the first trial finished and the second
-    logged an epoch; the same command again, the sqlite store held locked by another connection
-    from the resumed driver's start until it has waited past sqlite's own 5 s. The resume
-    finishes (exit 0), the finished trial is not re-run (its run unchanged), MLflow holds one
-    parent and one child run per trial (the run of a trial Tune's saved state had lost is
-    deleted), and every epoch of both trials is logged exactly once."""
+    """One three-trial sweep, stopped twice and resumed with the same command each time.
+    SIGINT to the driver once the first trial finished and the second logged an epoch: exit
+    130 with raycl's hint (not Ray's), the parent run KILLED. Resumed, then SIGKILL to the
+    driver's process group once two trials finished and the third logged an epoch. Resumed
+    again, the sqlite store held locked by another connection from that driver's start until
+    it has waited past sqlite's own 5 s: it finishes (exit 0), the finished trial is not re-run
+    (its run unchanged), the interrupted one kept its run, MLflow holds one parent and one child
+    run per trial (the run of a trial Tune's saved state had lost is deleted), and every epoch
+    of every trial is logged exactly once."""
     database = tmp_path / "mlflow.db"
     uri = f"sqlite:///{database}"
-    command = sweep_command(tmp_path, "kill9", uri)
+    command = sweep_command(tmp_path, "stopped", uri, trials=3)
     client = MlflowClient(tracking_uri=uri)
 
-    def finished_and_training() -> tuple | None:
-        runs = trial_runs(client, "kill9")
-        done = [r for r in runs if r.info.status == "FINISHED"]
-        training = [r for r in runs if r.info.status == "RUNNING"
-                    and "train/loss" in r.data.metrics]
-        return (done[0], training[0]) if done and training else None
+    def finished_and_training(finished: int) -> Callable[[], tuple | None]:
+        def check() -> tuple | None:
+            runs = trial_runs(client, "stopped")
+            done = [r for r in runs if r.info.status == "FINISHED"]
+            training = [r for r in runs if r.info.status == "RUNNING"
+                        and "train/loss" in r.data.metrics]
+            return (done[0], training[0]) if len(done) >= finished and training else None
+        return check
 
     first_log = tmp_path / "first.log"
     first = spawn(command, log=first_log, env=sweep_env())
     try:
-        done, killed_in = wait_until(finished_and_training, first.process, first_log)
-        os.killpg(first.process.pid, signal.SIGKILL)  # the driver and its Ray, outright
-        first.process.wait(timeout=30)
-        time.sleep(2)
-        print("left alive by the SIGKILL:", marked_processes(first.token))
+        done, interrupted_in = wait_until(finished_and_training(1), first.process, first_log)
+        first.process.send_signal(signal.SIGINT)  # Ctrl+C: the driver only
+        assert first.process.wait(timeout=120) == 130, first_log.read_text()[-3000:]
     finally:
-        first.stop(grace_s=5)  # what survived in process groups of its own (Ray's workers)
+        first.stop(grace_s=5)
+    out = first_log.read_text()
+    assert "interrupted; run the same command again" in out
+    assert "Tuner.restore" not in out, out[-3000:]  # raycl's hint only, not Ray's
+    assert parent_runs(client, "stopped")[0].info.status == "KILLED"
     done_epochs = steps(client, done.info.run_id, "train/loss")
 
     second_log = tmp_path / "second.log"
     second = spawn(command, log=second_log, env=sweep_env())
     try:
-        # Locked from before the resumed driver's first write until it has said it waits.
-        wait_until(lambda: "resuming sweep" in second_log.read_text(), second.process,
-                   second_log)
-        locked = time.monotonic()
-        hold_exclusive_lock(database, lambda: "retrying for up to" in second_log.read_text()
-                            ).join()
-        print(f"the store was locked for {time.monotonic() - locked:.0f} s")
-        assert second.process.wait(timeout=400) == 0, second_log.read_text()[-3000:]
+        _, killed_in = wait_until(finished_and_training(2), second.process, second_log)
+        os.killpg(second.process.pid, signal.SIGKILL)  # the driver and its Ray, outright
+        second.process.wait(timeout=30)
+        time.sleep(2)
+        print("left alive by the SIGKILL:", marked_processes(second.token))
     finally:
-        second.stop(grace_s=5)
-    out = second_log.read_text()
-    assert "database is locked" in out and "retrying for up to" in out, out[-3000:]
-    assert "back after" in out
+        second.stop(grace_s=5)  # what survived in process groups of its own (Ray's workers)
+    assert "resuming sweep 'stopped'" in second_log.read_text()
 
-    experiment = client.get_experiment_by_name("kill9")
-    parents = client.search_runs([experiment.experiment_id],
-                                 filter_string=f"tags.`{ROLE_TAG}` = 'sweep'")
+    out = resume_through_a_locked_store(command, database, tmp_path / "third.log")
+    parents = parent_runs(client, "stopped")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    children = assert_one_run_per_trial_each_epoch_once(client, "kill9")
+    children = assert_one_run_per_trial_each_epoch_once(client, "stopped", trials=3)
+    assert interrupted_in.info.run_id in {r.info.run_id for r in children}
     if killed_in.info.run_id not in {r.info.run_id for r in children}:
         # Created after Tune's last upload of its state: the trial was replaced by a new one.
         assert client.get_run(killed_in.info.run_id).info.lifecycle_stage == "deleted"
@@ -183,6 +192,25 @@ def test_driver_sigkilled_resumes_each_epoch_once_through_a_locked_store(tmp_pat
     again = client.get_run(done.info.run_id)  # the finished trial was not re-run
     assert again.info.end_time == done.info.end_time
     assert steps(client, done.info.run_id, "train/loss") == done_epochs == EPOCHS
+
+
+def resume_through_a_locked_store(command: list[str], database: Path, log: Path) -> str:
+    """Run ``command`` again, the store locked from before the resumed driver's first write
+    until it has said it waits; it must finish (exit 0) having waited and come back. Its
+    output."""
+    resumed = spawn(command, log=log, env=sweep_env())
+    try:
+        wait_until(lambda: "resuming sweep" in log.read_text(), resumed.process, log)
+        locked = time.monotonic()
+        hold_exclusive_lock(database, lambda: "retrying for up to" in log.read_text()).join()
+        print(f"the store was locked for {time.monotonic() - locked:.0f} s")
+        assert resumed.process.wait(timeout=400) == 0, log.read_text()[-3000:]
+    finally:
+        resumed.stop(grace_s=5)
+    out = log.read_text()
+    assert "database is locked" in out and "retrying for up to" in out, out[-3000:]
+    assert "back after" in out
+    return out
 
 
 @SWEEPS
