@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -54,12 +55,22 @@ from local_servers import Spawned, free_port, marked_env, spawn
 REPO = Path(__file__).resolve().parents[1]
 RESOURCE = "gpu_node"  # what the worker nodes declare and trials ask for
 BUCKET = "raycl-test"
+STARTED = time.monotonic()
 PAUSE_S = 90.0  # the paused worker's wait: longer than taking its node away takes
+# A preemption notice's deadline; Ray Train's PreemptionWatcher polls the drain state every 5 s
+# by default, every PREEMPTION_POLL[1] s here, so it sees the notice before the node goes.
+DRAIN_NOTICE_S = 2.0
+PREEMPTION_POLL = ("RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "0.5")
 SHRUNK = {"data.samples_per_combination": 1, "data.resolution": 16, "train.batch_size": 64,
           "model.width": 8, "model.projector_hidden_dim": 32, "model.projector_dim": 16,
-          "eval.linear_max_iter": 50, "train.epochs": 3, "eval.every_n_epochs": 3,
+          "eval.linear_max_iter": 50, "train.epochs": 2, "eval.every_n_epochs": 2,
           "scaling.num_workers": 1, "scaling.cpus_per_worker": 1,
           "tune.num_samples": 1}
+
+
+def mark(phase: str) -> None:
+    """A line in the output with the seconds since this process started: where the time goes."""
+    print(f"[cloud_local {time.monotonic() - STARTED:6.1f} s] {phase}", flush=True)
 
 
 def start_bucket() -> tuple[Any, str, str]:
@@ -92,14 +103,24 @@ def start_cluster(root: Path) -> Any:
     """A head that runs no trials (CPU 0, as the shipped cluster configs) and two worker nodes
     with 2 CPUs and one ``gpu_node`` each. Node deaths are noticed within ~3 s."""
     from ray.cluster_utils import Cluster
+    from ray.util import get_node_ip_address
 
+    # Ray Train's placement-group cleaner asks the State API (the dashboard) whether its
+    # controller lives: without a dashboard its call hangs, and each trial's end waited 12 s on it
+    # ("Monitor thread did not exit within 12.00 seconds"). Every process of the cluster inherits
+    # RAY_ADDRESS, so it asks this cluster's, not the newest Ray's on the machine (another test's).
+    port = free_port()
+    os.environ["RAY_ADDRESS"] = f"{get_node_ip_address()}:{port}"
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "temp_dir": str(root / "ray"), "include_dashboard": False,
+        "num_cpus": 0, "temp_dir": str(root / "ray"), "include_dashboard": True,
+        "dashboard_port": free_port(), "gcs_server_port": port,
         "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
                            "health_check_initial_delay_ms": 1000},
         **node_ports()})
-    for _ in range(2):
-        add_worker_node(cluster)
+    if cluster.address != os.environ["RAY_ADDRESS"]:
+        raise RuntimeError(f"the head is at {cluster.address}, not {os.environ['RAY_ADDRESS']}")
+    for _ in range(2):  # started side by side, then waited for together
+        add_worker_node(cluster, wait=False)
     cluster.wait_for_nodes()
     return cluster
 
@@ -119,8 +140,8 @@ def temp_places(cluster: Any, fresh: bool) -> dict[str, Any]:
                         (node.plasma_store_socket_name, node.raylet_socket_name)]}
 
 
-def add_worker_node(cluster: Any) -> Any:
-    return cluster.add_node(num_cpus=2, resources={RESOURCE: 1}, **node_ports())
+def add_worker_node(cluster: Any, wait: bool = True) -> Any:
+    return cluster.add_node(wait=wait, num_cpus=2, resources={RESOURCE: 1}, **node_ports())
 
 
 def sweep_config(name: str, storage: str, tracking_uri: str, *extra: str) -> Any:
@@ -143,8 +164,11 @@ def run_sweep(config: Any, fault: dict[str, Any] | None = None) -> dict[str, Any
 
     started = time.monotonic()
     with quiet_ray(), injected_fault(**fault) if fault else nullcontext():
+        mark(f"{config.name}: checks")
         run_checks(config, config.name, CLUSTER_CHECKS)
+        mark(f"{config.name}: fit")
         results = build_tuner(config, None).fit()
+        mark(f"{config.name}: done")
     return {"seconds": round(time.monotonic() - started, 1),
             "errors": [str(result.error)[:500] for result in results if result.error],
             "metrics": [{key: value for key, value in (result.metrics or {}).items()
@@ -188,6 +212,7 @@ def take_node_away(cluster: Any, marker: Path, preempt: bool, log: dict[str, Any
         if time.monotonic() > deadline:
             raise TimeoutError("the trial never reached its pause")
         time.sleep(0.5)
+    mark(f"{name}: paused, node goes")
     node = node_with_trial(cluster)
     log["node"] = node.node_id
     if preempt:
@@ -195,11 +220,12 @@ def take_node_away(cluster: Any, marker: Path, preempt: bool, log: dict[str, Any
         gcs = ray._raylet.GcsClient(address=cluster.address)
         accepted, log["drain_refused"] = gcs.drain_node(
             node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-            "spot instance reclaimed (test)", int(time.time() * 1000) + 5000)
+            "spot instance reclaimed (test)", int((time.time() + DRAIN_NOTICE_S) * 1000))
         log["drain_accepted"] = bool(accepted)
-        time.sleep(6)  # the notice's deadline: the instance goes after it
+        time.sleep(DRAIN_NOTICE_S)  # the notice's deadline: the instance goes after it
     log["removed_at"] = time.monotonic()
     cluster.remove_node(node, allow_graceful=preempt)
+    mark(f"{name}: node removed")
 
 
 def preempted_sweep(cluster: Any, name: str, storage: str, tracking_uri: str, root: Path,
@@ -222,7 +248,10 @@ def preempted_sweep(cluster: Any, name: str, storage: str, tracking_uri: str, ro
     return outcome
 
 
-OUTAGE_S = 20.0  # how long the bucket is away
+# How long the bucket is away: epoch 2's upload starts ~7-9 s into it (the worker's pause) and
+# then meets refused connections for longer than Ray's own upload retry (3 tries, 1 s and 2 s
+# apart) would have waited.
+OUTAGE_S = 14.0
 
 
 def refuses(port: int) -> bool:
@@ -248,6 +277,7 @@ def interrupt_bucket(port: int, marker: Path, log: dict[str, Any], tracking_uri:
         if time.monotonic() > deadline:
             raise TimeoutError("the trial never reached its pause")
         time.sleep(0.2)
+    mark(f"{name}: bucket stops")
     log["server"].stop()
     log["stopped_at"] = time.time()
     log["refused"] = refuses(port)
@@ -255,6 +285,7 @@ def interrupt_bucket(port: int, marker: Path, log: dict[str, Any], tracking_uri:
     restarted = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     restarted.start()
     log["server"], log["restarted_at"] = restarted, time.time()
+    mark(f"{name}: bucket back")
 
 
 def bucket_outage(server: Any, endpoint: str, storage: str, tracking_uri: str,
@@ -273,6 +304,7 @@ def bucket_outage(server: Any, endpoint: str, storage: str, tracking_uri: str,
     outcome = run_sweep(sweep_config(name, storage, tracking_uri), fault)
     interrupter.join(timeout=OUTAGE_S + 10)
     outcome.update({key: log.get(key) for key in ("stopped_at", "restarted_at", "refused")})
+    outcome["outage_s"] = OUTAGE_S
     outcome["runs"] = logged_runs(tracking_uri, name)
     outcome["logged_at"] = epochs_logged_at(tracking_uri, name)
     return outcome, log["server"]
@@ -415,10 +447,18 @@ def logged_runs(tracking_uri: str, name: str) -> list[dict[str, Any]]:
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment = client.get_experiment_by_name(name)
     runs = client.search_runs([experiment.experiment_id], "tags.`raycl.role` = 'trial'")
+
+    def steps(run_id: str, key: str) -> list[int]:
+        return sorted(metric.step for metric in client.get_metric_history(run_id, key))
+
+    # A request per run and metric (~100 for four trials): several at once from a server, one
+    # at a time from a SQLite file.
+    with ThreadPoolExecutor(max_workers=8 if tracking_uri.startswith("http") else 1) as pool:
+        histories = [{key: pool.submit(steps, run.info.run_id, key) for key in run.data.metrics}
+                     for run in runs]
     return [{"status": run.info.status, "metrics": run.data.metrics,
-             "steps": {key: sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
-                       for key in run.data.metrics}}
-            for run in runs]
+             "steps": {key: future.result() for key, future in history.items()}}
+            for run, history in zip(runs, histories, strict=True)]
 
 
 IDLE_TIMEOUT_MIN = 0.1  # 6 s
@@ -506,6 +546,7 @@ def first_epoch_at(tracking_uri: str, name: str, started: float, out: dict[str, 
         try:
             if epoch_logged(tracking_uri, name):
                 out["first_epoch_s"] = round(time.monotonic() - started, 1)
+                mark("first epoch in MLflow")
                 return
         except Exception:  # the experiment is being created
             pass
@@ -527,15 +568,19 @@ def autoscale(root: Path, storage: str) -> dict[str, Any]:
     outcome: dict[str, Any] = {}
     try:
         wait_for_head(head, address, root)
+        mark("autoscaling head up")
         try:
             init_ray(quiet=True, address=address, log_to_driver=True)
         except ConnectionError:  # the GCS answered, then missed ray.init's call: once more
             ray.shutdown()
             wait_for_head(head, address, root)
             init_ray(quiet=True, address=address, log_to_driver=True)
+        mark("driver connected")
         outcome["workers_at_start"] = alive_workers(address)
+        # One epoch: what is measured is the nodes' coming and going, not the training.
         config = sweep_config("autoscale", storage, tracking_uri, "tune.num_samples=2",
-                              "tune.max_concurrent_trials=2")
+                              "tune.max_concurrent_trials=2", "train.epochs=1",
+                              "eval.every_n_epochs=1")
         started = time.monotonic()
         watcher = threading.Thread(target=first_epoch_at, daemon=True,
                                    args=(tracking_uri, "autoscale", started, outcome, address))
@@ -554,11 +599,22 @@ def autoscale(root: Path, storage: str) -> dict[str, Any]:
         while alive_workers(address) and time.monotonic() < ended + 60:
             time.sleep(1)
         outcome["workers_after_idle"] = alive_workers(address)
+        mark("idle workers gone")
         outcome["released_after_s"] = round(time.monotonic() - ended, 1)
     finally:
         ray.shutdown()
         spawned.stop(grace_s=3.0)  # a throwaway head: no graceful drain
     return outcome
+
+
+def stop_servers(bucket: Any, mlflow: tuple[Spawned, str] | None,
+                 postgres: Postgres | None) -> None:
+    """The bucket's server, then the MLflow server and its PostgreSQL, where started."""
+    bucket.stop()
+    if mlflow is not None:
+        mlflow[0].stop()
+    if postgres is not None:
+        stop_postgres(postgres)
 
 
 def main(root: Path, scenarios: list[str]) -> None:
@@ -569,11 +625,14 @@ def main(root: Path, scenarios: list[str]) -> None:
         # used. Set before Ray is imported: Ray reads its auth mode once.
         os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     fresh = not (root / "ray").exists()  # Ray's temp dir: made by this process's Ray
+    mark("start")
     import ray
 
     from raycl.tune import init_ray
 
+    mark("imported ray, raycl.tune")
     server, endpoint, storage = start_bucket()
+    mark("bucket up")
     outcome: dict[str, Any] = {"storage": storage}
     if scenarios == ["autoscale"]:
         try:
@@ -587,14 +646,18 @@ def main(root: Path, scenarios: list[str]) -> None:
         # Started first: PostgreSQL and MLflow's migrations come up while the sweeps run.
         try:
             postgres = start_postgres(root)
+            mark("postgres up")
             mlflow = start_mlflow(root, postgres[2])
         except (RuntimeError, subprocess.SubprocessError) as exc:
             outcome["postgres_skipped"] = str(exc)
     cluster, tracking_uri = None, f"sqlite:///{root / 'mlflow.db'}"
+    os.environ.setdefault(*PREEMPTION_POLL)  # before the cluster: its processes inherit it
     try:
         cluster = start_cluster(root)
+        mark("cluster up")
         outcome["temp"] = temp_places(cluster, fresh)
         init_ray(quiet=True, address=cluster.address, log_to_driver=True)
+        mark("driver connected")
         if "reference" in scenarios and "outage" in scenarios:
             # One sweep for both (a sweep's start-up is most of a scenario's cost): the bucket
             # away mid-trial, waited out in place, is the run the others are compared with.
@@ -607,29 +670,34 @@ def main(root: Path, scenarios: list[str]) -> None:
         if "drained" in scenarios:
             outcome["drained"] = preempted_sweep(cluster, "drained", storage, tracking_uri,
                                                  root, preempt=True)
-            add_worker_node(cluster)  # the autoscaler's replacement
+            # The autoscaler's replacement: it registers while the next sweep starts.
+            add_worker_node(cluster, wait=False)
+            mark("replacement node added")
         if "killed" in scenarios:
             outcome["killed"] = preempted_sweep(cluster, "killed", storage, tracking_uri, root,
                                                 preempt=False)
         if mlflow is not None:
             wait_for_mlflow(*mlflow)
+            mark("mlflow (postgres) answers")
             outcome["postgres_uri"] = mlflow[1]
             outcome["postgres"] = four_trials(storage, mlflow[1])
+            mark("four: runs read back")
         import boto3
 
         listed = boto3.client("s3", endpoint_url=f"http://{endpoint}").list_objects_v2(
             Bucket=BUCKET, Prefix="raycl/")
         outcome["bucket_keys"] = [item["Key"] for item in listed.get("Contents", [])]
     finally:
+        mark("scenarios done, shutting down")
         (root / "outcome.json").write_text(json.dumps(outcome, indent=1))
+        # The servers stop while the cluster does: each waits on processes that exit.
+        stopper = threading.Thread(target=stop_servers, args=(server, mlflow, postgres))
+        stopper.start()
         ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
-        server.stop()
-        if mlflow is not None:
-            mlflow[0].stop()
-        if postgres is not None:
-            stop_postgres(postgres)
+        stopper.join()
+        mark("shut down")
 
 
 if __name__ == "__main__":
