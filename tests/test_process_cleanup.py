@@ -135,7 +135,8 @@ def test_a_killed_sessions_servers_are_stopped_by_the_next_session(tmp_path: Pat
         assert inner.process is not None
         os.kill(inner.process.pid, signal.SIGKILL)
         exit_code(inner)
-        assert wait_until(lambda: len(survivors(probe)) == 1, 10), survivors(probe)
+        # The kernel signals the server at once; on a loaded machine (CI) it may take seconds to go.
+        assert wait_until(lambda: len(survivors(probe)) == 1, 30), survivors(probe)
         assert survivors(probe) == ["sleep 601 "]
         env = {**os.environ, "PYTHONPATH": str(TESTS), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
         env.pop("PYTEST_XDIST_WORKER", None)
