@@ -266,18 +266,6 @@ def build_loader(
     return loader
 
 
-def set_sampler_epoch(loader: TrainLoader, stage_epoch: int) -> None:
-    """Reshuffle for ``stage_epoch`` (the epoch within the stage, over all its phases)."""
-    loader.set_epoch(stage_epoch)
-
-
-def sampler_metrics(loader: TrainLoader) -> dict[str, float]:
-    """How the pseudo-label groups filled the epoch's batches (``train/sampler_*``: pure vs
-    pooled leftovers vs dropped; empty without MCL's sampler), and in stream mode the samples
-    skipped as undecodable (``data/skipped``)."""
-    return loader.pop_metrics()
-
-
 __all__ = ["DeviceImages", "HostImages", "IndexedImages", "IndexedLoader", "ResidentImages",
            "StreamedFiles", "StreamedShards", "TrainImages", "batch_sampler", "build_loader",
-           "sampler_metrics", "set_sampler_epoch", "trial_training_images"]
+           "trial_training_images"]

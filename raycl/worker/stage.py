@@ -42,7 +42,7 @@ from raycl.worker.epoch import (
     seed_epoch,
 )
 from raycl.worker.evaluate import evaluate_epoch
-from raycl.worker.loader import TrainImages, build_loader, sampler_metrics, set_sampler_epoch
+from raycl.worker.loader import TrainImages, build_loader
 from raycl.worker.optim import (
     LrSchedule,
     autocast_and_scaler,
@@ -117,7 +117,7 @@ def train_stage(
         run = _start_phase(stage, phase_index, start_epoch, resume)
         resume, start_epoch = None, 0
         for epoch in range(run.start_epoch, run.epochs):
-            set_sampler_epoch(stage.parts.loader, run.offset + epoch)
+            stage.parts.loader.set_epoch(run.offset + epoch)
             generator = seed_epoch(config.seed, inputs.stage, run.offset + epoch,
                                    session.rank, session.device)
             stats = run_epoch(stage.parts, run, epoch, generator)
@@ -279,7 +279,7 @@ def _epoch_metrics(
     })
     if len(stage.phases) > 1:
         metrics["phase"] = run.phase.name
-    metrics.update(sampler_metrics(stage.parts.loader))
+    metrics.update(stage.parts.loader.pop_metrics())  # train/sampler_*, data/skipped
     if stage.data.skipped:  # left out by data.skip_unreadable: counted beside stream's skips
         metrics["data/skipped"] = metrics.get("data/skipped", 0.0) + len(stage.data.skipped)
     if config.num_stages > 1:
