@@ -14,8 +14,8 @@ from raycl.config.schema import CoreConfig
 from raycl.data import DatasetSplits, ImageSet, stratified_subset
 from raycl.eval import evaluate_linear_splits
 from raycl.eval.label_fractions import label_fraction_subset
+from raycl.eval.scoring import evaluate_features
 from raycl.methods import SearchConfig
-from raycl.worker.evaluate import evaluate_features
 
 
 def per_class(labels: np.ndarray, subset: np.ndarray) -> list[int]:

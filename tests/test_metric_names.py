@@ -42,7 +42,7 @@ from raycl.config.metric_names import (
     staged,
 )
 from raycl.config.sweep import TuneSection, reported_test_metric
-from raycl.worker.evaluate import evaluate_features
+from raycl.eval.scoring import evaluate_features
 
 REPO = Path(__file__).resolve().parents[1]
 
