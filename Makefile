@@ -47,14 +47,16 @@ browser:
 demo: install
 	$(PY) -m raycl.tune searches/quickstart.yaml
 
-# Two test workers: one runs the tests on the shared Ray session, the other everything else
-# (tests/conftest.py). `make test PYTEST_WORKERS=0` runs them in one process.
+# Two test workers; the work units (the shared Ray session's tests, the simulated cloud, each
+# fault sweep, ...) are handed out longest first, so both stay busy to the end (tests/conftest.py,
+# tests/xdist_order.py). `make test PYTEST_WORKERS=0` runs them in one process. OMP_WAIT_POLICY:
+# OpenMP threads that wait without spinning, on cores the processes share (tests/conftest.py).
 PYTEST_WORKERS ?= 2
 
 test: install data browser
 	$(PY) -m ruff check .
 	$(PY) tools/structure.py
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=20
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=20
 
 # An MLflow server on 127.0.0.1:5000 over ./mlflow.db (sweeps: --tracking-uri http://127.0.0.1:5000).
 server: install

@@ -116,6 +116,32 @@ def gather_no_grad(t: Tensor) -> Tensor:
 
 
 @torch.no_grad()
+def gather_to_rank0(t: Tensor) -> Tensor | None:
+    """Gathers ``t`` from every rank onto rank 0 only, without gradients (evaluation features:
+    the other ranks never hold the whole array).
+
+    Args:
+        t: tensor of identical shape on all ranks, (B_local, ...); a caller gathering a large
+            array sends it a bounded block at a time, so no rank holds more than a block of
+            each rank's rows on its device.
+
+    Returns:
+        On rank 0, a tensor (world_size * B_local, ...) in rank order; None on every other rank;
+        ``t`` itself when not distributed.
+    """
+    _entering("gather (gather_to_rank0)")
+    if world_size() == 1:
+        return t
+    t = t.contiguous()
+    if rank() != 0:
+        dist.gather(t, None, dst=0)
+        return None
+    shards = [torch.empty_like(t) for _ in range(world_size())]
+    dist.gather(t, shards, dst=0)
+    return torch.cat(shards, dim=0)
+
+
+@torch.no_grad()
 def all_reduce_mean(t: Tensor) -> Tensor:
     """Averages ``t`` over all ranks (e.g. metrics or global batch statistics).
 

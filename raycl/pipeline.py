@@ -4,10 +4,11 @@ angles) and MCL's diagnostics.
 
 The worker loop (:func:`raycl.worker.loop.run_trial_loop`) does all the training, MCL's stages
 and the clustering between them included, so a trial pays for one worker group however many
-stages it has. Resumption: every checkpoint carries the frozen features and clusterings of the
-finished stages (``stage_inputs.npz``). A restarted trial resumes from Tune's checkpoint
-(in-process mode) or re-creates its trainer under the same run name, which Ray Train resumes
-from storage.
+stages it has. Resumption: every checkpoint carries the clusterings of the finished stages and
+a reference to their frozen features, written once beside the checkpoints
+(``stage_inputs.npz``, :mod:`raycl.worker.checkpoints`). A restarted trial resumes from Tune's
+checkpoint (in-process mode) or re-creates its trainer under the same run name, which Ray Train
+resumes from storage.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from raycl.data.listed_once import listed_once
 from raycl.eval.diagnostics import SPECTRUM, plot_diagnostics
 from raycl.eval.figures import mcl_figure, method_figures
 from raycl.launch.feasibility import trial_problem
-from raycl.launch.placement import data_cpus, worker_resources
+from raycl.launch.reservations import worker_resources
 from raycl.worker.context import TrialContext
 from raycl.worker.loop import run_trial_loop, train_loop_per_worker
 from raycl.worker.outcome import FAILED_KEY, SKIP_REASON_KEY, SKIPPED_KEY
@@ -77,8 +78,9 @@ def _device(config: CoreConfig) -> torch.device:
 
 @dataclass
 class TrialOutput:
-    """What a trial's training left: its last report and its last checkpoint (a local copy the
-    caller removes; None when the trial ended without one, e.g. a diverged loss)."""
+    """What a trial's training left: its last report and its last checkpoint (a local directory
+    the caller removes, with at least the checkpoint's diagnostics; None when the trial ended
+    without one, e.g. a diverged loss)."""
 
     last_report: dict[str, Any]
     checkpoint_dir: Path | None
@@ -93,9 +95,10 @@ def fit_trial(
     restarted trial's trainer resumes from Ray Train's storage. ``0``: the same loop in this
     process (see :class:`raycl.worker.session.InProcessSession`), resuming from Tune's checkpoint.
     """
+    # Stream mode's decoders need no placement group named here: each worker's bundle holds
+    # them and its loader schedules them there (raycl.worker.stream_loader.decoder_bundle).
     context = TrialContext(config=config, trial_id=_trial_id(),
-                           started_at=trial_started_at or time.time(),
-                           data_placement_group=_data_placement_group(config))
+                           started_at=trial_started_at or time.time())
     if config.scaling.num_workers == 0:
         session = InProcessSession(_device(config), tune.get_checkpoint() if _in_tune() else None)
         run_trial_loop(context, session)
@@ -115,7 +118,8 @@ def fit_trial(
         scaling_config=ScalingConfig(
             num_workers=config.scaling.num_workers,
             use_gpu=config.scaling.use_gpu,
-            # CPU, GPU and scaling.resources_per_worker (a node type's resource)
+            # CPU (training's, and stream mode's decoders' on the same node), GPU and
+            # scaling.resources_per_worker (a node type's resource)
             resources_per_worker=worker_resources(config),
         ),
         run_config=RunConfig(
@@ -133,19 +137,11 @@ def fit_trial(
     result = trainer.fit()
     directory = None
     if result.checkpoint is not None:
-        directory = download(result.checkpoint, Path(tempfile.mkdtemp(prefix="raycl-final-")))
+        # The trial process only plots the worker's diagnostics: the final checkpoint's model,
+        # optimizer and features stay in storage.
+        directory = download(result.checkpoint, Path(tempfile.mkdtemp(prefix="raycl-final-")),
+                             only=[DIAGNOSTICS_FILE])
     return TrialOutput(last_report=dict(result.metrics or {}), checkpoint_dir=directory)
-
-
-def _data_placement_group(config: CoreConfig) -> str | None:
-    """Hex id of this trial's placement group when it holds stream mode's decoder bundles
-    (:func:`raycl.launch.placement.trial_bundles`), for the workers' Ray Data tasks; else None."""
-    if data_cpus(config) <= 0:
-        return None
-    from ray.util.placement_group import get_current_placement_group
-
-    group = get_current_placement_group()
-    return group.id.hex() if group is not None else None
 
 
 def _train_loop(context: TrialContext) -> None:

@@ -30,7 +30,10 @@ from raycl.launch.checks import ENVIRONMENT_CHECKS, run_checks
 from raycl.launch.feasibility import max_reports
 from raycl.launch.identity import store_settings
 from raycl.launch.load import load_search, with_absolute_paths
-from raycl.launch.placement import CLUSTER_CHECKS, placement_warning, trial_bundles
+from raycl.launch.placement import CLUSTER_CHECKS, placement_warning
+from raycl.launch.ray_nodes import smallest_node_memory
+from raycl.launch.reservations import trial_resources
+from raycl.launch.stream_rate import stream_cpus_warning
 from raycl.launch.sweep_plan import SweepPlan, plan_sweep, resolved_storage, storage_child
 
 EPILOG = """\
@@ -210,49 +213,38 @@ def build_tuner(
     )
 
 
-def smallest_node_memory() -> float:
-    """Bytes of memory of the smallest alive node of the running Ray (its ``memory``
-    resource), or this machine's when Ray reports none."""
-    import ray
-
-    sizes = [float(node["Resources"].get("memory", 0.0)) for node in ray.nodes()
-             if node.get("Alive") and node["Resources"].get("memory")]
-    if sizes:
-        return min(sizes)
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
 def settle_loader(config: CoreConfig) -> CoreConfig:
     """``data.loader: auto`` settled once for the sweep (:func:`raycl.data.load.choose_loader`
-    on the smallest node's memory), and the choice printed: the trials' config carries it, and
-    every reader after this one (placement, the worker's loader) takes it as it is."""
+    on the memory of the smallest node that can run the trials' workers, or of the node types an
+    autoscaler may add when none is up: :func:`raycl.launch.ray_nodes.smallest_node_memory`),
+    and the choice printed: the trials' config carries it, and every reader after this one
+    (placement, the worker's loader) takes it as it is."""
     if config.data.loader != "auto":
         return config
-    choice, why = choose_loader(config.data, smallest_node_memory())
+    choice, why = choose_loader(config.data, smallest_node_memory(config))
     print(f"raycl: data.loader auto -> {choice} ({why})", flush=True)
     return apply_overrides(config, {"data.loader": choice})
 
 
 def _trainable(config: CoreConfig, storage_path: str) -> Any:
-    """The Tune trainable of ``config``'s trials with the resources each reserves: the trial
-    process, and in stream mode its decoders' bundles (one placement group per trial)."""
+    """The Tune trainable of ``config``'s trials with the one bundle each trial process
+    reserves (its worker group reserves its own, decoders included: raycl.launch.reservations)."""
     from ray import tune
 
     from raycl.pipeline import run_trial
 
     trainable = tune.with_parameters(run_trial, base_config=config.to_dict(),
                                      storage_path=storage_path)
-    bundles = trial_bundles(config)
-    return tune.with_resources(
-        trainable, tune.PlacementGroupFactory(bundles) if len(bundles) > 1 else bundles[0])
+    return tune.with_resources(trainable, trial_resources(config))
 
 
 def _warn_if_trials_wait(config: CoreConfig) -> None:
     """A trial larger than the cluster waits for nodes an autoscaler can (or might) add; where
-    nothing can add one, :data:`CLUSTER_CHECKS` already refused the sweep."""
-    warning = placement_warning(config)
-    if warning:
-        print(f"raycl: warning: {warning}", file=sys.stderr, flush=True)
+    nothing can add one, :data:`CLUSTER_CHECKS` already refused the sweep. Also stream mode's
+    decoders too few to feed a GPU (:func:`raycl.launch.stream_rate.stream_cpus_warning`)."""
+    for warning in (placement_warning(config), stream_cpus_warning(config)):
+        if warning:
+            print(f"raycl: warning: {warning}", file=sys.stderr, flush=True)
 
 
 # Ray's switch to its local-only mode, read once at import by each Ray process (see below).

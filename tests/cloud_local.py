@@ -491,11 +491,18 @@ def start_autoscaling_head(root: Path) -> tuple[Spawned, str]:
     config.write_text(json.dumps(autoscaling_config(address)))
     ports = [f"--{name.replace('_', '-')}={value}" for name, value in
              {**node_ports(), "ray_client_server_port": free_port()}.items()]
+    # A dashboard, and RAY_ADDRESS for every process of the cluster (the head, the nodes the
+    # autoscaler starts, their workers, this driver): as start_cluster says, Ray Train's
+    # placement-group cleaner asks the State API whether its controller lives, and without
+    # them it looked for the newest Ray on the machine and hung until its 12 s monitor timeout
+    # ("Found multiple active Ray instances", "Failed to query Ray Train Controller").
+    os.environ["RAY_ADDRESS"] = address
     env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
     head = spawn(
         [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
          "--node-ip-address=127.0.0.1", f"--port={port}", f"--autoscaling-config={config}",
-         "--num-cpus=0", "--include-dashboard=false", f"--temp-dir={root / 'ray'}",
+         "--num-cpus=0", "--include-dashboard=true", f"--dashboard-port={free_port()}",
+         f"--temp-dir={root / 'ray'}",
          "--disable-usage-stats", *ports],
         env=env, cwd=root, log=root / "ray-head.log")
     return head, address

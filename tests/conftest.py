@@ -1,9 +1,12 @@
 """Shared fixtures: one Ray session for the whole test run (start-up costs ~8 s).
 
 ``make test`` runs pytest with two xdist workers (``-n 2 --dist loadgroup``): every test that
-uses the Ray session is put in one group, first in the queue, so one worker starts Ray once and
-runs them in order while the other works through the rest. Most of a Ray test's time is spent
-waiting (worker start-up, polls), which the other worker's CPU-bound tests fill.
+uses the Ray session is put in one group, so one worker starts Ray once and runs them in order.
+The work units (a group, or one test without one) are queued longest first
+(tests/xdist_order.py): the Ray session's group and the other long ones (the simulated cloud,
+the fault sweeps) start early, one on each worker, and the many short tests fill in at the end,
+so neither worker finishes minutes before the other. Most of a Ray test's time is spent waiting
+(worker start-up, polls), which the other worker's CPU-bound tests fill.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 import pytest
 from faults import name_fault_file
 from local_servers import TRAIN_POLL, stop_all, stop_orphans
+from xdist_order import longest_first
 
 # The whole schema (SearchConfig) holds the sections of the methods registered so far: every
 # test module may name it at import, as the entry points do after importing the methods.
@@ -27,6 +31,12 @@ REPO = Path(__file__).resolve().parents[1]
 # the multi-node tests' own, or one of CI's — and fail or disturb it. Tests that mean to join a
 # cluster pass its address explicitly.
 os.environ.setdefault("RAY_ADDRESS", "local")
+# Two xdist workers, their Ray workers and the sweeps they start share a few cores: OpenMP
+# threads that spin while they wait (libgomp's default) take the cores the other processes
+# need (an in-process All4One resume: 2.5 s alone, 46-67 s beside two busy processes, 12 s
+# with PASSIVE). Set here for the processes the suite starts; `make test` sets it for pytest's
+# own processes too (libgomp reads it once, when torch is first imported).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Every Ray the suite starts inherits it (local_servers.TRAIN_POLL says why).
 os.environ.setdefault(*TRAIN_POLL)
 # Where the fault hook looks (tests/faults.py): named before Ray starts, so that every Ray
@@ -74,27 +84,54 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 RAY_GROUP = "ray-session"
 
 
+def work_unit(item: pytest.Item) -> str:
+    """What xdist's loadgroup scheduler hands out whole: the item's group (xdist 3.8 joins the
+    names of several ``xdist_group`` marks with ``_``), else the item."""
+    names = {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+             for mark in item.iter_markers("xdist_group")}
+    return "_".join(sorted(names)) if names else item.nodeid
+
+
 # tryfirst: xdist's own hook appends each item's group to its node id (what the scheduler
 # groups by); it is registered after this conftest, so pluggy would call it first and the
 # groups added here would never reach the scheduler (the Ray session's tests then ran on both
-# workers, each starting a Ray of its own). The scheduler then queues the groups by their number
-# of tests, largest first (xdist's --loadscope-reorder); the order set here only breaks ties.
+# workers, each starting a Ray of its own). The scheduler queues the units in the order of
+# their first test here (pytest_configure turns off its own reordering).
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests on the shared Ray session: one xdist group, run first (see the module docstring);
-    then the other groups (tests/test_cloud_local.py's clusters; tests/test_stream.py, whose
-    sweeps start a second Ray session on the other worker to even the two queues), so that the
-    scheduler hands them to the other worker rather than queueing them behind the Ray
-    session's."""
-    on_ray = [item for item in items if "ray_session" in getattr(item, "fixturenames", ())
-              and item.get_closest_marker("xdist_group") is None]
-    for item in on_ray:
-        item.add_marker(pytest.mark.xdist_group(RAY_GROUP))
-    chosen = set(on_ray)
-    grouped = [item for item in items
-               if item not in chosen and item.get_closest_marker("xdist_group") is not None]
-    chosen.update(grouped)
-    items[:] = on_ray + grouped + [item for item in items if item not in chosen]
+    """Tests on the shared Ray session: one xdist group (see the module docstring); every work
+    unit's tests together, the units longest first (tests/xdist_order.py)."""
+    for item in items:
+        if ("ray_session" in getattr(item, "fixturenames", ())
+                and item.get_closest_marker("xdist_group") is None):
+            item.add_marker(pytest.mark.xdist_group(RAY_GROUP))
+    items[:] = longest_first(items, work_unit)
+
+
+# The tests on the shared Ray session that this process has not run yet (its whole collection's,
+# counted once collected): when none is left, its Ray is shut down rather than left idle, taking
+# CPU and memory, while this xdist worker goes on with other work until the run ends.
+_ray_tests_left: set[str] = set()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _ray_tests_left.update(item.nodeid for item in session.items
+                           if "ray_session" in getattr(item, "fixturenames", ()))
+
+
+# trylast: after pytest's own teardown of the item (and of the module fixtures it was the last
+# to use). With --dist loadgroup one worker runs the whole group, so its count reaches zero after
+# the group's last test; on another worker, or with the tests spread by another --dist, it never
+# does and the session's Ray ends with the session, as before.
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if item.nodeid not in _ray_tests_left:
+        return
+    _ray_tests_left.discard(item.nodeid)
+    if not _ray_tests_left and nextitem is not None:
+        import ray
+
+        ray.shutdown()  # the fixture's own ray.shutdown() at the session's end does nothing then
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -113,6 +150,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("dist", "no") == "loadgroup" or config.getoption("loadgroup", False):
+        # xdist's default queue is by number of tests per unit, largest first: the order of
+        # pytest_collection_modifyitems (longest expected time first) is kept instead. (The
+        # scheduler runs in the controller, whose --dist says loadgroup; xdist's workers have
+        # dist "no" and their own loadgroup flag.)
+        config.option.loadscopereorder = False
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # Two workers on two cores: one intra-op thread each (Ray's trial processes set their
         # own, from scaling.cpus_per_worker).

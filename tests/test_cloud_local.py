@@ -8,10 +8,11 @@ multi-node autoscaler (~80 s of its own; ``RAYCL_SKIP_AUTOSCALING=1`` leaves it 
 worker nodes, two for two concurrent trials, both released when idle.
 
 The cluster and its driver run in a process of their own (``tests/cloud_local.py``), so they
-never meet the test session's shared Ray (``ray_session``), and this module runs in an xdist
-group of its own. That process's temp directory (``TMPDIR``, ``RAY_TMPDIR``) is a new, empty
-one, removed afterwards: nothing an earlier run left under ``/tmp`` matters, and nothing is left
-there. Everything it starts ends with it; whatever outlives it, a timeout or a failure included,
+never meet the test session's shared Ray (``ray_session``); the scenarios run in an xdist group
+of their own, the autoscaler (a process and cluster of its own) in another. That process's temp
+directory (``TMPDIR``, ``RAY_TMPDIR``) is a new, empty one, removed afterwards: nothing an
+earlier run left under ``/tmp`` matters, and nothing is left there. Everything it starts ends
+with it; whatever outlives it, a timeout or a failure included,
 is stopped by the spawn's handle (tests/local_servers.py; never ``ray stop``). The scenarios
 share one cluster: start-up is most of their cost.
 """
@@ -40,7 +41,8 @@ from raycl.tracking import ROLE_TAG
 
 pytest.importorskip("moto.server", reason="moto[server] (the dev extra) serves the S3 bucket")
 
-pytestmark = pytest.mark.xdist_group("cloud-local")
+# The scenarios share one cluster (the ``cloud`` fixture): one xdist group.
+SCENARIO = pytest.mark.xdist_group("cloud-local")
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = ["reference", "drained", "killed", "outage", "postgres"]
@@ -146,6 +148,7 @@ def final_objective(outcome: Outcome, sweep: str) -> float:
     return metrics[OBJECTIVE]
 
 
+@SCENARIO
 def test_the_cloud_scenarios_start_from_an_empty_temp_dir(cloud: Outcome) -> None:
     """Their Ray made its temp dir (it did not exist before), and wrote everything under the
     process's own temp dir: the address file ``Cluster`` writes too, which went to the machine's
@@ -166,6 +169,7 @@ def test_the_cloud_scenarios_start_from_an_empty_temp_dir(cloud: Outcome) -> Non
         assert socket.startswith(f"{own}/ray/session_") and len(socket.encode()) <= 107, socket
 
 
+@SCENARIO
 def test_checkpoints_and_sweep_state_live_in_the_bucket(cloud: Outcome) -> None:
     reference = cloud.results["reference"]
     assert reference["errors"] == [], cloud.output[-4000:]
@@ -179,6 +183,7 @@ def test_checkpoints_and_sweep_state_live_in_the_bucket(cloud: Outcome) -> None:
     assert cloud.trial_run("reference").info.status == "FINISHED"
 
 
+@SCENARIO
 def test_the_same_sweep_again_resumes_from_the_bucket(cloud: Outcome) -> None:
     rerun = cloud.results["rerun"]
     assert "raycl: resuming sweep 'reference' from s3://raycl-test/raycl/reference?" \
@@ -188,6 +193,7 @@ def test_the_same_sweep_again_resumes_from_the_bucket(cloud: Outcome) -> None:
     assert cloud.logged_epochs("reference") == EPOCHS  # nothing trained or logged twice
 
 
+@SCENARIO
 @pytest.mark.parametrize("sweep", ["drained", "killed"])
 def test_a_trial_survives_losing_its_node(cloud: Outcome, sweep: str) -> None:
     """Drained with the preemption reason then removed, or killed outright: the trial resumes
@@ -208,6 +214,7 @@ def test_a_trial_survives_losing_its_node(cloud: Outcome, sweep: str) -> None:
     assert "diagnostics/spectrum.png" in outcome["diagnostics"]
 
 
+@SCENARIO
 def test_a_checkpoint_written_while_the_bucket_is_away_waits_for_it(cloud: Outcome) -> None:
     """The bucket's server stopped (connections refused) for ~14 s right after epoch 1's
     checkpoint, so epoch 2's checkpoint is written into the outage: the upload is retried until
@@ -235,6 +242,7 @@ def test_a_checkpoint_written_while_the_bucket_is_away_waits_for_it(cloud: Outco
     assert all(steps == sorted(set(steps)) for steps in run["steps"].values())
 
 
+@SCENARIO
 def test_four_trials_at_once_lose_no_write_to_postgresql(cloud: Outcome) -> None:
     """MLflow's production backend: a PostgreSQL started on loopback behind ``python -m
     raycl.server``, four trials logging at once through the driver's relay."""
@@ -254,6 +262,9 @@ def test_four_trials_at_once_lose_no_write_to_postgresql(cloud: Outcome) -> None
         metrics[OBJECTIVE] for metrics in outcome["metrics"])
 
 
+# A cluster and process of its own, nothing shared with the scenarios': a work unit of its own,
+# which the other xdist worker may run meanwhile (tests/xdist_order.py).
+@pytest.mark.xdist_group("cloud-autoscale")
 @pytest.mark.skipif(os.environ.get("RAYCL_SKIP_AUTOSCALING") == "1",
                     reason="RAYCL_SKIP_AUTOSCALING=1 (saves ~80 s)")
 def test_an_autoscaler_adds_worker_nodes_for_trials_and_removes_them(data_cache: Path) -> None:

@@ -17,6 +17,7 @@ from test_stream import CLASSES, PER_CLASS, write_folder
 from raycl.data import load_dataset
 from raycl.data.load import settled_loader
 from raycl.launch.placement import data_cpus
+from raycl.methods import build_method
 from raycl.tune import settle_loader
 from raycl.worker.batches import TrainBatch
 from raycl.worker.loader import (
@@ -49,7 +50,7 @@ def test_auto_is_settled_at_launch_and_reaches_the_worker_unchanged(
                          "data.stream_cpus=0.5")
     assert config.data.loader == "auto"
     decoded = CLASSES * PER_CLASS * 3 * 16 * 16
-    monkeypatch.setattr("raycl.tune.smallest_node_memory", lambda: float(decoded))
+    monkeypatch.setattr("raycl.tune.smallest_node_memory", lambda _config: float(decoded))
     settled = settle_loader(config)
     assert settled.data.loader == "stream"
     assert capsys.readouterr().out.count("raycl: data.loader auto -> stream (") == 1
@@ -106,6 +107,7 @@ def test_shard_kind_yields_typed_batches_with_and_without_captions(
                          "tune.metric=val/i2t/r1")
     kind = trial_training_images(config, load_dataset(config.data, config.seed), CPU)
     assert isinstance(kind, StreamedShards)
+    clip = build_method(config, in_channels=3)
     for need_captions in (True, False):
         loader = build_loader(config, kind, StageInputs(), _Session(),
                               need_captions=need_captions)
@@ -117,4 +119,7 @@ def test_shard_kind_yields_typed_batches_with_and_without_captions(
             # Training shards come first: a row's index is its sample's, which its caption names.
             expected = [f"sample {i}" for i in batch.index.tolist()] if need_captions else None
             assert batch.captions == expected
+            # Tokenised by the decoders (issue 33, 13d): CLIP's own tokens, none in training.
+            assert (torch.equal(batch.tokens, clip.tokenize(expected)) if need_captions
+                    else batch.tokens is None)
         assert loader.pop_metrics() == {"data/skipped": 0.0}

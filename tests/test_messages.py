@@ -39,13 +39,15 @@ def test_a_stream_trial_too_large_names_its_parts_and_what_to_lower() -> None:
         "a trial trains in its own process (scaling.num_workers: 0) and needs 3 CPU (2 for the "
         "trial + 1 data.stream_cpus for its decoders; lower scaling.cpus_per_worker or "
         "data.stream_cpus); none of this Ray's 1 node (2 CPU) has that")
-    # With workers: the trial process and each worker's decoders, named apart.
+    # With workers: each worker's bundle holds its decoders' CPUs, named apart.
     for stream_cpus, key, parts in (
-            (1, "data.stream_cpus", "needs 2.01 CPU (0.01 for the trial process + 2 x 1 "
-                                    "data.stream_cpus for its decoders; lower tune.trial_cpus "
-                                    "or data.stream_cpus)"),
-            (0.5, "scaling.num_workers", "(2 workers x 0.5 CPU + 0.01 CPU for the trial "
-                                         "process + 2 x 0.5 data.stream_cpus for its decoders)")):
+            (1, "scaling.num_workers", "holds 3.01 CPU at once (2 workers x 1.5 CPU + 0.01 CPU "
+                                       "for the trial process; a worker's 1.5 CPU: 0.5 "
+                                       "scaling.cpus_per_worker + 1 data.stream_cpus for its "
+                                       "decoders)"),
+            (2, "data.stream_cpus", "one worker needs 2.5 CPU (0.5 for training + 2 "
+                                    "data.stream_cpus for its decoders; lower "
+                                    "scaling.cpus_per_worker or data.stream_cpus)")):
         workers = search_config_class().model_validate(
             {"name": "x", "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
              "data": {"dataset": "folder", "root": "/images", "loader": "stream",

@@ -17,7 +17,7 @@ from test_end_to_end import assert_each_epoch_logged_once, runs_of, tiny_config
 from raycl.config.search_config import apply_overrides
 from raycl.data import load_dataset
 from raycl.data.load import choose_loader
-from raycl.data.stream.files import FileRows
+from raycl.data.stream.files import FileRows, TooManyUnreadable
 from raycl.launch.checks import check_loader
 from raycl.launch.placement import data_cpus, trial_bundles, trial_demand
 from raycl.tune import build_tuner, settle_loader
@@ -25,9 +25,9 @@ from raycl.worker.loader import IndexedImages, build_loader, trial_training_imag
 from raycl.worker.stage_integration import StageInputs
 from raycl.worker.stream_loader import FileStreamLoader
 
-# Their own group, on the other xdist worker (a second Ray session there): the shared session's
-# queue is the suite's longest (tests/conftest.py).
-pytestmark = pytest.mark.xdist_group("ray-stream")
+# No group of their own: on the shared Ray session, they join its group (tests/conftest.py). A
+# group of their own started a second Ray session on the other xdist worker, which then idled
+# there, taking CPU and memory, until the whole test run ended.
 
 CLASSES, PER_CLASS = 4, 30
 
@@ -60,11 +60,12 @@ class _Session:
 
 def test_stream_batches_are_memory_mode_batches(ray_session, folder, tmp_path, caplog) -> None:
     """For the same seed and epoch a streamed epoch yields the batches the memory-mode sampler
-    draws, decoded to the same pixels, in order; an undecodable file is replaced by another
-    image of its batch, counted (data/skipped) every epoch and named once, never raised."""
+    draws, decoded to the same pixels, in order; an undecodable file is replaced by a spare
+    sample of the split (never a copy of a row of its batch: issue 33), counted (data/skipped)
+    every epoch and named once; past data.max_skipped_share the epoch fails naming it."""
     config = tiny_config(tmp_path, "quickstart.yaml", "data.dataset=folder",
                          f"data.root={folder}", "data.resolution=16", "data.loader=stream",
-                         "train.batch_size=16")
+                         "train.batch_size=16", "data.max_skipped_share=0.1")
     data = load_dataset(config.data, config.seed)
     images = data.train.images
     assert isinstance(images, FileRows) and len(images) == len(data.train.labels["class"])
@@ -80,13 +81,18 @@ def test_stream_batches_are_memory_mode_batches(ray_session, folder, tmp_path, c
     assert len(streamed) == len(loader) == len(expected)
     decoded = IndexedImages(images)
     broken = {i for i, path in enumerate(images.paths) if path.endswith("zz_broken.jpg")}
+    replaced = 0
     for batch, rows in zip(streamed, expected, strict=True):
-        assert batch.index.tolist() == rows and batch.captions is None
-        reference, _ = decoded.__getitems__(rows)
+        index = batch.index.tolist()
         good = [j for j, row in enumerate(rows) if row not in broken]
-        assert torch.equal(batch.images[good], reference[good])
+        assert [index[j] for j in good] == [rows[j] for j in good] and batch.captions is None
+        assert len(set(index)) == len(index) and broken.isdisjoint(index)  # spares, no copies
+        reference, _ = decoded.__getitems__(index)  # every row is its index's pixels
+        assert torch.equal(batch.images, reference)
+        replaced += len(rows) - len(good)
+    assert replaced == len(broken) > 0  # each broken training file met once per epoch
     skipped = loader.pop_metrics()["data/skipped"]
-    assert skipped == len(broken) > 0  # each broken training file met once per epoch
+    assert skipped >= len(broken)  # and spares that failed too
     assert loader.pop_metrics()["data/skipped"] == 0.0  # counted per epoch
     named = [record.getMessage() for record in caplog.records
              if record.name == "raycl.worker.stream_loader"]
@@ -95,9 +101,14 @@ def test_stream_batches_are_memory_mode_batches(ray_session, folder, tmp_path, c
     loader.set_epoch(4)
     with caplog.at_level(logging.WARNING, logger="raycl.worker.stream_loader"):
         assert len(list(loader)) == len(expected)
-    assert loader.pop_metrics()["data/skipped"] == skipped  # counted again, not named again
+    assert loader.pop_metrics()["data/skipped"] >= len(broken)  # counted again, not named again
     assert not [record for record in caplog.records
                 if record.name == "raycl.worker.stream_loader"]
+    strict = build_loader(apply_overrides(config, {"data.max_skipped_share": 0.0}),
+                          trial_training_images(config, data, _Session.device), StageInputs(),
+                          _Session())
+    with pytest.raises(TooManyUnreadable, match=r"max_skipped_share.*zz_broken\.jpg"):
+        list(strict)
 
 
 def test_two_ranks_stream_equal_disjoint_shares(ray_session, folder, tmp_path) -> None:
@@ -106,7 +117,7 @@ def test_two_ranks_stream_equal_disjoint_shares(ray_session, folder, tmp_path) -
     distributed sampler's epoch."""
     config = tiny_config(tmp_path, "quickstart.yaml", "data.dataset=folder",
                          f"data.root={folder}", "data.resolution=16", "data.loader=stream",
-                         "train.batch_size=16")
+                         "train.batch_size=16", "data.max_skipped_share=0.1")
     data = load_dataset(config.data, config.seed)
     images = trial_training_images(config, data, _Session.device)
     ranks = []
@@ -117,9 +128,12 @@ def test_two_ranks_stream_equal_disjoint_shares(ray_session, folder, tmp_path) -
         loader.set_epoch(1)
         ranks.append([batch.index.tolist() for batch in loader])
     assert len(ranks[0]) == len(ranks[1]) == len(data.train.images) // 2 // 8
-    seen = [row for batches in ranks for batch in batches for row in batch]
     assert all(len(batch) == 8 for batches in ranks for batch in batches)
-    assert len(seen) == len(set(seen))
+    # A global batch never holds a sample twice (a broken file's spare comes from another step).
+    assert all(len(set(first) | set(second)) == 16 for first, second in zip(*ranks, strict=True))
+    broken = {i for i, path in enumerate(data.train.images.paths) if "zz_broken" in path}
+    seen = [row for batches in ranks for batch in batches for row in batch]
+    assert broken and broken.isdisjoint(seen)
 
 
 def test_loader_choice_and_the_decoders_reservation(
@@ -135,13 +149,15 @@ def test_loader_choice_and_the_decoders_reservation(
     choice, why = choose_loader(config.data, node_memory=decoded)
     assert choice == "stream" and "over data.memory_share (0.5)" in why
     # Settled once at launch, printed, and every trial gets the choice.
-    monkeypatch.setattr("raycl.tune.smallest_node_memory", lambda: float(decoded))
+    monkeypatch.setattr("raycl.tune.smallest_node_memory", lambda _config: float(decoded))
     assert settle_loader(config).data.loader == "stream"
     assert "raycl: data.loader auto -> stream (" in capsys.readouterr().out
-    assert data_cpus(config) == 0.0 and len(trial_bundles(config)) == 1
+    assert data_cpus(config) == 0.0
+    assert trial_bundles(config) == [{"CPU": 0.01}, {"CPU": 1.0}, {"CPU": 1.0}]
     streamed = apply_overrides(streamed, {"data.stream_cpus": 1.5})
-    # One decoder bundle per worker beside the trial process's; the feasibility check counts them.
-    assert trial_bundles(streamed) == [{"CPU": 0.01}, {"CPU": 1.5}, {"CPU": 1.5}]
+    # Each worker's bundle holds its decoders' CPUs beside its own (one node); the feasibility
+    # check counts them.
+    assert trial_bundles(streamed) == [{"CPU": 0.01}, {"CPU": 2.5}, {"CPU": 2.5}]
     assert trial_demand(streamed)["CPU"] == pytest.approx(0.01 + 3.0 + 2.0)
     # Bad combinations: one line naming the key, before launch.
     cifar = apply_overrides(config, {"data.dataset": "cifar10", "data.loader": "stream"})

@@ -28,7 +28,7 @@ from raycl.data.sources.folders import (
     unreadable_images_problem,
 )
 from raycl.data.sources.imagenet import IMAGENET_READER
-from raycl.data.stream.files import FileRows, decode_paths
+from raycl.data.stream.files import FileRows, decode_batch, decode_paths, spare_batches
 
 RESOLUTION = 8
 BUCKET = "raycl-stream"
@@ -96,23 +96,30 @@ def test_a_corrupt_file_is_left_blank_and_named(folder: list[Path], caplog: Any)
     assert rows.skipped == [str(bad), str(bad)]
 
 
-def test_decode_paths_copy_fills_from_another_row_of_the_batch(folder: list[Path],
-                                                               tmp_path: Path) -> None:
+def test_a_training_batch_fills_unreadable_files_from_spares_never_copies(
+        folder: list[Path], tmp_path: Path) -> None:
+    """Issue 33 finding 6: a failed read used to become a copy of another image of the batch (a
+    false negative pair). Now its row is a spare (another sample), its index the spare's."""
     bad = tmp_path / "empty.png"
     bad.write_bytes(b"")
     missing = tmp_path / "missing.png"
     paths = [str(folder[1]), str(bad), str(folder[2]), str(missing)]
-    decoded = decode_paths(paths, RESOLUTION, threads=2, fill="copy")
-    good = decoded_one_by_one([folder[1], folder[2]])
-    np.testing.assert_array_equal(decoded.images[[0, 2]], good)
-    for row in (1, 3):  # each filled row is a copy of a decoded row of the same batch
-        assert any(np.array_equal(decoded.images[row], image) for image in good)
-    assert decoded.skipped == [str(bad), str(missing)]
-    assert len(decoded.reasons) == 2 and "missing.png" in decoded.reasons[1]
-    blank = decode_paths(paths, RESOLUTION, fill="blank")
-    assert not blank.images[[1, 3]].any()
-    everything_bad = decode_paths([str(bad), str(missing)], RESOLUTION, fill="copy")
-    assert not everything_bad.images.any() and len(everything_bad.skipped) == 2
+    blank = decode_paths(paths, RESOLUTION, threads=2)
+    assert not blank.images[[1, 3]].any() and blank.rows == [1, 3]
+    assert blank.skipped == [str(bad), str(missing)] and "missing.png" in blank.reasons[1]
+    spares = [str(missing), str(folder[4]), str(folder[5])]  # the first spare fails too
+    batch = decode_batch(paths, np.array([1, 90, 2, 91]), spares, np.array([92, 4, 5]),
+                         RESOLUTION)
+    np.testing.assert_array_equal(batch.images, decoded_one_by_one(
+        [folder[1], folder[4], folder[2], folder[5]]))
+    assert batch.index.tolist() == [1, 4, 2, 5]  # captions and pseudo labels follow the pixels
+    assert len({image.tobytes() for image in batch.images}) == 4  # no row a copy of another
+    assert batch.skipped == [str(bad), str(missing), str(missing)]
+    with pytest.raises(RuntimeError, match=r"more than its 1 spares.*empty\.png"):
+        decode_batch(paths, np.arange(4), [str(folder[4])], np.array([4]), RESOLUTION)
+    assert [spare.tolist() for spare in spare_batches([np.array([0, 1]), np.array([2, 3]),
+                                                       np.array([4, 5])])] == [[2, 3], [4, 5],
+                                                                               [2, 3]]
 
 
 def test_file_rows_pickle_as_their_file_names(folder: list[Path]) -> None:

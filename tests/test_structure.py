@@ -101,7 +101,7 @@ def test_xdist_groups_reach_the_scheduler(request: pytest.FixtureRequest) -> Non
     """`make test` keeps the Ray session's tests on one worker with --dist loadgroup; a pytest
     or xdist upgrade that drops the groups (pytest-dev/pytest-xdist#1386) would start one Ray per
     worker and run the cluster tests twice, silently."""
-    if not request.config.getvalue("loadgroup"):
+    if not request.config.getoption("loadgroup", False):  # set in xdist's workers only
         pytest.skip("not run with --dist loadgroup")
     assert request.node.nodeid.endswith("@canary")
 
@@ -111,6 +111,6 @@ def test_the_ray_session_tests_reach_the_scheduler_as_one_group(
 ) -> None:
     """The group conftest.py gives every test on the shared Ray session reaches xdist's
     scheduler (its hook must run before xdist's): otherwise each worker starts a Ray."""
-    if not request.config.getvalue("loadgroup"):
+    if not request.config.getoption("loadgroup", False):  # set in xdist's workers only
         pytest.skip("not run with --dist loadgroup")
     assert request.node.nodeid.endswith("@ray-session")

@@ -26,8 +26,8 @@ from raycl.tracking.retry import RETRY_ENV, TrackingUnavailableError
 from raycl.tracking.runs import ROLE_TAG, TRIAL_TAG, mlflow_client
 
 REPO = Path(__file__).resolve().parents[1]
-# Both sweeps start a Ray of their own: one xdist worker runs them one after the other.
-SWEEPS = pytest.mark.xdist_group("tracking-faults")
+# The two sweeps start a Ray of their own each (RAY_ADDRESS=local) and share nothing: no xdist
+# group, so each is a unit of its own that starts early (tests/xdist_order.py).
 TINY = ["data.samples_per_combination=1", "data.resolution=16", "train.batch_size=64",
         "model.width=8", "model.projector_hidden_dim=32", "model.projector_dim=16",
         "eval.linear_max_iter=50", "train.epochs=3", "eval.every_n_epochs=3",
@@ -129,7 +129,6 @@ def hold_exclusive_lock(database: Path, until: Callable[[], bool], limit_s: floa
     return thread
 
 
-@SWEEPS
 def test_driver_sigkilled_resumes_each_epoch_once_through_a_locked_store(tmp_path: Path) -> None:
     """One three-trial sweep, stopped twice and resumed with the same command each time.
     SIGINT to the driver once the first trial finished and the second logged an epoch: exit
@@ -213,7 +212,6 @@ def resume_through_a_locked_store(command: list[str], database: Path, log: Path)
     return out
 
 
-@SWEEPS
 def test_mlflow_server_down_20s_mid_sweep_loses_nothing_on_a_loopback_only_ray(
     tmp_path: Path,
 ) -> None:

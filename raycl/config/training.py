@@ -79,7 +79,8 @@ class DataConfig(Section):
     on_device: bool | Literal["auto"] = Field(
         "auto", description="Keep the decoded training images on the GPU for the whole trial, so "
         "an epoch never touches host memory. auto: on when the set takes at most a quarter of "
-        "the device's memory; ignored on CPU."
+        "the trial's share of the device's memory (scaled by scaling.gpus_per_worker below 1, "
+        "where trials share a GPU); ignored on CPU."
     )
     skip_unreadable: bool = Field(
         False, description="Image files (folder, pairs, imagenet): leave out the images that "
@@ -88,9 +89,18 @@ class DataConfig(Section):
         "MLflow, the list as the artifact diagnostics/skipped_images.txt) and their count is "
         "printed at launch. false: the launch is refused, naming the first few and the count."
     )
+    max_skipped_share: float = Field(
+        0.01, ge=0.0, le=1.0, description="Stream mode: the share of an epoch's samples (per "
+        "worker) that may be unreadable (a failed bucket read, a corrupt image or shard) before "
+        "the trial fails with an error naming the files. Below it a training batch never holds "
+        "a copy standing in for a failed read: image files are replaced by other samples of the "
+        "training split, shard samples are skipped; an evaluation leaves such rows out. 0: any "
+        "unreadable sample fails the trial."
+    )
     decode_workers: int = Field(
         0, ge=0, description="Threads that decode image files when the cache is first built "
-        "(0: every core of the node)."
+        "(0: the CPUs the Ray worker reserved, scaling.cpus_per_worker, so a node's other "
+        "trials keep theirs; every core outside Ray)."
     )
     loader: Literal["memory", "stream", "auto"] = Field(
         "auto", description="How training reads the images. memory: decoded once per node "
@@ -98,19 +108,24 @@ class DataConfig(Section):
         "node's memory). stream: decoded batch by batch from the files or shards by Ray Data "
         "tasks on the cluster's CPUs (data.stream_cpus per worker), for sets larger than "
         "memory (ImageNet-1k, CC12M); image folders, pairs, imagenet, webdataset and parquet. "
-        "auto: memory when the decoded set takes at most data.memory_share of the smallest "
-        "node's memory, else stream; the choice is printed once at launch."
+        "auto: memory when the decoded set takes at most data.memory_share of the memory of "
+        "the smallest node that can run a worker, else stream; the choice is printed once at "
+        "launch."
     )
     memory_share: float = Field(
         0.5, gt=0.0, le=1.0, description="data.loader: auto picks memory when the decoded "
-        "set (images x 3 x resolution^2 bytes) takes at most this share of the smallest node's "
-        "memory."
+        "set (images x 3 x resolution^2 bytes) takes at most this share of the memory of the "
+        "smallest node that can run a worker (of the node types an autoscaler may add, while "
+        "none is up)."
     )
     stream_cpus: float = Field(
         1.0, ge=0.0, description="Stream mode: CPUs each Ray Train worker reserves beside "
         "scaling.cpus_per_worker for the Ray Data tasks that decode its batches (they run in "
-        "the trial's placement group, so concurrent trials never starve each other's readers). "
-        "0: no reservation; decoding then takes whatever CPUs the cluster has free."
+        "the worker's own bundle, on its node: no batch crosses nodes, and concurrent trials "
+        "never starve each other's readers). "
+        "0: no reservation; decoding then takes whatever CPUs the cluster has free. One CPU "
+        "decodes about 200 full-size JPEGs a second at 224 px: GPU workers want at least 4 per "
+        "GPU, and fewer is warned of at launch (raycl.launch.stream_rate)."
     )
     shuffle_buffer: int = Field(
         2048, ge=0, description="Stream mode, webdataset / parquet: samples in the seeded "
@@ -224,6 +239,12 @@ class TrainConfig(Section):
         "precision on CUDA (features cast to float32), in float32 on CPU."
     )
     loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per worker.")
+    sync_batchnorm: bool = Field(
+        True, description="Several GPU workers: BatchNorm statistics over the global batch "
+        "(SyncBatchNorm), as SimCLR's global BN and BYOL across accelerators; false keeps each "
+        "GPU's own (cheaper, but a rank's statistics leak batch information to the contrastive "
+        "loss). One worker or CPU workers: ignored (per-rank statistics)."
+    )
     checkpoint_every: int = Field(1, ge=1, description="Checkpoint every N epochs (and the last).")
 
 
@@ -292,6 +313,17 @@ class EvalConfig(Section):
         "ASHA compares trials on these intermediate evaluations."
     )
     knn_k: int = Field(20, ge=1, description="Neighbours for kNN accuracy.")
+    knn_queries: int | None = Field(
+        None, ge=1, description="Cap on the val/test rows scored by kNN, each against the whole "
+        "(max_train_samples-capped) train split: a seeded uniform draw, the same at every "
+        "evaluation of a trial (None: every row)."
+    )
+    retrieval_queries: int | None = Field(
+        10_000, ge=1, description="Cap on the queries of image retrieval per split, each ranked "
+        "exactly against the whole rest of its split (rank-k and full-ranking mAP): a seeded "
+        "uniform draw, the same at every evaluation of a trial; splits up to this size score "
+        "every row (None: always every row; the cost grows as queries x rows)."
+    )
     linear_max_iter: int = Field(
         200, ge=10, description="Logistic-regression iterations (epochs of the torch probe)."
     )
@@ -301,7 +333,14 @@ class EvalConfig(Section):
     )
     max_train_samples: int | None = Field(
         None, ge=10, description="Cap on probe training samples, a seeded subset stratified on "
-        "the first attribute (None: the whole train split)."
+        "the first attribute (None: the whole train split). Only those rows are embedded for "
+        "the probe and kNN (MCL's clustering still embeds the whole split at a stage's end)."
+    )
+    max_eval_samples: int | None = Field(
+        None, ge=10, description="Cap on the val and test rows each evaluation embeds and "
+        "scores (probes, kNN, retrieval, image-text, diagnostics): a seeded subset stratified on "
+        "the first attribute, the same rows at every evaluation of a trial (None: every row). "
+        "MMVP pairs and transfer sets are not capped."
     )
     label_fractions: list[float] = Field(
         default_factory=list, description="Also fit the linear probe on these shares of the "

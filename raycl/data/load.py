@@ -18,17 +18,19 @@ schema's, never repeated here. It reads:
   An unlabelled set (pairs) has no classes: its shares are drawn at random
   (:func:`raycl.data.splits.random_split`).
 - cache_dir: where the decoded arrays are kept (None -> $RAYCL_CACHE or ~/.cache/raycl)
-- decode_workers: threads that decode image files on the first build (0: every core)
+- decode_workers: threads that decode image files on the first build (0: the CPUs the Ray
+  worker reserved; every core outside Ray)
 - skip_unreadable: leave image files that cannot be decoded out of every
   split (before the split is made; listed in ``DatasetSplits.skipped``) instead of raising
 
 The full image set is cached once per content as an uncompressed memory-mapped array
 (:mod:`raycl.data.cache.store`), built once per node (:mod:`raycl.data.cache.build`: atomic,
-locked, decoded
-on every core), so Ray workers and later trials map it instead of generating it again, and every
-process on a node reads the one copy in the page cache. The split is recomputed from the seed on
-every call (it is cheap) as index arrays: each split's images are an
-:class:`~raycl.data.types.ImageRows` view into the mapped set, never a copy.
+locked, its free disk checked first, decoded on the CPUs the worker reserved), and found again
+through the node's listing manifest of the folder (:mod:`raycl.data.cache.manifest`: no
+listing once a node has listed it), so Ray workers and later trials map it instead of
+generating it again, and every process on a node reads the one copy in the page cache. The
+split is recomputed from the seed on every call (it is cheap) as index arrays: each split's
+images are an :class:`~raycl.data.types.ImageRows` view into the mapped set, never a copy.
 :func:`split_sizes_for` gives the exact split sizes from the config alone, so a search can be
 checked before anything is loaded.
 """
@@ -48,6 +50,7 @@ from raycl.config.training import DataConfig
 from raycl.data.bucket_paths import is_remote
 from raycl.data.cache.build import Unreadable, build_cache, decode_workers, read_unreadable
 from raycl.data.cache.store import cache_key, cache_path, open_cached
+from raycl.data.listed_once import listed_once
 from raycl.data.registry import (
     CHANNELS,
     FIXED_NUM_CLASSES,
@@ -120,9 +123,23 @@ def load_marked_set(cfg: DataConfig, seed: int) -> tuple[ImageSet, list[Unreadab
     if int(cfg.resolution) < 1:
         raise ValueError(f"data.resolution must be >= 1, got {cfg.resolution}")
     rates = caption_rates(cfg)  # before any work: a bad combination fails at once
+    with listed_once():  # the key and the build: one listing
+        image_set, unreadable = _cached_set(cfg, seed)
+    if rates is not None:
+        # Drawn here rather than cached: a cache keyed by the rates would store one copy of the
+        # images per caption setting a sweep tries, and the captions take well under a second.
+        from raycl.data.sources.captions import caption_corpus
+
+        captions = caption_corpus(image_set.labels, rates, caption_seed(seed))
+        image_set = dataclasses.replace(image_set, captions=captions)
+    return image_set, unreadable
+
+
+def _cached_set(cfg: DataConfig, seed: int) -> tuple[ImageSet, list[Unreadable]]:
+    """The full set from its cache (built first when missing) and its unreadable rows."""
     source = reader(cfg.dataset)
     # data.captions is not part of the key: Trifeature's captions are drawn after the cache is
-    # read (below), so every caption setting shares one copy of the images.
+    # read (load_marked_set), so every caption setting shares one copy of the images.
     content = source.content_key(cfg, seed)
     directory = cache_path(cfg, content)
     skip = cfg.skip_unreadable
@@ -137,13 +154,6 @@ def load_marked_set(cfg: DataConfig, seed: int) -> tuple[ImageSet, list[Unreadab
     if unreadable and not skip:  # a cache a skipping run built
         raise ValueError(unreadable_message([(name, why) for _, name, why in unreadable],
                                             f"{len(image_set.images)} image files"))
-    if rates is not None:
-        # Drawn here rather than cached: a cache keyed by the rates would store one copy of the
-        # images per caption setting a sweep tries, and the captions take well under a second.
-        from raycl.data.sources.captions import caption_corpus
-
-        captions = caption_corpus(image_set.labels, rates, caption_seed(seed))
-        image_set = dataclasses.replace(image_set, captions=captions)
     return image_set, unreadable
 
 
@@ -170,7 +180,8 @@ LoaderChoice = Literal["memory", "stream"]
 
 
 def choose_loader(cfg: DataConfig, node_memory: float | None) -> tuple[LoaderChoice, str]:
-    """What ``data.loader: auto`` means for this dataset on nodes of ``node_memory`` bytes:
+    """What ``data.loader: auto`` means for this dataset on nodes of ``node_memory`` bytes (the
+    smallest node that runs trials: :func:`raycl.launch.ray_nodes.trial_node_memory`):
     ``("memory" | "stream", why)``; the one rule for ``auto``. Memory when the decoded set
     (images x channels x resolution^2) takes at most ``data.memory_share`` of a node's memory;
     shards always stream, array sources never do. ``node_memory`` None (no cluster measured: a
@@ -191,7 +202,8 @@ def choose_loader(cfg: DataConfig, node_memory: float | None) -> tuple[LoaderCho
     choice = "memory" if size <= limit else "stream"
     return choice, (f"{count} images decoded at {cfg.resolution} px take {size / 1e9:.1f} GB, "
                     f"{'within' if choice == 'memory' else 'over'} data.memory_share "
-                    f"({cfg.memory_share:g}) of the smallest node's {node_memory / 1e9:.1f} GB")
+                    f"({cfg.memory_share:g}) of the smallest node that runs trials "
+                    f"({node_memory / 1e9:.1f} GB)")
 
 
 def settled_loader(cfg: DataConfig) -> LoaderChoice:
@@ -230,9 +242,12 @@ def load_dataset(cfg: DataConfig, seed: int) -> DatasetSplits:
         memory-mapped set. Images marked ``pretrain_only`` are in no split but in
         ``pretrain_extra`` (None when there are none).
     """
-    if settled_loader(cfg) == "stream":
-        return load_streamed(cfg, seed)
-    return split_image_set(cfg, *load_marked_set(cfg, seed), seed=seed)
+    # One listing serves the cache's name, its build and stream mode's files; once the node's
+    # listing manifest knows the folder, a built cache is found without any.
+    with listed_once():
+        if settled_loader(cfg) == "stream":
+            return load_streamed(cfg, seed)
+        return split_image_set(cfg, *load_marked_set(cfg, seed), seed=seed)
 
 
 def load_streamed(cfg: DataConfig, seed: int) -> DatasetSplits:

@@ -12,6 +12,8 @@ import torch
 ArrayLike = np.ndarray | torch.Tensor
 # Split name -> (features, labels): every set a fitted probe is scored on.
 EvalSets = Mapping[str, tuple[ArrayLike, ArrayLike]]
+# Evaluation rows the torch probe standardises and classifies at once.
+PREDICT_BLOCK = 65_536
 
 
 def to_numpy(array: ArrayLike) -> np.ndarray:
@@ -193,7 +195,11 @@ def torch_linear_probe_scores(
     train_feats = torch.as_tensor(train_np, dtype=torch.float32, device=target_device)
     mean = train_feats.mean(dim=0)
     std = train_feats.std(dim=0, unbiased=False).clamp_min(1e-6)
-    train_feats = (train_feats - mean) / std
+    # as_tensor shares a float32 numpy array's memory on the CPU: that one is standardised into
+    # one new array (the caller's features stay as they are); a copy made above in place.
+    shared = target_device.type == "cpu" and train_np.dtype == np.float32
+    train_feats = torch.sub(train_feats, mean) if shared else train_feats.sub_(mean)
+    train_feats.div_(std)
 
     head = torch.nn.Linear(train_feats.shape[1], len(classes)).to(target_device)
     torch.nn.init.zeros_(head.weight)
@@ -214,8 +220,12 @@ def torch_linear_probe_scores(
     scores = {}
     with torch.no_grad():
         for name, (features, labels) in checked.items():
-            feats = torch.as_tensor(features, dtype=torch.float32, device=target_device)
-            predicted = head((feats - mean) / std).argmax(dim=1).cpu().numpy()
+            # Blocks of rows: a large evaluation split is never copied to the device whole.
+            predicted = np.concatenate([
+                head(torch.as_tensor(features[start:start + PREDICT_BLOCK], dtype=torch.float32,
+                                     device=target_device).sub(mean).div_(std))
+                .argmax(dim=1).cpu().numpy()
+                for start in range(0, len(features), PREDICT_BLOCK)])
             scores[name] = float(np.mean(classes[predicted] == labels))
     return scores
 

@@ -27,6 +27,7 @@ import torch
 
 from raycl.config.metric_names import MMVP, ZEROSHOT, metric_name
 from raycl.data.sources.captions import WORDS, class_prompts
+from raycl.data.stream.shard_captions import present_captions
 from raycl.eval.image_text import (
     caption_recall,
     image_text_similarity,
@@ -128,7 +129,8 @@ def image_text_metrics(
                                         prompts)
             metrics.update({metric_name(split, ZEROSHOT, name, stage=stage): value
                             for name, value in scores.items()})
-        captions = data.split(split).captions
+        # Held-out shards' captions are read here, by the scoring rank, on first use.
+        captions = present_captions(data.split(split).captions)
         if captions is not None:
             recall = caption_recall(images, list(captions), text_features(list(captions)))
             for name, value in recall.items():

@@ -211,6 +211,62 @@ def check_loader(config: CoreConfig) -> Iterator[Problem]:
             return
 
 
+def _missing_cache_bytes(data: DataConfig, seed: int) -> int:
+    """Bytes the decoded cache of ``data`` will take in memory mode, 0 when it is built on this
+    machine already or its size is unknown (a problem :func:`check_data` names)."""
+    from raycl.data.cache.store import cache_path
+    from raycl.data.load import class_counts
+    from raycl.data.registry import CHANNELS, reader, streamed_only, streams
+    from raycl.data.stream.files import decoded_bytes
+
+    # data.loader: auto is settled at launch (on the cluster's memory): a trial checks its own.
+    if data.loader == "stream" or streamed_only(data.dataset) or (
+            data.loader == "auto" and streams(data.dataset)):
+        return 0
+    try:
+        if cache_path(data, reader(data.dataset).content_key(data, seed)).is_dir():
+            return 0
+        count = sum(class_counts(data))
+    except (OSError, ValueError):
+        return 0
+    return decoded_bytes(count, int(data.resolution), CHANNELS.get(data.dataset, 3))
+
+
+def check_cache_disk(config: CoreConfig) -> Iterator[Problem]:
+    """The data caches the trials will build (the data's and every transfer set's, in memory
+    mode) fit the free disk of ``data.cache_dir`` on this machine: a cache that outgrows its
+    disk kills its builder with SIGBUS midway, and the retry the same (each trial checks its
+    own node again before it builds).
+
+    Only where the trials run on this machine's Ray (``RAY_ADDRESS`` unset, ``local``,
+    ``auto`` or a loopback address: ``make demo``, a local sweep): a job on a cluster
+    (``ray job submit`` sets ``RAY_ADDRESS`` to the head's) is launched from a head node whose
+    disk is not its workers', so there each trial's own check decides."""
+    import os
+
+    address = os.environ.get("RAY_ADDRESS", "local")
+    if address not in ("local", "auto") and not address.startswith(("127.", "localhost")):
+        return
+    from raycl.data.cache.store import default_cache_dir, free_space_problem
+    from raycl.eval.transfer import transfer_data_config
+
+    datasets = [config.data, *(transfer_data_config(config, entry)
+                               for entry in config.eval.transfer)]
+    by_dir: dict[Path, list[tuple[str, int]]] = {}
+    for data in datasets:
+        needed = _missing_cache_bytes(data, config.seed)
+        if needed:
+            cache_dir = Path(data.cache_dir) if data.cache_dir else default_cache_dir()
+            by_dir.setdefault(cache_dir, []).append((data.dataset, needed))
+    for cache_dir, caches in by_dir.items():
+        names = " and ".join(dict.fromkeys(name for name, _ in caches))
+        problem = free_space_problem(cache_dir, sum(needed for _, needed in caches),
+                                     f"the data cache of {names}")
+        if problem:
+            yield Problem("data.cache_dir", problem)
+            return
+
+
 def check_metric(config: CoreConfig) -> Iterator[Problem]:
     """A probe metric must name an attribute the dataset has."""
     from raycl.data import ATTRIBUTES
@@ -399,7 +455,7 @@ def check_tracking(config: CoreConfig) -> Iterator[Problem]:
 # values before combinations, the config before the environment.
 CONFIG_CHECKS: tuple[Check, ...] = (
     check_method, check_method_settings, check_labels, check_data, check_loader,
-    check_pretrain_unlabeled,
+    check_cache_disk, check_pretrain_unlabeled,
     check_splits, check_metric, check_search_space, check_pretrained,
     check_feasible, check_gpu_sharing, check_grid,
 )
@@ -425,8 +481,8 @@ def run_checks(config: CoreConfig, source: str, checks: tuple[Check, ...] = ALL_
 
 __all__ = ["ALL_CHECKS", "CONFIG_CHECKS", "ENVIRONMENT_CHECKS", "PRETRAINED_KEYS",
            "TRACKING_TIMEOUT_S", "UNSEARCHABLE_KEYS", "UNSEARCHABLE_SECTIONS", "Check",
-           "check_data", "check_feasible", "check_gpu_sharing", "check_grid", "check_labels",
-           "check_method", "check_method_settings", "check_metric", "check_pretrain_unlabeled",
-           "check_pretrained", "check_search_space", "check_splits", "check_storage",
-           "check_tracking", "run_checks", "storage_path_problem",
+           "check_cache_disk", "check_data", "check_feasible", "check_gpu_sharing", "check_grid",
+           "check_labels", "check_method", "check_method_settings", "check_metric",
+           "check_pretrain_unlabeled", "check_pretrained", "check_search_space", "check_splits",
+           "check_storage", "check_tracking", "run_checks", "storage_path_problem",
            "tracking_uri_problem"]

@@ -13,6 +13,7 @@ from raycl.distributed import gather_with_grad, rank
 from raycl.losses.common import at_least_float32, check_mask, check_pair, full_precision
 
 
+@full_precision
 def nt_xent(
     z1: Tensor,
     z2: Tensor,
@@ -42,7 +43,9 @@ def nt_xent(
         gather: contrast against the batch gathered from all ranks when distributed.
 
     Returns:
-        Scalar loss, the mean over the 2 * B_local local anchors.
+        Scalar loss, the mean over the 2 * B_local local anchors (at least float32: the logits
+        are computed with autocast off, as the other InfoNCE losses', so a bf16 cosine is not
+        rounded before it is divided by a small temperature).
 
     Raises:
         ValueError: on a non-positive temperature, mismatched shapes, or a mask of the wrong
@@ -60,8 +63,8 @@ def nt_xent(
     check_pair(z1, z2)
     batch_size = z1.shape[0]
 
-    z1 = F.normalize(z1, dim=1)
-    z2 = F.normalize(z2, dim=1)
+    z1 = F.normalize(at_least_float32(z1), dim=1)
+    z2 = F.normalize(at_least_float32(z2), dim=1)
     if gather:
         z1_global, z2_global = gather_with_grad(z1), gather_with_grad(z2)
         offset = rank() * batch_size

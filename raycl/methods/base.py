@@ -217,6 +217,14 @@ class Method(nn.Module):
         """
         raise NotImplementedError(f"{type(self).__name__} is not an image-text method")
 
+    @classmethod
+    def caption_tokenizer(cls, cfg: CoreConfig) -> Any:
+        """A picklable callable, list of N captions -> int64 numpy (N, L), giving
+        :meth:`tokenize`'s tokens without the model, that stream mode's decoders run on each
+        chunk of captions (multimodal methods); None: the training process tokenises each
+        streamed batch with :meth:`tokenize`."""
+        return None
+
     def embed_texts(self, tokens: Tensor) -> Tensor:
         """L2-normalised text embeddings in the image embedding's space (multimodal methods).
 

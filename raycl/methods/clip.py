@@ -29,6 +29,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from raycl.config.schema import Section
+from raycl.data.stream.decoders import CaptionTokenizer
 from raycl.distributed import gather_with_grad, rank
 from raycl.losses.common import full_precision
 from raycl.methods.base import Batch, Method
@@ -325,6 +326,12 @@ class CLIP(Method):
     def tokenize(self, texts: Sequence[str]) -> Tensor:
         return self.tokenizer(list(texts)).long()
 
+    @classmethod
+    def caption_tokenizer(cls, cfg: CoreConfig) -> CaptionTokenizer:
+        """:meth:`tokenize`'s tokenizer for stream mode's decoders (open_clip's bundled BPE at
+        the text tower's context length, known from the config without building the model)."""
+        return CaptionTokenizer(context_length(cfg.section(CLIPConfig)))
+
     def embed_texts(self, tokens: Tensor) -> Tensor:
         return F.normalize(self.clip.encode_text(tokens), dim=-1)
 
@@ -374,6 +381,17 @@ class CLIP(Method):
             if problem:
                 problems.append(("clip.pretrained", problem))
         return problems
+
+
+def context_length(section: CLIPConfig) -> int:
+    """Tokens per caption of ``section.model``'s text tower (open_clip's default 77 where its
+    config names none): what ``model.context_length`` is once built."""
+    if section.model == "tiny":
+        return section.tiny_context_length
+    import open_clip
+
+    config = open_clip.get_model_config(section.model) or {}
+    return int(config.get("text_cfg", {}).get("context_length", 77))
 
 
 def _tokenizer(section: CLIPConfig, model: nn.Module) -> Any:

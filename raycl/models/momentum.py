@@ -40,12 +40,17 @@ def momentum_coefficient(step: int, total_steps: int, start: float, end: float) 
 
 @torch.no_grad()
 def ema_update(online: nn.Module, target: nn.Module, coefficient: float) -> None:
-    """``target = coefficient * target + (1 - coefficient) * online``, parameter by parameter.
+    """``target = coefficient * target + (1 - coefficient) * online``, for every parameter in one
+    multi-tensor call (``torch._foreach_lerp_``: a few fused kernels, not one per parameter; the
+    result is the same as a ``lerp_`` per parameter).
 
     Buffers (BatchNorm statistics) are not averaged: the target's come from its own forwards.
     """
-    for online_param, target_param in zip(online.parameters(), target.parameters(), strict=True):
-        target_param.lerp_(online_param.detach(), 1.0 - coefficient)
+    pairs = list(zip(online.parameters(), target.parameters(), strict=True))
+    if not pairs:
+        return
+    torch._foreach_lerp_([target_param for _, target_param in pairs],
+                         [online_param.detach() for online_param, _ in pairs], 1.0 - coefficient)
 
 
 def momentum_update(

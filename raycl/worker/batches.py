@@ -28,11 +28,14 @@ class TrainBatch:
         captions: streamed shards read for an image-text method: the batch's captions, one per
             image; None otherwise (a set's captions, when it has them, are tokenised once per
             stage and taken by ``index``).
+        tokens: int64 (B, L), the captions' tokens when stream mode's decoders tokenised them
+            (:meth:`raycl.methods.base.Method.caption_tokenizer`); None otherwise.
     """
 
     images: Tensor
     index: Tensor
     captions: list[str] | None = None
+    tokens: Tensor | None = None
 
 
 class TrainLoader(Protocol):

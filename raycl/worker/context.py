@@ -26,10 +26,10 @@ class TrialContext:
             artifact goes there); ``"local"`` outside Tune.
         started_at: ``time.time()`` when the trial began, on the trial process's clock:
             ``perf/startup_seconds`` counts from it. None: from when the loop starts.
-        data_placement_group: hex id of the trial's placement group when it holds stream
-            mode's decoder bundles (:func:`raycl.launch.placement.trial_bundles`), where the
-            workers' Ray Data tasks run; None otherwise (no decoders, or outside a placement
-            group).
+        data_placement_group: hex id of a placement group whose bundle on each rank's node
+            holds stream mode's decoders; None (what :func:`raycl.pipeline.fit_trial` passes):
+            each rank's own bundle holds them (:func:`raycl.worker.stream_loader
+            .decoder_bundle`).
     """
 
     config: CoreConfig

@@ -1,6 +1,6 @@
 """Features for evaluation: every split embedded across the workers, and the stages integrated.
 
-:func:`embed_images` shards the images over the ranks and gathers the features on every rank;
+:func:`embed_images` shards the images over the ranks and gathers the features on rank 0 only;
 :func:`embed_splits` embeds what one evaluation scores; :func:`integrate_stages` gives the
 trial's representation (MCL: the stages so far, concatenated or as a model soup).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
@@ -21,7 +21,7 @@ from raycl.data import DatasetSplits, ImageRows
 from raycl.data.augment import to_float
 from raycl.data.stream.files import FileRows
 from raycl.data.stream.shards import ShardRows
-from raycl.distributed import gather_no_grad
+from raycl.distributed import gather_to_rank0
 from raycl.eval.multimodal import EvalSets
 from raycl.methods.base import Method
 from raycl.worker.optim import Autocast
@@ -48,15 +48,17 @@ def embed_images(
     batch_size: int = 512,
     embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
     autocast: Autocast = nullcontext,
-) -> np.ndarray:
-    """Backbone features of every image, computed across all workers and gathered.
+) -> np.ndarray | None:
+    """Backbone features of every image, computed across all workers and gathered on rank 0.
 
-    Each rank embeds a contiguous shard (padded to equal length, as all_gather requires), read
-    a batch of rows at a time (a split is a view into the memory-mapped set: only the shard's
-    rows are read; in stream mode only its files or shards are decoded); every rank returns
-    the full (N, D) array in dataset order. A file stream mode cannot decode is never embedded
-    as a blank image: its row is NaN, which the scoring leaves out
-    (:func:`raycl.worker.evaluate.decodable_rows`). ``embed``
+    Each rank embeds a contiguous shard, read a batch of rows at a time (a split is a view into
+    the memory-mapped set: only the shard's rows are read; in stream mode only its files or
+    shards are decoded), and sends each batch's features to rank 0 as soon as they are computed
+    (padded to ``batch_size`` rows, as a gather requires): rank 0 copies them into the (N, D)
+    host array in dataset order and returns it; every other rank returns None and never holds
+    more than one batch of features (at paper scale an (N, D) split on every GPU is what ran out
+    of memory). A file stream mode cannot decode is never embedded as a blank image: its row is
+    NaN, which the scoring leaves out (:func:`raycl.worker.evaluate.decodable_rows`). ``embed``
     replaces ``method.embed`` (e.g. ``method.project`` for the projection spectrum).
     ``autocast``: the forward's precision (:func:`raycl.worker.optim.inference_autocast`: the
     trial's on CUDA, none on CPU); the features are float32 either way.
@@ -66,24 +68,83 @@ def embed_images(
     total = len(images)
     shard = math.ceil(total / world)
     start, stop = min(total, rank * shard), min(total, (rank + 1) * shard)
+    batches = _row_batches(images, start, stop, batch_size)
+    gathered: np.ndarray | None = None  # rank 0's (N, D), allocated at the first block
+    dim: int | None = None
     was_training = method.training
     method.eval()
     try:
-        with autocast():
-            chunks = [_mark_undecodable(embed(to_float(torch.from_numpy(rows).to(device)))
-                                        .float(), bad)
-                      for rows, bad in _row_batches(images, start, stop, batch_size)]
-            # A rank with an empty shard still needs the width for the padded all_gather.
-            dim = chunks[0].shape[1] if chunks else embed(
-                to_float(torch.from_numpy(images[:1]).to(device))).shape[1]
+        # Every rank takes part in the same number of gathers (a shorter shard sends padding).
+        for step in range(math.ceil(shard / batch_size)):
+            rows, bad = next(batches, (None, []))
+            with autocast():
+                if rows is None:  # this rank's shard is done: it still sends a padded block
+                    dim = dim or embed(to_float(torch.from_numpy(images[:1]).to(device))).shape[1]
+                    local = torch.zeros(0, dim, device=device)
+                else:
+                    local = _mark_undecodable(
+                        embed(to_float(torch.from_numpy(rows).to(device))).float(), bad)
+                    dim = local.shape[1]
+            block = gather_to_rank0(_padded(local, batch_size))
+            if block is not None:  # rank 0 (or a single process)
+                if gathered is None:
+                    gathered = np.empty((total, block.shape[1]), dtype=np.float32)
+                _place(gathered, block.cpu().numpy(), step * batch_size, shard, batch_size)
     finally:
         method.train(was_training)
-    local = torch.cat(chunks) if chunks else torch.zeros(0, dim, device=device)
-    if world == 1:
-        return local.cpu().numpy()
-    padded = torch.zeros(shard, dim, device=device)
+    if rank != 0:
+        return None
+    return gathered if gathered is not None else np.zeros((0, dim or 0), dtype=np.float32)
+
+
+def _padded(local: torch.Tensor, rows: int) -> torch.Tensor:
+    """``local`` (n <= ``rows``, D) padded with zero rows to ``rows``."""
+    if len(local) == rows:
+        return local
+    padded = torch.zeros(rows, local.shape[1], device=local.device, dtype=local.dtype)
     padded[: len(local)] = local
-    return gather_no_grad(padded)[:total].cpu().numpy()
+    return padded
+
+
+def _place(
+    gathered: np.ndarray, block: np.ndarray, offset: int, shard: int, batch_size: int
+) -> None:
+    """Copies one gathered block (``batch_size`` padded rows per rank, in rank order) into
+    ``gathered``: rank r's rows start at ``r * shard + offset`` and stop at its shard's end."""
+    total = len(gathered)
+    for r in range(len(block) // batch_size):
+        first = min(total, r * shard + offset)
+        last = min(total, (r + 1) * shard, first + batch_size)
+        gathered[first:last] = block[r * batch_size: r * batch_size + last - first]
+
+
+class RowSubset:
+    """Some rows of an array-like of images (a reader's lazy array), read only when sliced:
+    what an embedding pass reads when an evaluation scores a capped subset of a split."""
+
+    def __init__(self, images: EmbeddedImages, rows: np.ndarray) -> None:
+        self.images = images
+        self.rows = np.asarray(rows, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        return np.asarray(self.images[self.rows[key]])
+
+
+def select_images(images: EmbeddedImages, rows: np.ndarray | None) -> EmbeddedImages:
+    """Rows ``rows`` of ``images`` (all of them when None), never copied: a view of the array or
+    cache, stream mode's files' or shards' subset, or a :class:`RowSubset`."""
+    if rows is None:
+        return images
+    if isinstance(images, FileRows | ShardRows):
+        return images.subset(rows)
+    if isinstance(images, ImageRows):
+        return ImageRows(images.base, images.rows[rows])
+    if isinstance(images, np.ndarray):
+        return ImageRows(images, rows)
+    return RowSubset(images, rows)  # type: ignore[return-value]
 
 
 def _mark_undecodable(features: torch.Tensor, bad: list[int]) -> torch.Tensor:
@@ -100,9 +161,9 @@ def _row_batches(
     the batch whose file could not be decoded (stream mode's files; blank, to be marked):
     slices of an array, a view or stream mode's files; stream mode's shards read in sequence (a
     slice would re-read its shard from the start; they skip what they cannot decode)."""
-    if isinstance(images, ShardRows):
-        for rows in images.rows(start, stop, batch_size):
-            yield rows, []
+    if isinstance(images, ShardRows):  # an unreadable sample's row is marked, never scored
+        for decoded in images.decode_rows(start, stop, batch_size):
+            yield decoded.images, decoded.rows
         return
     for first in range(start, stop, batch_size):
         last = min(stop, first + batch_size)
@@ -121,22 +182,27 @@ def embed_splits(
     session: Session,
     last: bool,
     autocast: Autocast = nullcontext,
+    rows: Mapping[str, np.ndarray | None] | None = None,
 ) -> Features:
-    """The features one evaluation scores: each of ``splits``; after a stage's ``last`` epoch
-    the transfer sets (``transfer:<name>:train|test``); the MMVP-style pairs of the evaluated
-    splits (``mmvp:<split>``), so stages integrate them like splits. ``autocast``: see
-    :func:`embed_images`."""
-    def embed(images: EmbeddedImages) -> np.ndarray:
+    """The features one evaluation scores, on rank 0 (every other rank embeds its share and
+    gets ``{}``): each of ``splits`` (only its ``rows`` where given: a capped split); after a
+    stage's ``last`` epoch the transfer sets (``transfer:<name>:train|test``); the MMVP-style
+    pairs of the evaluated splits (``mmvp:<split>``), so stages integrate them like splits.
+    ``autocast``: see :func:`embed_images`."""
+    rows = rows or {}
+
+    def embed(images: EmbeddedImages) -> np.ndarray | None:
         return embed_images(model, images, session, autocast=autocast)
 
-    embedded = {split: embed(data.split(split).images) for split in splits}
+    embedded = {split: embed(select_images(data.split(split).images, rows.get(split)))
+                for split in splits}
     for transfer in eval_sets.transfer if last else []:
         embedded[transfer.train_key] = embed(transfer.train.images)
         embedded[transfer.test_key] = embed(transfer.test.images)
     for split, pairs in eval_sets.mmvp.items():
         if split in splits:
             embedded[f"mmvp:{split}"] = embed(pairs.images)
-    return embedded
+    return {key: values for key, values in embedded.items() if values is not None}
 
 
 def soup_method(method: Method, weights: list[StageWeights]) -> Method:
@@ -154,15 +220,19 @@ def integrate_stages(
     method: Method,
     features: Features,
     embed: Callable[[Method], Features],
+    rows: Mapping[str, np.ndarray | None] | None = None,
 ) -> tuple[Features, Method]:
     """The trial's representation so far and the model that gives it: this stage alone, or (MCL)
-    the stages integrated: the concatenated features, or the soup's (embedded by ``embed``)."""
+    the stages integrated: the concatenated features (rank 0, the only rank holding features;
+    ``rows``: the rows of each split ``features`` holds, see :meth:`StageInputs.integrated`),
+    or the soup's (embedded by ``embed``: every rank enters it, rank 0 keeps the result)."""
     if config.num_stages == 1:
         return features, method
     if config.mcl.integration == "soup" and inputs.weights:
         soup = soup_method(method, [*inputs.weights, soup_weights(method)])
         return embed(soup), soup
-    return inputs.integrated(features), method
+    return inputs.integrated(features, rows), method
 
 
-__all__ = ["embed_images", "embed_splits", "integrate_stages", "soup_method"]
+__all__ = ["RowSubset", "embed_images", "embed_splits", "integrate_stages", "select_images",
+           "soup_method"]

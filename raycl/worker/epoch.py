@@ -168,7 +168,8 @@ def _batch(
 ) -> Batch:
     """The method's batch of the ``loaded`` one: the images on the device, two augmented views
     when the phase wants them, and the batch's rows of the pseudo labels and caption tokens
-    (streamed shards: the batch's own captions, tokenised here)."""
+    (streamed shards: the tokens the decoders made of the batch's captions, or its captions
+    tokenised here)."""
     images = loaded.images.to(parts.device, non_blocking=True)
     index = loaded.index.to(parts.device, non_blocking=True)
     captions = loaded.captions
@@ -179,6 +180,8 @@ def _batch(
         index=index,
         pseudo_labels=parts.pseudo_labels[index] if parts.pseudo_labels is not None else None,
         texts=(parts.tokens[index] if parts.tokens is not None
+               else loaded.tokens.to(parts.device, non_blocking=True)
+               if loaded.tokens is not None
                else parts.method.tokenize(captions).to(parts.device) if captions is not None
                else None),
     )

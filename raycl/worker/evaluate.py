@@ -1,9 +1,10 @@
 """Scoring a representation: probes, kNN and retrieval per split, transfer sets, diagnostics.
 
-:func:`evaluate_epoch` is one evaluation of the worker loop: embed (every rank), integrate the
-stages, score (rank 0). Probes are fit on the training split and score validation
-(``val/...``: what a sweep selects on); after a stage's last epoch the test split and the
-transfer sets too (``test/...``, ``transfer/...``), and at the trial's end the diagnostics.
+:func:`evaluate_epoch` is one evaluation of the worker loop: embed (every rank; the features
+are gathered on rank 0 alone), integrate the stages and score (rank 0). Probes are fit on the
+training split and score validation (``val/...``: what a sweep selects on); after a stage's
+last epoch the test split and the transfer sets too (``test/...``, ``transfer/...``), and at the
+trial's end the diagnostics.
 
 A file stream mode cannot decode is embedded as a NaN row (:func:`raycl.worker.embed.embed_images`),
 never as a blank image: the scoring leaves those rows out of the split's features and labels
@@ -27,16 +28,17 @@ from raycl.config.metric_names import (
     metric_name,
 )
 from raycl.config.schema import CoreConfig
-from raycl.data import SPLITS, DatasetSplits, ImageSet
+from raycl.data import SPLITS, DatasetSplits, ImageSet, stratified_subset
 from raycl.data.augment import BatchAugment, to_float
 from raycl.data.stream.files import FileRows
+from raycl.data.stream.shards import ShardRows
 from raycl.distributed import CollectiveInSingleRankSection, single_rank_section
 from raycl.eval.diagnostics import representation_diagnostics
 from raycl.eval.multimodal import EvalSets, image_text_metrics
 from raycl.eval.scoring import evaluate_features, evaluate_transfer
 from raycl.eval.support_retrieval import neighbour_retrieval_accuracy
 from raycl.methods.base import Batch, Method
-from raycl.worker.embed import embed_images, embed_splits, integrate_stages
+from raycl.worker.embed import embed_images, embed_splits, integrate_stages, select_images
 from raycl.worker.optim import inference_autocast
 from raycl.worker.session import Session
 from raycl.worker.stage_integration import Features, StageInputs, mcl_summary
@@ -56,65 +58,158 @@ def evaluate_epoch(
     session: Session,
     last: bool,
 ) -> tuple[Features, dict[str, float], dict[str, np.ndarray] | None]:
-    """Embed (every rank) and score (rank 0) one evaluation: train and val; after a stage's last
-    epoch also test and the transfer sets; at the trial's end the diagnostics. MMVP-style pair
-    sets are embedded like splits (``mmvp:val``, ``mmvp:test``), so stages integrate them too.
+    """Embed (every rank, gathered on rank 0) and score (rank 0) one evaluation: val, and train
+    where something reads it; after a stage's last epoch also test and the transfer sets; at the
+    trial's end the diagnostics. MMVP-style pair sets are embedded like splits (``mmvp:val``,
+    ``mmvp:test``), so stages integrate them too.
+
+    Only the rows scored are embedded: the probe's capped training rows
+    (``eval.max_train_samples``) and val/test capped by ``eval.max_eval_samples``
+    (:func:`scored_subset`), except that MCL clusters every training row after a stage's last
+    epoch. A run with nothing to fit on the training split (no attributes: no probe, no kNN)
+    embeds none of it, but for that clustering.
 
     Returns:
-        The features per split, the metrics (rank 0; timings on every rank), and the diagnostic
-        arrays for the plots (rank 0 at the trial's end, else None).
+        The features per split (rank 0; ``{}`` on every other rank), the metrics (rank 0;
+        timings on every rank), and the diagnostic arrays for the plots (rank 0 at the trial's
+        end, else None).
     """
     device = session.device
-    # The test split (and the transfer sets) are embedded and scored once per stage, after its
-    # last epoch.
-    splits = ("train", "val", "test") if last else ("train", "val")
+    clustered = last and config.num_stages > 1  # MCL clusters every training row
+    splits = (("train",) if clustered or data.attributes else ()) + (
+        ("val", "test") if last else ("val",))  # test and transfer: once per stage, at its end
+    scored_rows = {split: scored_subset(config, data, split) for split in splits}
+    embedded_rows = {**scored_rows, "train": None} if clustered else scored_rows
     started = time.perf_counter()
     autocast = inference_autocast(config, device)  # the trial's precision on CUDA, none on CPU
-    features = embed_splits(method, data, eval_sets, splits, session, last, autocast)
+    features = embed_splits(method, data, eval_sets, splits, session, last, autocast,
+                            embedded_rows)
+    # The training rows the probe reads (none without attributes: only the clustering does).
+    scored = {key: values for key, values
+              in _at_scored_rows(features, scored_rows, embedded_rows).items()
+              if key != "train" or data.attributes}
     integrated, integrated_method = integrate_stages(
-        config, inputs, method, features,
-        lambda model: embed_splits(model, data, eval_sets, splits, session, last, autocast))
+        config, inputs, method, scored,
+        lambda model: embed_splits(model, data, eval_sets, splits, session, last, autocast,
+                                   scored_rows), scored_rows)
+    scored_data = select_splits(data, scored_rows)
     diagnose = last and inputs.stage == config.num_stages - 1 and config.eval.diagnostics
     projections = None
     if diagnose and type(method).project is not Method.project:
-        projections = embed_images(method, data.test.images, session, embed=method.project,
-                                   autocast=autocast)
+        projections = embed_images(method, scored_data.test.images, session,
+                                   embed=method.project, autocast=autocast)
     metrics: dict[str, float] = {
         metric_name(PERF, None, "embed_seconds"): time.perf_counter() - started}
-    # Only stream mode's files are marked: elsewhere a NaN is the model's, not to be hidden.
-    keep = {split: rows for split, rows
-            in decodable_rows([features, integrated, {"test": projections}]).items()
-            if isinstance(data.split(split).images, FileRows)}
-    if keep:  # stream mode met files it could not decode: scored without them, and counted
-        metrics[metric_name(DATA, None, "eval_skipped")] = float(
-            sum(len(features[split]) - len(rows) for split, rows in keep.items()))
-    # Clustering (MCL) and checkpoints need a row per image: an undecodable one's is zeros.
-    stage_features = _finite(features) if keep else features
     diagnostics = None
     if session.rank == 0:
         started = time.perf_counter()
-        if projections is not None and "test" in keep:
-            projections = projections[keep["test"]]
         # Only rank 0 scores: a collective in here would wait forever for the other ranks.
         with single_rank_section("rank 0's scoring and diagnostics"):
-            metrics.update(_stage_and_trial_metrics(
-                config, _keep_rows(data, keep), inputs, _keep_features(features, keep),
-                _keep_features(integrated, keep), device, eval_sets, method, integrated_method))
-            # The method's support set indexes the whole training split: only queries are cut.
-            queries = _keep_rows(data, {split: rows for split, rows in keep.items()
-                                        if split != "train"})
-            metrics.update(neighbour_retrieval_accuracy(
-                method, queries, splits[1:], device,
-                stage=inputs.stage if config.num_stages > 1 else None))
-            if diagnose and data.attributes:
-                diagnostics = _trial_diagnostics(config, _keep_rows(data, keep), method,
-                                                 _keep_features(integrated, keep), projections,
-                                                 metrics, device)
-            if last and 0 < inputs.stage == config.num_stages - 1:  # MCL's figure's arrays
-                diagnostics = {**(diagnostics or {}), **mcl_summary(
-                    config, inputs, stage_features, metrics, device)}
+            diagnostics = _score(config, data, scored_data, scored_rows, eval_sets, inputs,
+                                 (features, scored, integrated, projections),
+                                 (method, integrated_method), device, last, metrics)
         metrics[metric_name(PERF, None, "eval_seconds")] = time.perf_counter() - started
-    return stage_features, metrics, diagnostics
+    return features, metrics, diagnostics
+
+
+def _score(
+    config: CoreConfig,
+    data: DatasetSplits,
+    scored_data: DatasetSplits,
+    scored_rows: Mapping[str, np.ndarray | None],
+    eval_sets: EvalSets,
+    inputs: StageInputs,
+    embedded: tuple[Features, Features, Features, np.ndarray | None],
+    methods: tuple[Method, Method],
+    device: torch.device,
+    last: bool,
+    metrics: dict[str, float],
+) -> dict[str, np.ndarray] | None:
+    """Rank 0's part of :func:`evaluate_epoch`: the metrics (added to ``metrics``) and the
+    diagnostic arrays. ``embedded``: the features as embedded, at the scored rows, integrated,
+    and the test split's projections; ``methods``: this stage's and the integrated one."""
+    features, scored, integrated, projections = embedded
+    method, integrated_method = methods
+    # Only stream mode's files and shards are marked: elsewhere a NaN is the model's.
+    keep = {split: rows for split, rows
+            in decodable_rows([scored, integrated, {"test": projections}]).items()
+            if isinstance(scored_data.split(split).images, FileRows | ShardRows)}
+    if keep:  # stream mode met files it could not decode: scored without them, and counted
+        metrics[metric_name(DATA, None, "eval_skipped")] = float(
+            sum(len(scored[split]) - len(rows) for split, rows in keep.items()))
+    if projections is not None and "test" in keep:
+        projections = projections[keep["test"]]
+    kept = _keep_rows(scored_data, keep)
+    metrics.update(_stage_and_trial_metrics(
+        config, kept, inputs, _keep_features(scored, keep), _keep_features(integrated, keep),
+        device, eval_sets, method, integrated_method))
+    # The method's support set indexes the whole training split: only queries are cut.
+    held_out = {split: rows for split, rows in scored_rows.items() if split != "train"}
+    queries = _keep_rows(select_splits(data, held_out),
+                         {split: rows for split, rows in keep.items() if split != "train"})
+    splits = tuple(split for split in ("val", "test") if split in scored)
+    metrics.update(neighbour_retrieval_accuracy(
+        method, queries, splits, device,
+        stage=inputs.stage if config.num_stages > 1 else None))
+    diagnostics = None
+    if last and inputs.stage == config.num_stages - 1 and config.eval.diagnostics \
+            and data.attributes:
+        diagnostics = _trial_diagnostics(config, kept, method, _keep_features(integrated, keep),
+                                         projections, metrics, device)
+    if any(isinstance(data.split(split).images, FileRows | ShardRows) for split in features
+           if split in SPLITS):
+        # Clustering (MCL) and checkpoints need a row per image: an undecodable one's is zeros
+        # (in place, once scored: no second copy of the features).
+        for values in features.values():
+            np.nan_to_num(values, copy=False, nan=0.0)
+    if last and 0 < inputs.stage == config.num_stages - 1:  # MCL's figure's arrays
+        diagnostics = {**(diagnostics or {}), **mcl_summary(
+            config, inputs, features, metrics, device)}
+    return diagnostics
+
+
+def scored_subset(config: CoreConfig, data: DatasetSplits, split: str) -> np.ndarray | None:
+    """The rows of ``split`` an evaluation embeds and scores, sorted: a seeded subset stratified
+    on the first attribute (:func:`raycl.data.stratified_subset`) when ``eval.max_train_samples``
+    (train) or ``eval.max_eval_samples`` (val, test) caps the split, the same rows at every
+    evaluation of a trial; None (every row) otherwise."""
+    cap = config.eval.max_train_samples if split == "train" else config.eval.max_eval_samples
+    part = data.split(split)
+    count = len(part.images)
+    if cap is None or cap >= count:
+        return None
+    # An unlabelled split (an image-text corpus) is one class: a seeded sample of its rows.
+    labels = (part.labels[data.attributes[0]] if data.attributes
+              else np.zeros(count, dtype=np.int64))
+    return stratified_subset(labels, cap, config.seed)
+
+
+def select_splits(
+    data: DatasetSplits, rows: Mapping[str, np.ndarray | None]
+) -> DatasetSplits:
+    """``data`` with each split of ``rows`` cut to those rows (None: all), images as views
+    (:func:`raycl.worker.embed.select_images`, nothing decoded or copied), labels and captions
+    as copies."""
+    def rows_of(part: ImageSet, picked: np.ndarray) -> ImageSet:
+        return ImageSet(images=select_images(part.images, picked),  # type: ignore[arg-type]
+                        labels={name: values[picked] for name, values in part.labels.items()},
+                        captions=None if part.captions is None else part.captions[picked])
+
+    cut = {split: rows_of(data.split(split), picked) for split, picked in rows.items()
+           if picked is not None}
+    return dataclasses.replace(data, **cut) if cut else data
+
+
+def _at_scored_rows(
+    features: Features,
+    scored_rows: Mapping[str, np.ndarray | None],
+    embedded_rows: Mapping[str, np.ndarray | None],
+) -> Features:
+    """``features`` at the rows the scoring reads: a split embedded whole for another reader
+    (MCL's clustering) cut to its scored subset."""
+    return {key: values[scored_rows[key]]
+            if scored_rows.get(key) is not None and embedded_rows.get(key) is None else values
+            for key, values in features.items()}
 
 
 def decodable_rows(embedded: Sequence[Mapping[str, np.ndarray | None]]) -> dict[str, np.ndarray]:
@@ -139,8 +234,8 @@ def _keep_rows(data: DatasetSplits, keep: dict[str, np.ndarray]) -> DatasetSplit
     """``data`` with each split of ``keep`` cut to those rows: images, labels and captions."""
     def rows_of(part: ImageSet, rows: np.ndarray) -> ImageSet:
         images = part.images
-        return ImageSet(images=images.subset(rows) if isinstance(images, FileRows)
-                        else np.asarray(images[rows]),
+        return ImageSet(images=images.subset(rows)  # type: ignore[arg-type]
+                        if isinstance(images, FileRows | ShardRows) else np.asarray(images[rows]),
                         labels={name: values[rows] for name, values in part.labels.items()},
                         captions=None if part.captions is None else part.captions[rows])
 
@@ -154,11 +249,6 @@ def _keep_features(features: Features, keep: dict[str, np.ndarray]) -> Features:
     """``features`` with each split of ``keep`` cut to those rows (other keys as they are)."""
     return {key: values[keep[key]] if key in keep else values
             for key, values in features.items()}
-
-
-def _finite(features: Features) -> Features:
-    """``features`` with NaN rows (undecodable files) as zeros."""
-    return {key: np.nan_to_num(values, nan=0.0) for key, values in features.items()}
 
 
 def _stage_and_trial_metrics(
@@ -246,4 +336,5 @@ def method_diagnostics(
         method.train(was_training)
 
 
-__all__ = ["DIAGNOSTIC_IMAGES", "evaluate_epoch", "method_diagnostics"]
+__all__ = ["DIAGNOSTIC_IMAGES", "evaluate_epoch", "method_diagnostics", "scored_subset",
+           "select_splits"]

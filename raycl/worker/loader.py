@@ -73,8 +73,19 @@ class ResidentImages(torch.utils.data.Dataset):
         return len(self.images)
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.as_tensor(indices, dtype=torch.long, device=self.images.device)
+        index = device_index(indices, self.images.device)
         return self.images[index], index
+
+
+def device_index(indices: list[int], device: torch.device) -> torch.Tensor:
+    """The sampler's ``indices`` as an int64 tensor on ``device``, without stalling the host: on
+    CUDA they go through pinned memory with a non-blocking copy queued on the current stream
+    (``torch.as_tensor(..., device=cuda)`` copies from pageable memory and waits for it, every
+    step, so the next batch is never prepared while the GPU still works on this one)."""
+    index = torch.tensor(indices, dtype=torch.long)
+    if device.type == "cuda":
+        index = index.pin_memory()
+    return index.to(device, non_blocking=True)
 
 
 def _as_is(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,8 +192,10 @@ class StreamedShards:
 
     def loader(self, config: CoreConfig, inputs: StageInputs, session: Session,
                placement_group: str | None, need_captions: bool) -> TrainLoader:
+        # Image-text methods' captions are tokenised by the decoders, not every step here.
+        tokenizer = method_class(config).caption_tokenizer(config) if need_captions else None
         return ShardStreamLoader(config, self.images, inputs, session.rank, session.world_size,
-                                 placement_group, need_captions)
+                                 placement_group, need_captions, tokenizer)
 
 
 # What a trial pretrains on, as the kind of loader that reads it.
@@ -207,7 +220,8 @@ def trial_training_images(
             return StreamedShards(_loaded_as(data.train.images, ShardRows))
         return StreamedFiles(_streamed_files(data))
     images = pretraining_images(data)
-    if keep_on_device(config.data.on_device, int(images.nbytes), device):
+    if keep_on_device(config.data.on_device, int(images.nbytes), device,
+                      config.scaling.gpus_per_worker):
         return DeviceImages(copy_to_device(images, device))
     return HostImages(images)
 

@@ -4,10 +4,9 @@
 readable checkpoint when there is one (:mod:`raycl.worker.checkpoints`), and trains every stage
 (one for most methods, N for MCL; :mod:`raycl.worker.stage`), each epoch reporting ``train/*``
 metrics, evaluations (:mod:`raycl.worker.evaluate`), ``perf/*`` figures and a checkpoint.
-Between MCL stages the workers embed their shards, rank 0 clusters and broadcasts the
-assignment (:mod:`raycl.worker.stage_integration`), and training goes on with a fresh encoder in
-the same
-processes.
+Between MCL stages the workers embed their shards (gathered on rank 0 alone), rank 0 clusters
+and broadcasts the assignment (:mod:`raycl.worker.stage_integration`), and training goes on
+with a fresh encoder in the same processes.
 
 A loss that turns NaN/inf ends the trial (:mod:`raycl.worker.epoch`) with a report naming the
 step and value (``raycl/failed``), which MLflow records as FAILED.
@@ -34,6 +33,7 @@ from raycl.methods import method_class
 from raycl.worker.checkpoints import Restored, restore
 from raycl.worker.context import TrialContext
 from raycl.worker.cuda import configure_cuda_backends
+from raycl.worker.data_barrier import data_barrier
 from raycl.worker.loader import trial_training_images
 from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY, NonFiniteLossError
 from raycl.worker.perf import Clock
@@ -59,15 +59,16 @@ def train_loop_per_worker(context: TrialContext) -> None:
 def run_trial_loop(context: TrialContext, session: Session) -> None:
     """Train every stage of ``context``'s trial: one worker group for the whole trial.
 
-    The data is loaded once; between MCL stages the workers embed their shards and gather them,
-    rank 0 clusters and broadcasts the assignment, and every rank goes on with a fresh encoder.
-    A restart resumes from the newest readable checkpoint: inside the stage it was written in,
-    or after it when that stage had finished.
+    The data is loaded once; between MCL stages the workers embed their shards and gather them
+    on rank 0, which clusters and broadcasts the assignment, and every rank goes on with a
+    fresh encoder. A restart resumes from the newest readable checkpoint: inside the stage it
+    was written in, or after it when that stage had finished.
     """
     config = context.config
     torch.set_num_threads(max(1, int(config.scaling.cpus_per_worker)))
     configure_cuda_backends(session.device)  # TF32, cuDNN autotuning; nothing on CPU
-    data, eval_sets = _load_data(config)
+    with data_barrier():  # a node's cache build waits outside NCCL's 30-minute timeout
+        data, eval_sets = _load_data(config)
     if session.rank == 0 and data.skipped:
         with single_rank_section("rank 0's list of skipped images"):
             log_skipped_images(config, context.trial_id, data.skipped)
@@ -134,6 +135,8 @@ def _resume_point(
     """Where an unfinished trial goes on: inside the checkpointed stage (its inputs, and the
     checkpoint to resume), or, when that stage had finished, at the next one (clustered here)."""
     if not restored.progress["stage_complete"]:
+        if session.rank != 0:  # only rank 0 integrates the earlier stages' features
+            restored.inputs.features = [{} for _ in restored.inputs.features]
         return restored.inputs, restored
     assert restored.features is not None
     soup = restored.state.pop("soup", None)
@@ -154,13 +157,21 @@ def between_stages(
     clock: Clock,
 ) -> StageInputs:
     """Rank 0 clusters stage j's training features; every rank gets the same assignment.
-    ``weights``: the stage's soup weights (``mcl.integration: soup``), else None."""
+    ``weights``: the stage's soup weights (``mcl.integration: soup``), else None.
+
+    Only rank 0 keeps the stage's features (it integrates, scores and checkpoints them): every
+    other rank's next inputs carry the pseudo labels and assignments, no features."""
     started = time.perf_counter()
     if session.rank == 0:
         with single_rank_section("rank 0's clustering between stages"):
             assignment = cluster_stage(config, inputs, features, session.device).astype(np.int64)
     else:
-        assignment = np.zeros(len(features["train"]), dtype=np.int64)
+        features, assignment = {}, np.zeros(0, dtype=np.int64)
+    # The other ranks learn the assignment's length from rank 0: they hold no features.
+    count = broadcast_from_rank0(torch.tensor([len(assignment)], dtype=torch.int64,
+                                               device=session.device))
+    if session.rank != 0:
+        assignment = np.zeros(int(count.item()), dtype=np.int64)
     assignment = broadcast_from_rank0(torch.from_numpy(assignment).to(session.device))
     clock.record("perf/kmeans_seconds", time.perf_counter() - started)
     return next_stage_inputs(config, inputs, features, metrics, assignment.cpu().numpy(),

@@ -3,7 +3,8 @@
 ``data.on_device`` keeps the decoded training images (train, then ``pretrain_extra``) on the
 trial's CUDA device as one uint8 tensor, copied once per trial, so an epoch's batches are
 gathered on the device and never touch host memory or a DataLoader worker (a CIFAR or STL
-epoch). ``auto`` does so when they take at most a quarter of the device's memory, leaving the
+epoch). ``auto`` does so when they take at most a quarter of this trial's share of the device's
+memory (all of it, or ``scaling.gpus_per_worker`` of it where trials share a GPU), leaving the
 rest to the model, its activations and the optimizer. On CPU the setting is ignored: host
 memory is where the images are anyway (the memory-mapped cache). Whether a trial's images stay
 on the device is asked once per trial, by :func:`raycl.worker.loader.trial_training_images`.
@@ -24,23 +25,28 @@ AUTO_SHARE = 4
 COPY_ROWS = 4096
 
 
-def keep_on_device(setting: bool | str, nbytes: int, device: torch.device) -> bool:
+def keep_on_device(
+    setting: bool | str, nbytes: int, device: torch.device, gpu_share: float = 1.0
+) -> bool:
     """Whether training images of ``nbytes`` bytes stay on ``device`` for the trial.
 
     Args:
         setting: ``data.on_device``: True, False or "auto".
         nbytes: bytes of the training images (uint8: one per pixel and channel).
         device: the trial's (this rank's) device.
+        gpu_share: the share of the device this rank reserved (``scaling.gpus_per_worker``):
+            at 0.5 two trials hold the same GPU, each with its own copy of its images.
 
     Returns:
         False on a non-CUDA device whatever the setting; ``setting`` when it is a bool; for
-        "auto", whether ``nbytes`` is at most a quarter of the device's total memory.
+        "auto", whether ``nbytes`` is at most a quarter of this rank's share of the device's
+        total memory.
     """
     if device.type != "cuda":
         return False
     if setting == "auto":
         total = torch.cuda.get_device_properties(device).total_memory
-        return nbytes <= total // AUTO_SHARE
+        return nbytes <= total * min(1.0, gpu_share) / AUTO_SHARE
     return bool(setting)
 
 

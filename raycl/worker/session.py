@@ -20,7 +20,27 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from raycl import distributed
-from raycl.worker.storage import persist_checkpoint
+from raycl.worker.storage import StoredDirectory, persist_checkpoint
+
+
+def sync_batchnorm(model: nn.Module, device: torch.device, world_size: int) -> nn.Module:
+    """``model`` with every BatchNorm layer computing its statistics over the global batch
+    (``nn.SyncBatchNorm``), as SimCLR's global BN and BYOL do across accelerators, when
+    ``world_size`` > 1 on CUDA; otherwise left alone (one rank has nothing to share, and
+    SyncBatchNorm refuses CPU tensors: gloo runs keep per-rank statistics).
+
+    The layers are replaced in place (``model`` is returned for convenience): the method the
+    stage evaluates and checkpoints is the one DDP trains. A SyncBatchNorm keeps the layer's
+    parameter and buffer objects, so the optimizer built before and the checkpoint's keys are
+    unchanged. Each training forward of a converted layer is a collective: every rank runs it.
+    """
+    if world_size <= 1 or device.type != "cuda":
+        return model
+    converted = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if converted is not model:  # a bare BatchNorm layer: nothing to replace it in
+        raise TypeError("sync_batchnorm converts the BatchNorm layers inside a model, not one "
+                        "layer")
+    return model
 
 
 class RayTrainSession:
@@ -35,8 +55,17 @@ class RayTrainSession:
     def latest_checkpoint(self) -> ray.train.Checkpoint | None:
         return ray.train.get_checkpoint()
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
-        """DDP as Ray Train sets it up (device placement, ``device_ids``)."""
+    def run_storage(self) -> StoredDirectory | None:
+        """The directory of the run's storage its checkpoints are persisted into (the run's
+        experiment directory: Ray Train 2.60 names each ``<it>/checkpoint_<timestamp>``)."""
+        storage = ray.train.get_context().get_storage()
+        return StoredDirectory(storage.storage_filesystem, storage.experiment_fs_path)
+
+    def wrap_model(self, model: nn.Module, sync_bn: bool = False) -> nn.Module:
+        """DDP as Ray Train sets it up (device placement, ``device_ids``); BatchNorm over the
+        global batch first when ``sync_bn`` (:func:`sync_batchnorm`)."""
+        if sync_bn:
+            sync_batchnorm(model, self.device, self.world_size)
         return ray.train.torch.prepare_model(model)
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
@@ -74,11 +103,24 @@ class InProcessSession:
     def latest_checkpoint(self) -> ray.train.Checkpoint | None:
         return self.resume_from
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
+    def run_storage(self) -> StoredDirectory | None:
+        """Inside Tune, the trial's directory of the run's storage, which holds its checkpoints
+        (``<it>/checkpoint_000007``); None elsewhere (nothing keeps a checkpoint)."""
+        if not self.in_tune:
+            return None
+        from ray import tune
+
+        storage = tune.get_context().get_storage()
+        return StoredDirectory(storage.storage_filesystem, storage.trial_fs_path)
+
+    def wrap_model(self, model: nn.Module, sync_bn: bool = False) -> nn.Module:
         """Plain DDP over the process group this process joined (as Ray Train's, which needs
-        a Ray Train worker); the model itself in a single process."""
+        a Ray Train worker), BatchNorm over the global batch first when ``sync_bn``
+        (:func:`sync_batchnorm`); the model itself in a single process."""
         if self.world_size == 1:
             return model
+        if sync_bn:
+            sync_batchnorm(model, self.device, self.world_size)
         device_ids = [self.device] if self.device.type == "cuda" else None
         return DistributedDataParallel(model.to(self.device), device_ids=device_ids)
 

@@ -56,8 +56,9 @@ from raycl.worker.stage_integration import Features, StageInputs, StageWeights, 
 
 @dataclass
 class StageResult:
-    """What a stage hands on: its features per split (every rank), its final metrics (rank 0)
-    and, for ``mcl.integration: soup``, the weights the soup averages."""
+    """What a stage hands on: its features per split (rank 0 only: every other rank's is
+    empty), its final metrics (rank 0) and, for ``mcl.integration: soup``, the weights the soup
+    averages."""
 
     features: Features = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -203,14 +204,15 @@ def _start_phase(
         del optimizer_state, scaler_state
         shutil.rmtree(resume.directory, ignore_errors=True)
     # Wrapped per phase: DDP registers the parameters that require grad when it is built.
-    model = data_parallel(method, stage.session) if stage.session.world_size > 1 else method
+    model = (data_parallel(method, stage.session, config.train.sync_batchnorm)
+             if stage.session.world_size > 1 else method)
     epochs = phase.epoch_count(config.train.epochs)
     schedule = LrSchedule.for_phase(config, phase, epochs, len(stage.parts.loader))
     return PhaseRun(index=index, phase=phase, offset=offset, epochs=epochs,
                     start_epoch=start_epoch, model=model, optimizer=optimizer, schedule=schedule)
 
 
-def data_parallel(method: Method, session: Session) -> nn.Module:
+def data_parallel(method: Method, session: Session, sync_bn: bool = False) -> nn.Module:
     """DDP as the session sets it up (Ray Train's, or plain DDP over a process group set up by
     hand), minus the per-forward broadcast of queue buffers.
 
@@ -224,7 +226,7 @@ def data_parallel(method: Method, session: Session) -> nn.Module:
     ignored = queue_buffer_names(method)
     if ignored:
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(method, ignored)
-    return session.wrap_model(method)
+    return session.wrap_model(method, sync_bn)  # sync_bn: train.sync_batchnorm
 
 
 def _end_epoch(stage: _Stage, run: PhaseRun, stats: EpochStats, completed: int) -> StageResult:
@@ -253,7 +255,7 @@ def _end_epoch(stage: _Stage, run: PhaseRun, stats: EpochStats, completed: int) 
         with single_rank_section("rank 0's checkpoint writing"):
             write_checkpoint(Path(checkpoint_dir), method, run.optimizer, stage.parts.scaler,
                              progress, inputs, features if last else None, metrics,
-                             diagnostics, soup)
+                             diagnostics, soup, run=session.run_storage())
     report_epoch(stage.parts, metrics, checkpoint_dir, run.offset + completed)
     return StageResult(features=features, metrics=metrics, soup=soup)
 

@@ -8,17 +8,20 @@ the same weights. For the soup a finished stage hands on its :data:`StageWeights
 Between stages the training features of stage j are clustered into K groups (faiss k-means) and
 every sample's pseudo label is extended by its group, so stage j+1's fresh encoder only contrasts
 samples that earlier stages could not tell apart (feature-aware negatives). A stage's checkpoint
-carries a :class:`StageInputs` (the frozen features, clusterings and final
-metrics of every earlier stage), so a trial resumed in stage j has stages 0..j-1 intact.
+carries a :class:`StageInputs` (the clusterings and final metrics of every earlier stage, and
+their frozen features: written once per stage into the run's storage and referenced by a
+:class:`FeatureRef`, or, with no run storage, inline), so a trial resumed in stage j has stages
+0..j-1 intact.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -46,6 +49,9 @@ METRICS_FILE = "metrics.json"
 STAGE_INPUTS_FILE = "stage_inputs.npz"
 STAGE_WEIGHTS_FILE = "stage_weights.pt"  # beside STAGE_INPUTS_FILE: the earlier stages' soup
 DIAGNOSTICS_FILE = "diagnostics.npz"  # end of trial: spectra and principal angles, for plots
+# Folder of the run's storage (beside its checkpoints) with each finished stage's features,
+# written once and referenced by later checkpoints (:class:`FeatureRef`).
+STAGE_FEATURES_DIR = "stage_features"
 # Entries of DIAGNOSTICS_FILE with MCL's end-of-trial summary (:func:`mcl_summary`).
 MCL_AMI = "mcl_ami"
 MCL_GROUP_SIZES = "mcl_group_sizes"
@@ -103,6 +109,24 @@ def average_weights(
     return soup
 
 
+@dataclass(frozen=True)
+class FeatureRef:
+    """Where a finished stage's features were written once, for checkpoints to refer to.
+
+    Attributes:
+        stage: the stage whose features these are.
+        file: the ``.npz`` (one array per split), relative to the directory that holds the
+            run's checkpoints (``stage_features/stage_<j>_<sha256[:16]>.npz``).
+        sha256: the file's SHA-256, checked when it is read back.
+        splits: the splits it holds.
+    """
+
+    stage: int
+    file: str
+    sha256: str
+    splits: tuple[str, ...]
+
+
 @dataclass
 class StageInputs:
     """What a stage needs from the stages before it (empty for stage 0 and single-stage methods).
@@ -110,10 +134,14 @@ class StageInputs:
     Attributes:
         stage: index j of the stage being trained.
         pseudo_labels: MCL group code of every training sample (None: no feature-aware negatives).
-        features: frozen features of stages 0..j-1, per split (for integrated evaluation).
+        features: frozen features of stages 0..j-1, per split (for integrated evaluation);
+            rank 0 only (every other rank holds an empty dict per stage).
         assignments: k-means assignments of stages 0..j-1 (kept in checkpoints for resumption).
         stage_metrics: final metrics of stages 0..j-1 (for the per-stage diagnostics).
         weights: soup weights of stages 0..j-1 (``mcl.integration: soup`` only).
+        feature_refs: per earlier stage, where its ``features`` were written once (a
+            checkpoint then refers to them instead of holding them); stages absent here are
+            stored inline.
     """
 
     stage: int = 0
@@ -122,13 +150,32 @@ class StageInputs:
     assignments: list[np.ndarray] = field(default_factory=list)
     stage_metrics: list[dict[str, Any]] = field(default_factory=list)
     weights: list[StageWeights] = field(default_factory=list)
+    feature_refs: dict[int, FeatureRef] = field(default_factory=dict)
 
-    def integrated(self, current: Features) -> Features:
-        """The integration of the earlier stages with ``current``, for each split it holds."""
-        return {split: integrate([*(f[split] for f in self.features), values])
+    def integrated(
+        self, current: Features, rows: Mapping[str, np.ndarray | None] | None = None
+    ) -> Features:
+        """The integration of the earlier stages with ``current``, for each split it holds.
+
+        ``rows``: the rows of a split ``current`` holds when it is a subset (the probe's capped
+        training rows): an earlier stage that kept the whole split (its training features, for
+        the clustering) is cut to them. Only rank 0 holds features: elsewhere ``current`` and
+        the earlier stages' are empty, and so is the result.
+        """
+        rows = rows or {}
+
+        def earlier(stage: Features, split: str, count: int) -> np.ndarray:
+            values, picked = stage[split], rows.get(split)
+            return values[picked] if picked is not None and len(values) != count else values
+
+        return {split: integrate([*(earlier(f, split, len(values)) for f in self.features),
+                                  values])
                 for split, values in current.items()}
 
     def save(self, path: Path) -> None:
+        """Into ``path`` (``.npz``; soup weights beside it): every field, the features of a
+        stage in :attr:`feature_refs` as that reference (``feature_refs``, JSON), the others'
+        inline (``features_<j>_<split>``, the format before references)."""
         arrays: dict[str, np.ndarray] = {
             "stage": np.asarray(self.stage),
             "stage_metrics": np.asarray(json.dumps(self.stage_metrics)),
@@ -136,34 +183,55 @@ class StageInputs:
         if self.pseudo_labels is not None:
             arrays["pseudo_labels"] = self.pseudo_labels
         for j, features in enumerate(self.features):
+            if j in self.feature_refs:
+                continue
             for split, values in features.items():
                 arrays[f"features_{j}_{split}"] = values
         for j, assignment in enumerate(self.assignments):
             arrays[f"assignments_{j}"] = assignment
+        if self.feature_refs:
+            refs = [{**vars(ref), "splits": list(ref.splits)}
+                    for _, ref in sorted(self.feature_refs.items())]
+            arrays["feature_refs"] = np.asarray(json.dumps(refs))
         np.savez(path, **arrays)
         if self.weights:
             torch.save(self.weights, path.with_name(STAGE_WEIGHTS_FILE))
 
     @classmethod
-    def load(cls, path: Path) -> StageInputs:
-        weights_path = path.with_name(STAGE_WEIGHTS_FILE)
-        weights = (torch.load(weights_path, map_location="cpu", weights_only=True)
-                   if weights_path.exists() else [])
+    def load(
+        cls, path: Path | IO[bytes], weights: list[StageWeights] | None = None,
+        features: bool = True,
+    ) -> StageInputs:
+        """What :meth:`save` wrote to ``path`` (a local file, or one opened for random access:
+        only the members read are fetched). ``weights``: the soup weights, read by the caller
+        (by default: the file beside a local ``path``). ``features``: False reads no inline
+        features (every stage's entry empty, as on a rank other than 0). A referenced stage's
+        entry is empty: the caller reads the file of its :attr:`feature_refs`."""
+        if weights is None:
+            weights_path = (path.with_name(STAGE_WEIGHTS_FILE) if isinstance(path, Path)
+                            else None)
+            weights = (torch.load(weights_path, map_location="cpu", weights_only=True)
+                       if weights_path is not None and weights_path.exists() else [])
         with np.load(path) as arrays:
             stage = int(arrays["stage"])
-            features: list[Features] = [{} for _ in range(stage)]
-            for name in arrays.files:
+            stage_features: list[Features] = [{} for _ in range(stage)]
+            for name in arrays.files if features else ():
                 if name.startswith("features_"):
                     _, j, split = name.split("_", 2)
-                    features[int(j)][split] = arrays[name]
+                    stage_features[int(j)][split] = arrays[name]
+            refs = (json.loads(str(arrays["feature_refs"])) if "feature_refs" in arrays.files
+                    else [])
             return cls(
                 stage=stage,
-                pseudo_labels=arrays.get("pseudo_labels", None),
-                features=features,
+                pseudo_labels=arrays["pseudo_labels"] if "pseudo_labels" in arrays.files
+                else None,
+                features=stage_features,
                 assignments=[arrays[f"assignments_{j}"] for j in range(stage)
-                             if f"assignments_{j}" in arrays],
+                             if f"assignments_{j}" in arrays.files],
                 stage_metrics=json.loads(str(arrays["stage_metrics"])),
                 weights=weights,
+                feature_refs={ref["stage"]: FeatureRef(**{**ref, "splits": tuple(ref["splits"])})
+                              for ref in refs},
             )
 
 
@@ -201,6 +269,8 @@ def next_stage_inputs(
         assignments=assignments,
         stage_metrics=[*inputs.stage_metrics, metrics or {}],
         weights=[*inputs.weights, weights] if weights is not None else inputs.weights,
+        # The earlier stages' features already in the run's storage are not written again.
+        feature_refs=dict(inputs.feature_refs),
     )
 
 

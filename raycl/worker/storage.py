@@ -13,13 +13,16 @@ and tries again at the next one.
 from __future__ import annotations
 
 import logging
+import posixpath
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # Ray is imported where it is used: checkpoints are read without it too
+    import pyarrow.fs
     import ray.train
 
 logger = logging.getLogger(__name__)
@@ -109,12 +112,95 @@ def persist_checkpoint(checkpoint: ray.train.Checkpoint, name: str) -> ray.train
                               "checkpoint upload", where)
 
 
-def download(checkpoint: ray.train.Checkpoint, directory: Path) -> Path:
-    """``checkpoint``'s files into ``directory``, waiting out an unreachable storage."""
-    with_storage_retry(lambda: checkpoint.to_directory(str(directory)), "checkpoint download",
-                       storage_location(checkpoint))
+def download(
+    checkpoint: ray.train.Checkpoint, directory: Path, only: Iterable[str] | None = None
+) -> Path:
+    """``checkpoint``'s files into ``directory``, waiting out an unreachable storage; ``only``:
+    just these files of it (those it holds), not the whole checkpoint."""
+    if only is None:
+        with_storage_retry(lambda: checkpoint.to_directory(str(directory)),
+                           "checkpoint download", storage_location(checkpoint))
+        return directory
+    stored = StoredDirectory(checkpoint.filesystem, checkpoint.path)
+    for name in only:
+        if stored.exists(name):
+            stored.download(name, directory / name)
     return directory
 
 
-__all__ = ["STORAGE_RETRY_S", "StorageUnreachable", "download", "is_transient",
-           "persist_checkpoint", "storage_location", "with_storage_retry"]
+@dataclass(frozen=True)
+class StoredDirectory:
+    """A directory of the run's storage (a bucket, a shared or a local filesystem), read and
+    written one file at a time, so that a reader takes only the files it needs; every transfer
+    waits out an outage (:func:`with_storage_retry`).
+
+    Attributes:
+        filesystem: the pyarrow filesystem it is on (a checkpoint's ``filesystem``).
+        path: its path on that filesystem (a checkpoint's ``path``).
+    """
+
+    filesystem: pyarrow.fs.FileSystem
+    path: str
+
+    @classmethod
+    def local(cls, directory: Path) -> StoredDirectory:
+        import pyarrow.fs
+
+        return cls(pyarrow.fs.LocalFileSystem(), str(directory))
+
+    def parent(self) -> StoredDirectory:
+        return StoredDirectory(self.filesystem, posixpath.dirname(self.path.rstrip("/")))
+
+    def location(self, name: str = "") -> str:
+        """``name`` in this directory as a URI (``s3://bucket/path/name``), for messages."""
+        return f"{self.filesystem.type_name}://{posixpath.join(self.path, name)}"
+
+    def exists(self, name: str) -> bool:
+        import pyarrow.fs
+
+        info = with_storage_retry(
+            lambda: self.filesystem.get_file_info(posixpath.join(self.path, name)),
+            f"looking up {name}", self.location(name))
+        return info.type == pyarrow.fs.FileType.File
+
+    def read(self, name: str, parse: Callable[[Any], T]) -> T:
+        """``parse`` of the file ``name``, opened for random access: a reader that seeks (a
+        ``.npz`` archive) takes only the members it reads. Repeated whole while the storage is
+        unreachable."""
+        def action() -> T:
+            with self.filesystem.open_input_file(posixpath.join(self.path, name)) as file:
+                return parse(file)
+
+        return with_storage_retry(action, f"reading {name}", self.location(name))
+
+    def read_bytes(self, name: str) -> bytes:
+        return self.read(name, lambda file: file.read())
+
+    def download(self, name: str, target: Path) -> None:
+        """The file ``name`` into the local file ``target``."""
+        import pyarrow.fs
+
+        with_storage_retry(
+            lambda: pyarrow.fs.copy_files(posixpath.join(self.path, name), str(target),
+                                          source_filesystem=self.filesystem,
+                                          destination_filesystem=pyarrow.fs.LocalFileSystem()),
+            f"downloading {name}", self.location(name))
+
+    def upload(self, source: Path, name: str) -> None:
+        """The local file ``source`` as ``name`` here (its folders made as needed); a retry
+        overwrites what a failed attempt left."""
+        import pyarrow.fs
+
+        target = posixpath.join(self.path, name)
+
+        def action() -> None:
+            self.filesystem.create_dir(posixpath.dirname(target), recursive=True)
+            pyarrow.fs.copy_files(str(source), target,
+                                  source_filesystem=pyarrow.fs.LocalFileSystem(),
+                                  destination_filesystem=self.filesystem)
+
+        with_storage_retry(action, f"uploading {name}", self.location(name))
+
+
+__all__ = ["STORAGE_RETRY_S", "StorageUnreachable", "StoredDirectory", "download",
+           "is_transient", "persist_checkpoint", "storage_location", "with_storage_retry"]

@@ -2,13 +2,26 @@
 parallel.
 
 - Atomic: the set is written into a temporary directory beside the cache
-  (``<name>.tmp-XXXX``) and renamed into place, so a build that crashes halfway leaves no
-  half cache; the next build removes what dead builders left.
+  (``<name>.tmp-<pid>@<host>.XXXX``) and renamed into place, so a build that crashes halfway
+  leaves no half cache; the next build on that host removes what its dead builders left (a
+  temporary directory of another host only once nothing in it changed for a day: on a shared
+  file system that host's builder may be alive). Where two builders still meet (a lock that
+  is not cluster-wide), the second rename finds the first one's cache and opens it.
+- Never deleted under a reader: a cache directory that exists but cannot be opened here (a
+  permission, an I/O error, a file another node's write has not made whole in this node's view)
+  is tried again, then left in place and named in a :class:`~raycl.data.cache.store
+  .CacheError`; only one that proves itself stale (its ``key.json`` names another content) or
+  damaged (a file missing or not an array: nobody can be reading it) is removed and rebuilt.
 - Once: a builder holds an exclusive ``fcntl.flock`` on ``<name>.lock``; another process
   building the same set waits on it, then memory-maps what the first one built. The lock dies
-  with its process, so a crashed builder never blocks the next one.
+  with its process, so a crashed builder never blocks the next one. A file system without
+  locks (``ENOLCK``, e.g. NFS without its lock daemon) is a CacheError naming
+  ``data.cache_dir``, not a crash.
+- Checked first: the disk's free space is compared with the set's decoded size before a byte
+  is written (a full disk would kill the build with SIGBUS midway).
 - Parallel: image files (:class:`~raycl.data.types.ImageFiles`) are decoded by a pool of
-  ``data.decode_workers`` threads (0: every core this process may run on) straight into the
+  ``data.decode_workers`` threads (0: the CPUs the Ray worker reserved, ``scaling.
+  cpus_per_worker``; outside Ray every core this process may run on) straight into the
   open memory map, chunk by chunk, never all in memory. Threads, not processes: Pillow
   releases the GIL while it decodes and resizes, so threads scale with the cores and share the
   memory map without pickling a row. A set generated in memory (Trifeature, digits, CIFAR) is
@@ -24,12 +37,15 @@ per content either way: a later run without skipping refuses the same rows by th
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -37,7 +53,15 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from raycl.data.cache.store import IMAGES_FILE, open_cached, write_metadata
+from raycl.data.cache.store import (
+    IMAGES_FILE,
+    CacheError,
+    UnreadableCache,
+    free_space_problem,
+    read_cached,
+    stored_key,
+    write_metadata,
+)
 from raycl.data.decode import decode_square
 from raycl.data.progress import Progress
 from raycl.data.sources.folders import image_problem, unreadable_message
@@ -54,11 +78,38 @@ UNREADABLE_FILE = "unreadable.json"
 Unreadable = tuple[int, str, str]
 
 
+# Tries at opening a cache directory that exists but cannot be read, this far apart: a file
+# another node just renamed into place may take a moment to show whole on a shared file system.
+OPEN_ATTEMPTS = 3
+OPEN_RETRY_SECONDS = 5.0
+# A temporary directory of another host is removed once nothing in it changed for this long.
+STALE_TEMPORARY_SECONDS = 24 * 3600
+# flock's errors on a file system that has no (working) locks.
+_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL})
+
+
+def reserved_cpus() -> int | None:
+    """The CPUs Ray reserved for this process (a Ray Train worker's ``scaling.cpus_per_worker``,
+    at least one), or None outside a Ray worker (a script, a test, the driver)."""
+    ray = sys.modules.get("ray")  # never imported here: a process without Ray has no reservation
+    if ray is None or not ray.is_initialized():
+        return None
+    try:
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    except (AssertionError, RuntimeError):  # the driver asserts it is not a worker
+        return None
+    return max(1, int(cpus)) if cpus else None
+
+
 def decode_workers(setting: int | None) -> int:
-    """Threads that decode: ``setting`` (``data.decode_workers``), or every core this process
-    may run on when it is 0 or None."""
+    """Threads that decode: ``setting`` (``data.decode_workers``); when it is 0 or None, the
+    CPUs the Ray worker reserved (:func:`reserved_cpus`: a node's other trials use the rest),
+    outside Ray every core this process may run on."""
     if setting:
         return int(setting)
+    reserved = reserved_cpus()
+    if reserved is not None:
+        return reserved
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -90,52 +141,153 @@ def build_cache(
     Raises:
         ValueError: unreadable images unless kept (the first few named, with their count), or
             a reader whose labels disagree with its images.
+        CacheError: too little free disk for the set, a file system without locks, or a
+            cache directory that exists but cannot be opened (left in place).
     """
     directory.parent.mkdir(parents=True, exist_ok=True)
     with _build_lock(directory, stream):
-        cached = open_cached(directory)
+        cached = _open_existing(directory, key)
         if cached is not None:  # built by another process while this one waited
             return cached
-        _remove_leftovers(directory)
-        temporary = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f"{directory.name}.tmp-"))
+        _remove_dead_temporaries(directory)
+        temporary = Path(tempfile.mkdtemp(
+            dir=directory.parent, prefix=f"{directory.name}.tmp-{os.getpid()}@{_host()}."))
         try:
-            write_set(temporary, read(), key, resolution, decode_workers(workers), stream,
+            source = read()
+            problem = free_space_problem(directory.parent, set_bytes(source, resolution),
+                                         f"the data cache {directory.name}")
+            if problem:
+                raise CacheError(f"data.cache_dir: {problem} (on {_host()})")
+            write_set(temporary, source, key, resolution, decode_workers(workers), stream,
                       keep_unreadable)
-            os.rename(temporary, directory)
+            _publish(temporary, directory)
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise
-    cached = open_cached(directory)
+    cached = _open_existing(directory, key)
     if cached is None:
-        raise OSError(f"the cache {directory} was written but cannot be read back")
+        raise CacheError(f"data.cache_dir: the cache {directory} was written but is gone")
     return cached
+
+
+def set_bytes(source: ImageSet | ImageFiles, resolution: int) -> int:
+    """Bytes the images of ``source`` take in the cache (decoded files: 3 x resolution^2)."""
+    if isinstance(source, ImageFiles):
+        return len(source.paths) * 3 * int(resolution) ** 2
+    return int(np.prod(source.images.shape)) * np.dtype(source.images.dtype).itemsize
+
+
+def _host() -> str:
+    return socket.gethostname() or "host"
+
+
+def _open_existing(directory: Path, key: dict[str, Any]) -> ImageSet | None:
+    """The cached set in ``directory``; None when there is none, or when it proves itself
+    stale (its ``key.json`` names another content) or damaged (a file missing, not an array:
+    no process can be reading it); such a one is removed, with the lock held.
+
+    Raises:
+        CacheError: it exists and cannot be opened after :data:`OPEN_ATTEMPTS` tries (a
+            permission, an I/O error, a file not yet whole in this node's view): left in
+            place, since on a shared file system other nodes may be reading it.
+    """
+    expected = json.loads(json.dumps(key, sort_keys=True))  # as key.json holds it
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            return read_cached(directory)
+        except FileNotFoundError:
+            return None
+        except UnreadableCache as error:
+            stored = stored_key(directory)
+            if error.damaged or (stored is not None and stored != expected):
+                shutil.rmtree(directory, ignore_errors=True)
+                return None
+            problem = error
+        if attempt + 1 < OPEN_ATTEMPTS:
+            time.sleep(OPEN_RETRY_SECONDS)
+    raise CacheError(f"data.cache_dir: the data cache {directory} exists but cannot be "
+                     f"opened on {_host()} ({problem}); it is left in place (other nodes may "
+                     f"be reading it): fix it, or remove it to have it rebuilt")
+
+
+def _publish(temporary: Path, directory: Path) -> None:
+    """Rename the built ``temporary`` into place; where another builder's cache got there first
+    (their lock was not cluster-wide), keep that one and discard this one."""
+    try:
+        os.rename(temporary, directory)
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not directory.is_dir():
+            raise
+        shutil.rmtree(temporary, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def _build_lock(directory: Path, stream: TextIO | None) -> Iterator[None]:
-    """Hold the exclusive lock of ``directory``'s build; say so when waiting for another."""
+    """Hold the exclusive lock of ``directory``'s build; say so when waiting for another.
+
+    Raises:
+        CacheError: the file system has no working locks (``ENOLCK`` and the like).
+    """
     lock_path = directory.with_name(directory.name + ".lock")
     # The lock file stays: removing it would let a third process lock a new file while a
     # second still waits on the old one.
     with open(lock_path, "a+b") as lock:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            (stream or sys.stderr).write(
-                f"waiting for another process building the data cache {directory}\n")
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                (stream or sys.stderr).write(
+                    f"waiting for another process building the data cache {directory}\n")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as error:
+            if error.errno not in _NO_LOCKS:
+                raise
+            raise CacheError(
+                f"data.cache_dir: {directory.parent} has no working file locks "
+                f"(flock: {os.strerror(error.errno)}), which keep the processes of a node from "
+                f"building the data cache at once: set data.cache_dir (or $RAYCL_CACHE) to a "
+                f"local disk of each node, or enable locking on that file system") from error
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _remove_leftovers(directory: Path) -> None:
-    """Remove an unreadable ``directory`` and the temporary directories of dead builders (with
-    the lock held, no live builder owns one)."""
-    for leftover in [directory, *directory.parent.glob(f"{directory.name}.tmp-*")]:
-        if leftover.is_dir():
+def _remove_dead_temporaries(directory: Path) -> None:
+    """Remove the temporary directories of dead builders (with the lock held): this host's
+    whose process is gone; another host's (or an unnamed one) only when nothing in it changed
+    for :data:`STALE_TEMPORARY_SECONDS` (a lock that is not cluster-wide may let that host's
+    builder run now)."""
+    for leftover in directory.parent.glob(f"{directory.name}.tmp-*"):
+        if not leftover.is_dir():
+            continue
+        owner = leftover.name.removeprefix(f"{directory.name}.tmp-").rsplit(".", 1)[0]
+        pid, _, host = owner.partition("@")
+        if host == _host() and pid.isdigit():
+            dead = not _alive(int(pid))
+        else:
+            dead = time.time() - _last_change(leftover) > STALE_TEMPORARY_SECONDS
+        if dead:
             shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def _last_change(folder: Path) -> float:
+    """The newest modification time of ``folder`` and its files (a live build writes them)."""
+    try:
+        return max([folder.stat().st_mtime, *(entry.stat().st_mtime
+                                              for entry in folder.iterdir())])
+    except OSError:
+        return time.time()
 
 
 def write_set(

@@ -22,9 +22,9 @@ files' URIs, and the images are decoded from the bucket (stream mode: when a bat
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -32,10 +32,13 @@ from PIL import Image, UnidentifiedImageError
 from raycl.config.section import Problem
 from raycl.config.training import DataConfig
 from raycl.data.bucket_paths import BucketPath, as_listed, is_remote, read_bytes, root_path
+from raycl.data.cache.manifest import node_remembered
 from raycl.data.decode import NOT_AN_IMAGE
 from raycl.data.listed_once import remembered
 from raycl.data.splits import counted_split_sizes
 from raycl.data.types import ImageFiles
+
+T = TypeVar("T")
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".webp"})
 LAYOUTS: tuple[str, ...] = ("auto", "flat", "train_test")
@@ -408,10 +411,30 @@ def _folder_root(cfg: DataConfig) -> str:
     return str(cfg.root)
 
 
+def _on_node(cfg: DataConfig, name: str, compute: Callable[[], T]) -> T:
+    """``compute()`` answered once per node while a local root is as listed (its listing
+    manifest, :mod:`raycl.data.cache.manifest`); a bucket's root is listed as asked."""
+    root = _folder_root(cfg)
+    if is_remote(root):
+        return compute()
+    local = Path(root)  # as list_folder walks it
+
+    def files() -> list[Path]:
+        return [Path(path) for part in list_folder(root, cfg.layout).values()
+                for path, _ in part]
+
+    return node_remembered(cfg, local, {"dataset": cfg.dataset, "layout": cfg.layout}, name,
+                           compute, files)
+
+
 class FolderReader:
-    """``data.dataset: folder``: ``data.root`` in ``data.layout`` (see the module docstring)."""
+    """``data.dataset: folder``: ``data.root`` in ``data.layout`` (see the module docstring).
+    A local root's content key and class counts are kept in its listing manifest."""
 
     def content_key(self, cfg: DataConfig, seed: int) -> dict[str, Any]:
+        return _on_node(cfg, "content_key", lambda: self._content_key(cfg))
+
+    def _content_key(self, cfg: DataConfig) -> dict[str, Any]:
         root = _folder_root(cfg)
         layout = resolve_layout(root, cfg.layout)
         # A URI is the key as given (its query names the endpoint); a local path is absolute.
@@ -448,6 +471,10 @@ class FolderReader:
         return Problem("root", unreadable_message(unreadable, counted)) if unreadable else None
 
     def class_counts(self, cfg: DataConfig) -> dict[str, list[int]]:
+        name = "class_counts_readable" if cfg.skip_unreadable else "class_counts"
+        return _on_node(cfg, name, lambda: self._class_counts(cfg))
+
+    def _class_counts(self, cfg: DataConfig) -> dict[str, list[int]]:
         root, layout = _folder_root(cfg), cfg.layout
         if not cfg.skip_unreadable or is_remote(root):
             return folder_class_counts(root, layout)

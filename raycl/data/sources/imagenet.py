@@ -11,21 +11,26 @@ the All4One paper use) from a full ImageNet root, or from a root holding only th
 the bucket (:mod:`raycl.data.bucket_paths`) and the rows hold the files' URIs.
 
 The readers list files, never decode them: :meth:`read` returns :class:`ImageFiles` that the
-cache builder decodes (centre crop to a square, resize to ``data.resolution``).
+cache builder decodes (centre crop to a square, resize to ``data.resolution``). A local root's
+content key and class counts are kept in its listing manifest (:mod:`raycl.data.cache
+.manifest`): once a node has listed it, a trial finds its cache and its split sizes without
+listing 1.28 M files again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from raycl.config.section import Problem
 from raycl.config.training import DataConfig
 from raycl.data.bucket_paths import as_listed, root_path
+from raycl.data.cache.manifest import node_remembered
 from raycl.data.listed_once import remembered
 from raycl.data.sources.folders import (
     FileList,
@@ -36,6 +41,8 @@ from raycl.data.sources.folders import (
 )
 from raycl.data.splits import counted_split_sizes
 from raycl.data.types import ImageFiles, root_problem
+
+T = TypeVar("T")
 
 # The halves of an ImageNet root, as read: val is the shipped test split.
 HALVES: tuple[str, ...] = ("train", "val")
@@ -145,7 +152,23 @@ class ImageNetReader:
                  else {name for _, name in parts["train"]})
         return {name: i for i, name in enumerate(sorted(names))}
 
+    def _on_node(self, cfg: DataConfig, name: str, compute: Callable[[], T]) -> T:
+        """``compute()`` answered once per node while the root is as listed (its listing
+        manifest, :mod:`raycl.data.cache.manifest`); a bucket's root is listed as asked."""
+        root = _root(cfg)
+        if not isinstance(root, Path):
+            return compute()
+
+        def files() -> list[Path]:
+            return [path for part in self._list(cfg).values() for path, _ in part
+                    if isinstance(path, Path)]
+
+        return node_remembered(cfg, root, {"dataset": cfg.dataset}, name, compute, files)
+
     def content_key(self, cfg: DataConfig, seed: int) -> dict[str, Any]:
+        return self._on_node(cfg, "content_key", lambda: self._content_key(cfg))
+
+    def _content_key(self, cfg: DataConfig) -> dict[str, Any]:
         root = _root(cfg)
         # One digest of every file's (path, size, mtime): a 1.3 M-file list would make the
         # key (hashed as JSON on every load) tens of MB.
@@ -176,8 +199,11 @@ class ImageNetReader:
         return None
 
     def class_counts(self, cfg: DataConfig) -> dict[str, list[int]]:
-        parts = self._list(cfg)
-        return count_classes(parts, self._class_index(parts))
+        def count() -> dict[str, list[int]]:
+            parts = self._list(cfg)
+            return count_classes(parts, self._class_index(parts))
+
+        return self._on_node(cfg, "class_counts", count)
 
     def split_sizes(self, cfg: DataConfig) -> dict[str, int]:
         return counted_split_sizes(self.class_counts(cfg), cfg.val_fraction, cfg.test_fraction)

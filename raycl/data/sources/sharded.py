@@ -11,18 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from raycl.config.section import Problem
 from raycl.config.training import DataConfig
 from raycl.data.bucket_paths import is_remote
-from raycl.data.stream.shards import (
-    ShardFormat,
-    ShardRows,
-    list_shards,
-    read_captions,
-    split_shards,
-)
+from raycl.data.stream.shard_captions import ShardCaptions
+from raycl.data.stream.shards import ShardFormat, ShardRows, list_shards, split_shards
 from raycl.data.types import DatasetSplits, ImageSet, root_problem
 
 
@@ -98,12 +91,12 @@ def shard_splits(cfg: DataConfig, seed: int) -> DatasetSplits:
         DatasetSplits whose splits' images are :class:`~raycl.data.stream.shards.ShardRows`; no
         labels;
         training captions None (they stream with the samples), validation and test captions
-        read now (text only, ``""`` for a sample without one; None when the split has none).
+        a :class:`~raycl.data.stream.shard_captions.ShardCaptions`, read (text only) by the
+        rank that scores them when it first does: no shard is opened here.
 
     Raises:
         ValueError: see :func:`~raycl.data.stream.shards.list_shards` and
             :func:`~raycl.data.stream.shards.split_shards`.
-        OSError: a validation or test shard cannot be read.
     """
     fmt = _format(cfg)
     resolution = int(cfg.resolution)
@@ -112,8 +105,11 @@ def shard_splits(cfg: DataConfig, seed: int) -> DatasetSplits:
 
     def image_set(name: str) -> ImageSet:
         shards = splits[name]
-        captions: np.ndarray | None = None if name == "train" else read_captions(shards, fmt)
-        return ImageSet(images=ShardRows(shards, fmt, resolution), labels={}, captions=captions)
+        # Held-out captions: read when scored, by the scoring rank only (never by every worker).
+        captions = None if name == "train" else ShardCaptions(
+            [(shard.path, shard.count) for shard in shards], fmt)
+        return ImageSet(images=ShardRows(shards, fmt, resolution), labels={},
+                        captions=captions)  # type: ignore[arg-type]
 
     return DatasetSplits(name=fmt, train=image_set("train"), val=image_set("val"),
                          test=image_set("test"), attributes=[], num_classes={}, channels=3,

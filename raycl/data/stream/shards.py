@@ -23,41 +23,27 @@ mode.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from raycl.config.training import DataConfig
 from raycl.data.decode import decode_square
-from raycl.data.stream.files import SquareImages
+from raycl.data.stream.files import Decoded, SquareImages
+from raycl.data.stream.shard_captions import read_captions as read_shard_captions
+from raycl.data.stream.shard_index import Shard, ShardFormat, list_shards, split_shards
 from raycl.data.stream.shard_samples import Raw, parquet_samples, webdataset_samples
 from raycl.data.types import rows_then_rest
 
 logger = logging.getLogger(__name__)
 
-ShardFormat = Literal["webdataset", "parquet"]
 # Samples per chunk a shard reader yields: a Ray Data block stays small, the buffer fills early.
 CHUNK = 64
 # Skipped samples named one by one in the log per shard; the rest are counted.
 _NAMED_SKIPS = 5
-
-
-@dataclass(frozen=True)
-class Shard:
-    """One shard file of a split.
-
-    Attributes:
-        path: local path or bucket URI.
-        count: samples it holds (as listed; a sample that cannot be decoded is skipped).
-        offset: index, in its split, of its first sample.
-    """
-
-    path: str
-    count: int
-    offset: int
 
 
 @dataclass
@@ -178,13 +164,17 @@ def _chunk(images: list[np.ndarray], index: list[int], captions: list[str] | Non
     return Chunk(stacked, np.asarray(index, dtype=np.int64), captions, skipped, reasons)
 
 
-def _columns(chunk: Chunk, previous: int, need_captions: bool) -> dict[str, np.ndarray]:
+def _columns(chunk: Chunk, previous: int, need_captions: bool,
+             names: list[str]) -> dict[str, np.ndarray]:
     """A non-empty chunk as Ray Data columns. The samples skipped before a row are the gap
     between its index and the previous row's (``previous``: the index before the chunk's first
-    row)."""
+    row); ``names`` (of skipped samples, at most :data:`_NAMED_SKIPS`) go on its first row."""
     count = len(chunk.index)
     skipped = np.diff(chunk.index, prepend=previous) - 1
-    columns = {"images": chunk.images, "index": chunk.index, "skipped": skipped.astype(np.int64)}
+    skip_names = np.full(count, "[]", dtype=object)
+    skip_names[0] = json.dumps(names)
+    columns = {"images": chunk.images, "index": chunk.index, "skipped": skipped.astype(np.int64),
+               "skip_names": skip_names}
     if need_captions:
         columns["caption"] = np.asarray(chunk.captions or [""] * count, dtype=object)
     return columns
@@ -201,29 +191,37 @@ def shard_chunks_as_columns(
 
     Returns:
         Per chunk with at least one good sample: ``images`` uint8 (n, 3, R, R), ``index`` int64
-        (n,), ``caption`` object array of str (only when ``need_captions``) and ``skipped``
+        (n,), ``caption`` object array of str (only when ``need_captions``), ``skipped``
         int64 (n,), the samples skipped before each row (the shard's trailing skips on its last
-        row; :func:`read_shard` names them in warnings). A shard without a good sample yields
-        nothing (and is named in a warning); a shard that cannot be read on (truncated, gone)
-        ends there, its remaining samples counted as skipped. Never raises.
+        row; :func:`read_shard` names them in warnings) and ``skip_names``, a JSON list per row
+        naming some of them (the shard's first few, so the trial's error can name files). A
+        shard without a good sample yields nothing (and is named in a warning); a shard that
+        cannot be read on (truncated, gone) ends there, its remaining samples counted as
+        skipped. Never raises.
     """
     held: dict[str, np.ndarray] | None = None  # kept back: trailing skips join its last row
     previous = shard.offset - 1  # index of the last good sample so far
     seen = 0  # samples of the shard read so far, good or skipped
+    names: list[str] = []  # skipped samples not yet on a row (at most _NAMED_SKIPS a shard)
+    named = 0
     try:
         for chunk in read_shard(shard, fmt, resolution, need_captions):
             seen += len(chunk.index) + len(chunk.skipped)
+            taken = chunk.skipped[:max(0, _NAMED_SKIPS - named)]
+            names.extend(taken)
+            named += len(taken)
             if not len(chunk.index):
                 continue
             if held is not None:
                 yield held
-            held = _columns(chunk, previous, need_captions)
+            held, names = _columns(chunk, previous, need_captions, names), []
             previous = int(chunk.index[-1])
     except OSError as error:
         # A shard truncated or unreadable mid-epoch: the rest of it is skipped and counted,
         # never a crash of the trial (a shard missing at launch is refused before it).
         logger.warning("shard %s unreadable after %d of %d samples, the rest skipped: %s",
                        shard.path, seen, shard.count, error)
+        names.append(f"{shard.path} (unreadable after sample {seen}: {error})")
         seen = max(seen, shard.count)
     trailing = shard.offset + seen - 1 - previous  # after the last good sample
     if held is None:
@@ -231,6 +229,9 @@ def shard_chunks_as_columns(
                        trailing)
         return
     held["skipped"][-1] += trailing
+    if names:  # skipped after the last good sample: named on its row too
+        last = held["skip_names"]
+        last[-1] = json.dumps(json.loads(str(last[-1])) + names)
     yield held
 
 
@@ -240,17 +241,46 @@ class ShardRows(SquareImages):
     Behaves like the uint8 array (N, 3, R, R) it stands for as far as the loop needs
     (``len``, ``shape``, ``dtype``, ``ndim``, ``nbytes``; small reads by slice or index array,
     e.g. diagnostics' first images), reading shards in sequence; undecodable samples' rows are
-    blank and counted in :attr:`skipped`. Pickles as its shard list.
+    blank and counted in :attr:`skipped` (:meth:`decode_rows` says which). Pickles as its shard
+    list (and its selected rows).
+
+    Args:
+        shards, fmt, resolution: the split's shards, their format, the decoded side.
+        selected: the split's rows this set stands for, in order (:meth:`subset`; None: all).
     """
 
-    def __init__(self, shards: list[Shard], fmt: ShardFormat, resolution: int) -> None:
+    def __init__(self, shards: list[Shard], fmt: ShardFormat, resolution: int,
+                 selected: np.ndarray | None = None) -> None:
         self.shards = shards
         self.fmt = fmt
         self.resolution = int(resolution)
+        self.selected = None if selected is None else np.asarray(selected, dtype=np.int64)
         self.skipped: list[str] = []
 
     def __len__(self) -> int:
+        if self.selected is not None:
+            return len(self.selected)
         return sum(shard.count for shard in self.shards)
+
+    def subset(self, rows: np.ndarray) -> ShardRows:
+        """The rows ``rows`` (an index array) as a new ShardRows, nothing read (an evaluation's
+        capped or decodable rows)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return ShardRows(self.shards, self.fmt, self.resolution,
+                         rows if self.selected is None else self.selected[rows])
+
+    def _range_images(self, start: int, stop: int) -> Iterator[np.ndarray | None]:
+        """Images of rows ``start .. stop - 1`` in order; rows in increasing split order (all,
+        or a sorted selection) are streamed, each shard read once."""
+        split = (np.arange(start, stop, dtype=np.int64) if self.selected is None
+                 else self.selected[start:stop])
+        if len(split) < 2 or bool(np.all(np.diff(split) > 0)):
+            yield from self._images(split)
+            return
+        unique, inverse = np.unique(split, return_inverse=True)
+        images = list(self._images(unique))
+        for row in inverse.reshape(-1):
+            yield images[int(row)]
 
     def _starts(self) -> np.ndarray:
         """Index of each shard's first sample, and the total at the end."""
@@ -298,7 +328,19 @@ class ShardRows(SquareImages):
     def rows(self, start: int, stop: int, batch_size: int) -> Iterator[np.ndarray]:
         """Samples ``start .. stop - 1`` in order as uint8 batches of ``batch_size`` (the last
         shorter), reading only the shards that hold them; an undecodable sample's row is blank
-        (counted in :attr:`skipped`). What an embedding pass reads for its rank's range.
+        (counted in :attr:`skipped`; :meth:`decode_rows` says which rows those are).
+
+        Raises:
+            ValueError: ``batch_size`` is below 1.
+            OSError: a shard cannot be opened or read.
+        """
+        for decoded in self.decode_rows(start, stop, batch_size):
+            yield decoded.images
+
+    def decode_rows(self, start: int, stop: int, batch_size: int) -> Iterator[Decoded]:
+        """As :meth:`rows`, each batch with the rows (counted from the batch's first) whose
+        sample could not be read or decoded: what an embedding pass marks and its scoring
+        leaves out, never scoring a blank image.
 
         Raises:
             ValueError: ``batch_size`` is below 1.
@@ -308,17 +350,22 @@ class ShardRows(SquareImages):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         start, stop = max(0, int(start)), min(len(self), int(stop))
         side = self.resolution
-        batch = np.zeros((min(batch_size, max(0, stop - start)), 3, side, side), dtype=np.uint8)
-        filled = 0
-        for image in self._images(np.arange(start, stop, dtype=np.int64)):
+
+        def empty(count: int) -> Decoded:
+            return Decoded(np.zeros((count, 3, side, side), dtype=np.uint8))
+
+        batch, filled = empty(min(batch_size, max(0, stop - start))), 0
+        for image in self._range_images(start, stop):
             if image is not None:
-                batch[filled] = image
+                batch.images[filled] = image
+            else:
+                batch.rows.append(filled)
+                batch.skipped.append(self.skipped[-1])
             filled += 1
-            if filled == len(batch):
+            if filled == len(batch.images):
                 yield batch
                 start += filled
-                batch = np.zeros((min(batch_size, stop - start), 3, side, side), dtype=np.uint8)
-                filled = 0
+                batch, filled = empty(min(batch_size, stop - start)), 0
 
     def _indices(self, key: Any) -> np.ndarray | int:
         """``key`` as non-negative row indices (an int stays an int)."""
@@ -346,6 +393,8 @@ class ShardRows(SquareImages):
         indices = self._indices(key)
         if isinstance(indices, int):
             return self[np.array([indices])][0]
+        if self.selected is not None:
+            indices = self.selected[indices]
         unique, inverse = np.unique(indices, return_inverse=True)
         side = self.resolution
         images = np.zeros((len(unique), 3, side, side), dtype=np.uint8)
@@ -358,82 +407,13 @@ class ShardRows(SquareImages):
         return f"ShardRows({len(self.shards)} {self.fmt} shards, shape={self.shape})"
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return ShardRows, (self.shards, self.fmt, self.resolution)
-
-
-def list_shards(cfg: DataConfig, fmt: ShardFormat) -> list[Shard]:
-    """Every shard of ``cfg.root`` sorted by name with its sample count (offsets over all of
-    them; :func:`split_shards` re-bases them per split).
-
-    Args:
-        cfg: the data settings: ``root`` and (webdataset) ``samples_per_shard``.
-        fmt: ``"webdataset"`` or ``"parquet"``.
-
-    Returns:
-        The shards, offsets counted from 0 over all of them.
-
-    Raises:
-        ValueError: no shard found, a shard named by the brace pattern or by sizes.json missing,
-            no sample count for a shard (neither sizes.json, a _stats.json nor
-            ``data.samples_per_shard``), or the bucket cannot be listed: one line naming
-            ``data.root`` and what is wrong.
-    """
-    from raycl.data.stream.shard_listing import parquet_counts, webdataset_counts
-
-    root = str(cfg.root or "")
-    if not root:
-        raise ValueError(f"dataset {fmt!r} needs data.root (a directory of shards, a shard "
-                         f"file{' or a brace pattern' if fmt == 'webdataset' else ''})")
-    counts = (webdataset_counts(root, cfg.samples_per_shard)
-              if fmt == "webdataset" else parquet_counts(root))
-    return _with_offsets(counts)
-
-
-def _with_offsets(counts: list[tuple[str, int]]) -> list[Shard]:
-    shards, offset = [], 0
-    for path, count in counts:
-        shards.append(Shard(path, int(count), offset))
-        offset += int(count)
-    return shards
-
-
-def split_shards(
-    shards: list[Shard], val_fraction: float, test_fraction: float
-) -> dict[str, list[Shard]]:
-    """``{"train", "val", "test"}`` shards (see the module docstring), offsets re-based per split.
-
-    Args:
-        shards: every shard (any order: they are sorted by path).
-        val_fraction, test_fraction: the shares of the shards held out, each at least one.
-
-    Returns:
-        Train the first shards, validation the next, test the last; each split's offsets
-        count from 0.
-
-    Raises:
-        ValueError: fewer than three shards (each split needs one), or the fractions leave no
-            training shard.
-    """
-    ordered = sorted(shards, key=lambda shard: shard.path)
-    total = len(ordered)
-    if total < 3:
-        raise ValueError(f"data.root: {total} shard(s), but training, validation and test each "
-                         f"need a whole shard: at least 3")
-    val = max(1, round(val_fraction * total))
-    test = max(1, round(test_fraction * total))
-    if total - val - test < 1:
-        raise ValueError(f"data.root: {total} shards leave none for training after {val} for "
-                         f"validation and {test} for test (data.val_fraction, "
-                         f"data.test_fraction)")
-    parts = {"train": ordered[:total - val - test], "val": ordered[total - val - test:total - test],
-             "test": ordered[total - test:]}
-    return {name: _with_offsets([(shard.path, shard.count) for shard in part])
-            for name, part in parts.items()}
+        return ShardRows, (self.shards, self.fmt, self.resolution, self.selected)
 
 
 def read_captions(shards: list[Shard], fmt: ShardFormat) -> np.ndarray | None:
-    """Every caption of ``shards`` (text only: no image is decoded), one per listed sample in
-    index order; ``""`` for a sample without one (or that the shard does not hold).
+    """Every caption of ``shards`` (text only: no image is read; a tar's image members are
+    seeked over), one per listed sample in index order; ``""`` for a sample without one (or
+    that the shard does not hold): :func:`raycl.data.stream.shard_captions.read_captions`.
 
     Returns:
         object array (N,) of str, or None when no sample has a caption.
@@ -441,16 +421,7 @@ def read_captions(shards: list[Shard], fmt: ShardFormat) -> np.ndarray | None:
     Raises:
         OSError: a shard cannot be opened or read.
     """
-    captions = np.full(sum(shard.count for shard in shards), "", dtype=object)
-    found = False
-    start = 0
-    for shard in shards:
-        for raw in _raw_samples(shard, fmt, images=False):
-            if raw.caption is not None:
-                captions[start + raw.position] = raw.caption
-                found = True
-        start += shard.count
-    return captions if found else None
+    return read_shard_captions([(shard.path, shard.count) for shard in shards], fmt)
 
 
 __all__ = ["CHUNK", "Chunk", "Shard", "ShardFormat", "ShardRows", "list_shards",
