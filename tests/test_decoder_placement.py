@@ -158,6 +158,7 @@ def test_decoders_run_in_their_workers_own_bundle(ray_session, tmp_path: Path) -
             import raycl.methods  # noqa: F401  (the schema's method sections)
             from raycl.config.search_config import search_config_class
             from raycl.data import load_dataset
+            from raycl.worker.evaluate import file_decoder
             from raycl.worker.loader import batch_sampler
             from raycl.worker.stage_integration import StageInputs
             from raycl.worker.stream_loader import FileStreamLoader, decoded_row_batches
@@ -177,7 +178,9 @@ def test_decoders_run_in_their_workers_own_bundle(ray_session, tmp_path: Path) -
                     "bundle": strategy.placement_group_bundle_index,
                     "num_cpus": loader.remote_args["num_cpus"],
                     "tasks_at_once": loader.remote_args["compute"].size,
-                    "limit": loader.reserved_cpus, "batches": batches, "evaluated": evaluated}
+                    "limit": loader.reserved_cpus, "batches": batches, "evaluated": evaluated,
+                    # what evaluate_epoch embeds stream mode's files with, in this bundle
+                    "evaluation_decodes_here": file_decoder(trial) is not None}
 
     try:
         worker = Worker.options(num_cpus=0.5, scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -187,6 +190,10 @@ def test_decoders_run_in_their_workers_own_bundle(ray_session, tmp_path: Path) -
         remove_placement_group(group)
     assert (seen["group"], seen["bundle"]) == (group.id.hex(), 1)
     assert seen["num_cpus"] == 0 and seen["tasks_at_once"] == 1 and seen["limit"] == 1.0
+    assert seen["evaluation_decodes_here"]
+    from raycl.worker.evaluate import file_decoder
+
+    assert file_decoder(config) is None  # the driver holds no bundle: it decodes in-process
     from raycl.data import load_dataset
     from raycl.worker.loader import IndexedImages
 

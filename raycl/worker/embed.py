@@ -38,6 +38,10 @@ if TYPE_CHECKING:  # the embedding pass itself needs no Ray (benchmarks/gpu.py r
 
 # What an embedding pass reads: an array, a view into the cache, stream mode's files or shards.
 EmbeddedImages = np.ndarray | ImageRows | FileRows | ShardRows
+# Decodes rows ``start .. stop - 1`` of stream mode's files ``batch_size`` at a time, in order,
+# each batch with its undecodable rows (:func:`raycl.worker.stream_loader.decoded_row_batches`:
+# in the worker's decoder bundle); None: ``FileRows.decode`` in this process.
+FileDecoder = Callable[[FileRows, int, int, int], Iterator[tuple[np.ndarray, list[int]]]]
 
 
 @torch.no_grad()
@@ -48,6 +52,7 @@ def embed_images(
     batch_size: int = 512,
     embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
     autocast: Autocast = nullcontext,
+    decode_files: FileDecoder | None = None,
 ) -> np.ndarray | None:
     """Backbone features of every image, computed across all workers and gathered on rank 0.
 
@@ -61,14 +66,17 @@ def embed_images(
     NaN, which the scoring leaves out (:func:`raycl.worker.evaluate.decodable_rows`). ``embed``
     replaces ``method.embed`` (e.g. ``method.project`` for the projection spectrum).
     ``autocast``: the forward's precision (:func:`raycl.worker.optim.inference_autocast`: the
-    trial's on CUDA, none on CPU); the features are float32 either way.
+    trial's on CUDA, none on CPU); the features are float32 either way. ``decode_files``: where
+    stream mode's files are decoded (:data:`FileDecoder`).
     """
     rank, world, device = session.rank, session.world_size, session.device
     embed = embed or method.embed
     total = len(images)
     shard = math.ceil(total / world)
     start, stop = min(total, rank * shard), min(total, (rank + 1) * shard)
-    batches = _row_batches(images, start, stop, batch_size)
+    batches = (decode_files(images, start, stop, batch_size)
+               if decode_files is not None and isinstance(images, FileRows)
+               else _row_batches(images, start, stop, batch_size))
     gathered: np.ndarray | None = None  # rank 0's (N, D), allocated at the first block
     dim: int | None = None
     was_training = method.training
@@ -183,16 +191,18 @@ def embed_splits(
     last: bool,
     autocast: Autocast = nullcontext,
     rows: Mapping[str, np.ndarray | None] | None = None,
+    decode_files: FileDecoder | None = None,
 ) -> Features:
     """The features one evaluation scores, on rank 0 (every other rank embeds its share and
     gets ``{}``): each of ``splits`` (only its ``rows`` where given: a capped split); after a
     stage's ``last`` epoch the transfer sets (``transfer:<name>:train|test``); the MMVP-style
     pairs of the evaluated splits (``mmvp:<split>``), so stages integrate them like splits.
-    ``autocast``: see :func:`embed_images`."""
+    ``autocast``, ``decode_files``: see :func:`embed_images`."""
     rows = rows or {}
 
     def embed(images: EmbeddedImages) -> np.ndarray | None:
-        return embed_images(model, images, session, autocast=autocast)
+        return embed_images(model, images, session, autocast=autocast,
+                            decode_files=decode_files)
 
     embedded = {split: embed(select_images(data.split(split).images, rows.get(split)))
                 for split in splits}

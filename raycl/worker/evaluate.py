@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,13 @@ from raycl.eval.multimodal import EvalSets, image_text_metrics
 from raycl.eval.scoring import evaluate_features, evaluate_transfer
 from raycl.eval.support_retrieval import neighbour_retrieval_accuracy
 from raycl.methods.base import Batch, Method
-from raycl.worker.embed import embed_images, embed_splits, integrate_stages, select_images
+from raycl.worker.embed import (
+    FileDecoder,
+    embed_images,
+    embed_splits,
+    integrate_stages,
+    select_images,
+)
 from raycl.worker.optim import inference_autocast
 from raycl.worker.session import Session
 from raycl.worker.stage_integration import Features, StageInputs, mcl_summary
@@ -82,8 +89,9 @@ def evaluate_epoch(
     embedded_rows = {**scored_rows, "train": None} if clustered else scored_rows
     started = time.perf_counter()
     autocast = inference_autocast(config, device)  # the trial's precision on CUDA, none on CPU
+    decode_files = file_decoder(config)
     features = embed_splits(method, data, eval_sets, splits, session, last, autocast,
-                            embedded_rows)
+                            embedded_rows, decode_files)
     # The training rows the probe reads (none without attributes: only the clustering does).
     scored = {key: values for key, values
               in _at_scored_rows(features, scored_rows, embedded_rows).items()
@@ -91,13 +99,14 @@ def evaluate_epoch(
     integrated, integrated_method = integrate_stages(
         config, inputs, method, scored,
         lambda model: embed_splits(model, data, eval_sets, splits, session, last, autocast,
-                                   scored_rows), scored_rows)
+                                   scored_rows, decode_files), scored_rows)
     scored_data = select_splits(data, scored_rows)
     diagnose = last and inputs.stage == config.num_stages - 1 and config.eval.diagnostics
     projections = None
     if diagnose and type(method).project is not Method.project:
         projections = embed_images(method, scored_data.test.images, session,
-                                   embed=method.project, autocast=autocast)
+                                   embed=method.project, autocast=autocast,
+                                   decode_files=decode_files)
     metrics: dict[str, float] = {
         metric_name(PERF, None, "embed_seconds"): time.perf_counter() - started}
     diagnostics = None
@@ -166,6 +175,19 @@ def _score(
         diagnostics = {**(diagnostics or {}), **mcl_summary(
             config, inputs, features, metrics, device)}
     return diagnostics
+
+
+def file_decoder(config: CoreConfig) -> FileDecoder | None:
+    """Where an evaluation decodes stream mode's files: with training's decoders, in this
+    worker's own bundle (``data.stream_cpus`` of it), when it holds one; else None (in this
+    process: a test, a script, a worker that reserved no decoder CPUs)."""
+    if config.data.loader != "stream" or config.data.stream_cpus <= 0:
+        return None
+    from raycl.worker.stream_loader import decoded_row_batches, decoder_bundle
+
+    if decoder_bundle() is None:
+        return None
+    return partial(decoded_row_batches, decoder_cpus=config.data.stream_cpus)
 
 
 def scored_subset(config: CoreConfig, data: DatasetSplits, split: str) -> np.ndarray | None:

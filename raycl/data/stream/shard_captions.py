@@ -21,7 +21,12 @@ from typing import Any
 import numpy as np
 
 from raycl.data.bucket_paths import is_remote, open_random
-from raycl.data.stream.shard_samples import caption_of, parquet_samples, webdataset_samples
+from raycl.data.stream.shard_samples import (
+    caption_of,
+    parquet_samples,
+    sample_key,
+    webdataset_samples,
+)
 
 # Bytes read at once from a local file / a bucket object when reading a tar shard's headers.
 LOCAL_BLOCK = 4 * 2**10
@@ -112,15 +117,13 @@ def _seeked_captions(archive: tarfile.TarFile) -> Iterator[str | None]:
     for member in archive:
         if not member.isfile():
             continue
-        directory, _, base = member.name.rpartition("/")
-        stem, dot, extension = base.partition(".")
-        member_key = f"{directory}/{stem}" if directory else stem
+        member_key, extension = sample_key(member.name)
         if member_key != key:
             if key is not None:
                 yield _group_caption(archive, members)
             key, members = member_key, {}
-        if dot and extension.lower() in CAPTION_MEMBERS:
-            members[extension.lower()] = member
+        if extension in CAPTION_MEMBERS:
+            members[extension] = member
     if key is not None:
         yield _group_caption(archive, members)
 

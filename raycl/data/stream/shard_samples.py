@@ -71,21 +71,27 @@ def tar_groups(path: str, wanted: frozenset[str]) -> Iterator[tuple[str, dict[st
             for member in archive:
                 if not member.isfile():
                     continue
-                directory, _, base = member.name.rpartition("/")
-                stem, dot, extension = base.partition(".")
-                member_key = f"{directory}/{stem}" if directory else stem
+                member_key, extension = sample_key(member.name)
                 if member_key != key:
                     if key is not None:
                         yield key, members
                     key, members = member_key, {}
-                extension = extension.lower()
-                if dot and extension in wanted:
+                if extension in wanted:
                     handle = archive.extractfile(member)
                     members[extension] = handle.read() if handle is not None else b""
             if key is not None:
                 yield key, members
         except tarfile.TarError as error:
             raise OSError(f"shard {path!r} is not a readable tar file: {error}") from error
+
+
+def sample_key(name: str) -> tuple[str, str | None]:
+    """A tar member's WebDataset key and extension, lower case (None without one):
+    ``"a/000001.jpg"`` -> ``("a/000001", "jpg")``; the key is everything before the first dot
+    of the file name."""
+    directory, _, base = name.rpartition("/")
+    stem, dot, extension = base.partition(".")
+    return (f"{directory}/{stem}" if directory else stem), (extension.lower() if dot else None)
 
 
 def webdataset_samples(path: str, images: bool, captions: bool) -> Iterator[Raw]:
