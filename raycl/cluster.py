@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     import torch
 
 _INT64_MAX = np.iinfo(np.int64).max
+# Rows per block where a whole-array temporary would double rank 0's memory at scale.
+ROW_BLOCK = 65_536
 
 
 def kmeans_gpu(device: torch.device | None) -> int | None:
@@ -78,7 +80,7 @@ def kmeans(
         raise ValueError(f"k must satisfy 1 <= k <= N={num_samples}, got k={k}")
     if niter < 1:
         raise ValueError(f"niter must be >= 1, got {niter}")
-    if not np.all(np.isfinite(features)):
+    if not all_finite(features):
         raise ValueError("features contain NaN or inf")
 
     data = np.ascontiguousarray(features, dtype=np.float32)
@@ -148,8 +150,20 @@ def l2_normalize(features: np.ndarray, eps: float = 1e-12) -> np.ndarray:
         Contiguous float32 (N, D) array.
     """
     data = np.asarray(features, dtype=np.float32)
-    norms = np.linalg.norm(data, axis=1, keepdims=True)
+    # Row norms a block at a time: np.linalg.norm squares its whole input first, a second
+    # (N, D) array beside the result at ImageNet scale; per row the values are the same.
+    norms = np.empty((len(data), 1), dtype=np.float32)
+    for start in range(0, len(data), ROW_BLOCK):
+        norms[start:start + ROW_BLOCK] = np.linalg.norm(data[start:start + ROW_BLOCK], axis=1,
+                                                        keepdims=True)
     return np.ascontiguousarray(data / np.maximum(norms, eps))
+
+
+def all_finite(features: np.ndarray) -> bool:
+    """Whether every value of ``features`` is finite, checked a block of rows at a time (no
+    (N, D) mask)."""
+    return all(bool(np.isfinite(features[start:start + ROW_BLOCK]).all())
+               for start in range(0, len(features), ROW_BLOCK))
 
 
 def pseudo_label_codes(
