@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -139,6 +140,26 @@ def gather_to_rank0(t: Tensor) -> Tensor | None:
     shards = [torch.empty_like(t) for _ in range(world_size())]
     dist.gather(t, shards, dst=0)
     return torch.cat(shards, dim=0)
+
+
+@contextmanager
+def barrier_after(timeout: timedelta) -> Iterator[None]:
+    """Run the body, then wait until every rank has run it, for up to ``timeout``, in a gloo
+    group of its own (created before the body, while the ranks arrive together), so neither the
+    default group's timeout (NCCL's 30 minutes under Ray Train) nor its backend applies. A
+    single process or a world of one does not wait; a rank whose body raises does not either
+    (its error ends the trial).
+    """
+    _entering("barrier (barrier_after)")
+    if world_size() == 1:
+        yield
+        return
+    group = dist.new_group(backend="gloo", timeout=timeout)
+    try:
+        yield
+        dist.barrier(group=group)
+    finally:
+        dist.destroy_process_group(group)
 
 
 @torch.no_grad()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -20,8 +21,10 @@ from raycl.distributed import (
     all_reduce_mean,
     all_reduce_sum,
     any_rank,
+    barrier_after,
     broadcast_from_rank0,
     gather_no_grad,
+    gather_to_rank0,
     gather_with_grad,
     single_rank_section,
 )
@@ -116,7 +119,15 @@ COLLECTIVES = {
     "all_reduce_sum": lambda t: all_reduce_sum(t),
     "broadcast_from_rank0": lambda t: broadcast_from_rank0(t),
     "any_rank": lambda t: any_rank(True),
+    "gather_to_rank0": lambda t: gather_to_rank0(t),
+    "barrier_after": lambda t: _wait_for_all(),
 }
+
+
+def _wait_for_all() -> None:
+    """:func:`barrier_after` around an empty body (what the data loading waits in)."""
+    with barrier_after(timedelta(seconds=5)):
+        pass
 
 
 @pytest.mark.parametrize("name", sorted(COLLECTIVES))

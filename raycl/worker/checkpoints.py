@@ -39,7 +39,7 @@ import numpy as np
 import ray.train
 import torch
 
-from raycl.distributed import broadcast_from_rank0
+from raycl.distributed import broadcast_from_rank0, single_rank_section
 from raycl.methods.base import Method
 from raycl.worker.session import Session
 from raycl.worker.stage_integration import (
@@ -231,7 +231,9 @@ def restore(session: Session) -> Restored | None:
     restored, chosen, error = None, _NONE_READABLE, None
     if session.rank == 0:
         try:
-            chosen, restored = _first_readable(candidates)
+            # The others wait in the broadcast below: a collective in here would never return.
+            with single_rank_section("rank 0's choice of a checkpoint"):
+                chosen, restored = _first_readable(candidates)
         except StorageUnreachable as exc:
             chosen, error = _UNREACHABLE, exc
         except CheckpointError as exc:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
-import torch.distributed as dist
+from raycl.distributed import barrier_after
 
 # How long a rank waits for the slowest rank's data (a node building a cache of ImageNet on a
 # few CPUs, from a slow shared file system).
@@ -25,18 +25,9 @@ DATA_WAIT = timedelta(hours=24)
 @contextmanager
 def data_barrier(timeout: timedelta = DATA_WAIT) -> Iterator[None]:
     """Run the body (the data loading), then wait until every rank has finished it, for up to
-    ``timeout``, in a gloo group (no NCCL timeout applies). A single process, or a world of
-    one, does not wait. A rank whose body raises does not wait: its error ends the trial.
-    """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    ``timeout``, outside the default group (:func:`raycl.distributed.barrier_after`)."""
+    with barrier_after(timeout):
         yield
-        return
-    group = dist.new_group(backend="gloo", timeout=timeout)
-    try:
-        yield
-        dist.barrier(group=group)
-    finally:
-        dist.destroy_process_group(group)
 
 
 __all__ = ["DATA_WAIT", "data_barrier"]
