@@ -186,14 +186,14 @@ class _Projector(nn.Module):
 
 
 def test_sync_batchnorm_under_a_fake_two_gpu_world(monkeypatch: pytest.MonkeyPatch) -> None:
-    """(f) ``train.sync_batchnorm`` (default on): with two CUDA ranks the method's BatchNorm
+    """(f) ``model.sync_batchnorm`` (default on): with two CUDA ranks the method's BatchNorm
     layers become SyncBatchNorm before DDP wraps it, in place (same parameters: the optimizer
     and the checkpoint keys are unchanged); one rank or CPU ranks keep plain BatchNorm."""
-    from raycl.config.training import TrainConfig
+    from raycl.config.training import ModelConfig
     from raycl.worker.session import InProcessSession, sync_batchnorm
     from raycl.worker.stage import data_parallel
 
-    assert TrainConfig().sync_batchnorm is True
+    assert ModelConfig().sync_batchnorm is True
     for device, world in ((CUDA, 1), (torch.device("cpu"), 2)):
         model = _Projector()
         sync_batchnorm(model, device, world)

@@ -8,7 +8,7 @@ registered method.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -173,17 +173,64 @@ class DataConfig(Section):
         return self
 
 
+# A probability (or strength) for both views, or a pair [view 1, view 2] (BYOL's asymmetric
+# augmentations: blur 1.0 on the first view and 0.1 on the second).
+PerView = float | tuple[float, float]
+
+
+def per_view(value: PerView) -> tuple[float, float]:
+    """A :data:`PerView` key's value for (view 1, view 2)."""
+    if isinstance(value, tuple):
+        return float(value[0]), float(value[1])
+    return float(value), float(value)
+
+
+def _check_per_view(value: Any, low: float, high: float) -> PerView:
+    """A number or a pair of numbers, each in [low, high] (a pair of another length is an
+    error that says so, not pydantic's union message)."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise ValueError(f"expected one number (both views) or a pair [view 1, view 2], got "
+                             f"{len(value)} values {list(value)}")
+        values = tuple(float(item) for item in value)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        values = (float(value),)
+    else:
+        raise ValueError(f"expected a number or a pair [view 1, view 2], got {value!r}")
+    outside = [item for item in values if not low <= item <= high]
+    if outside:
+        raise ValueError(f"must be in [{low:g}, {high:g}], got {outside[0]:g}")
+    return (values[0], values[1]) if len(values) == 2 else values[0]
+
+
 class AugmentConfig(Section):
+    """The two views' augmentations. Each probability and the jitter strength is one number for
+    both views or a pair ``[view 1, view 2]``."""
+
     crop_scale: tuple[float, float] = Field(
         (0.2, 1.0), description="Random resized crop area range (fraction of the image)."
     )
     flip: bool = Field(True, description="Random horizontal flip.")
-    color_jitter: float = Field(
-        0.0, ge=0.0, le=2.0, description="Colour jitter strength s (0 = off). On Trifeature it "
-        "destroys the colour feature, which is why it is off by default."
+    color_jitter: PerView = Field(
+        0.0, description="Colour jitter strength s in [0, 2] (0 = off), or a pair per view. On "
+        "Trifeature it destroys the colour feature, which is why it is off by default."
     )
-    color_jitter_prob: float = Field(0.8, ge=0.0, le=1.0, description="Probability of jitter.")
-    grayscale_prob: float = Field(0.0, ge=0.0, le=1.0, description="Probability of grayscale.")
+    color_jitter_prob: PerView = Field(
+        0.8, description="Probability of jitter, or a pair per view.")
+    grayscale_prob: PerView = Field(
+        0.0, description="Probability of grayscale, or a pair per view.")
+    blur_prob: PerView = Field(
+        0.0, description="Probability of Gaussian blur, or a pair per view: BYOL's and "
+        "solo-learn's [1.0, 0.1]; SimCLR's and MoCo v2's 0.5. 0: off."
+    )
+    blur_sigma: tuple[float, float] = Field(
+        (0.1, 2.0), description="Range the blur's standard deviation is drawn from (uniform, "
+        "per image), in pixels at 224 px, scaled with data.resolution (SimCLR/BYOL: [0.1, 2.0])."
+    )
+    solarize_prob: PerView = Field(
+        0.0, description="Probability of solarization (pixels above one half inverted), or a "
+        "pair per view: BYOL's and solo-learn's [0.0, 0.2]. 0: off."
+    )
 
     @field_validator("crop_scale")
     @classmethod
@@ -192,6 +239,25 @@ class AugmentConfig(Section):
         if not 0.0 < low <= high <= 1.0:
             raise ValueError("must satisfy 0 < low <= high <= 1")
         return value
+
+    @field_validator("blur_sigma")
+    @classmethod
+    def _sigma_ordered(cls, value: tuple[float, float]) -> tuple[float, float]:
+        low, high = value
+        if not 0.0 < low <= high:
+            raise ValueError("must satisfy 0 < low <= high")
+        return value
+
+    @field_validator("color_jitter", mode="before")
+    @classmethod
+    def _strength(cls, value: Any) -> PerView:
+        return _check_per_view(value, 0.0, 2.0)
+
+    @field_validator("color_jitter_prob", "grayscale_prob", "blur_prob", "solarize_prob",
+                     mode="before")
+    @classmethod
+    def _probability(cls, value: Any) -> PerView:
+        return _check_per_view(value, 0.0, 1.0)
 
 
 class ModelConfig(Section):
@@ -215,6 +281,13 @@ class ModelConfig(Section):
     width: int = Field(32, ge=4, description="small_cnn: channels of the first block.")
     projector_hidden_dim: int = Field(256, ge=1, description="Projector MLP hidden width.")
     projector_dim: int = Field(64, ge=1, description="Projector output (embedding) dimension.")
+    sync_batchnorm: bool = Field(
+        True, description="Several workers: every BatchNorm layer (projector and backbone) "
+        "normalises with the statistics of the trial's global batch, as SimCLR's global BN and "
+        "BYOL across accelerators and the papers' multi-GPU recipes (SyncBN); false keeps each "
+        "worker's own (cheaper, but a rank's statistics leak batch information to the "
+        "contrastive loss). One worker: nothing to share."
+    )
 
 
 class TrainConfig(Section):
@@ -225,8 +298,21 @@ class TrainConfig(Section):
                       json_schema_extra={"symbol": "lr"})
     weight_decay: float = Field(1e-6, ge=0.0, description="Weight decay.",
                                 json_schema_extra={"symbol": "wd"})
-    optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Optimizer.")
-    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
+    optimizer: Literal["adamw", "sgd", "lars"] = Field(
+        "adamw", description="Optimizer. lars: SGD with momentum whose step is rescaled per "
+        "layer by the trust ratio train.lars_eta x |w| / |grad + wd w| (You et al., 2017, as "
+        "solo-learn's recipes for NNCLR and All4One); biases and normalisation parameters are "
+        "neither decayed nor adapted."
+    )
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD and LARS momentum.")
+    lars_eta: float = Field(
+        0.02, gt=0.0, description="LARS trust coefficient (solo-learn's eta_lars: 0.02)."
+    )
+    lr_scaling: Literal["none", "linear"] = Field(
+        "none", description="linear: the learning rate is train.lr x global batch / 256 (Goyal "
+        "et al.; the papers' 'lr x batch/256'), logged to MLflow as train/effective_lr; none: "
+        "train.lr as written."
+    )
     warmup_epochs: float = Field(1.0, ge=0.0, description="Linear warmup, then lr_schedule.")
     lr_schedule: Literal["cosine", "constant"] = Field(
         "cosine", description="After the warmup: cosine decay to 0, or constant (the MCL "
@@ -239,12 +325,6 @@ class TrainConfig(Section):
         "precision on CUDA (features cast to float32), in float32 on CPU."
     )
     loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per worker.")
-    sync_batchnorm: bool = Field(
-        True, description="Several GPU workers: BatchNorm statistics over the global batch "
-        "(SyncBatchNorm), as SimCLR's global BN and BYOL across accelerators; false keeps each "
-        "GPU's own (cheaper, but a rank's statistics leak batch information to the contrastive "
-        "loss). One worker or CPU workers: ignored (per-rank statistics)."
-    )
     checkpoint_every: int = Field(1, ge=1, description="Checkpoint every N epochs (and the last).")
 
 
@@ -305,6 +385,72 @@ class TransferConfig(Section):
         if self.dataset in ("folder", "cifar10", "cifar100", "stl10") and not self.root:
             raise ValueError(f"root is required when dataset is {self.dataset!r}")
         return self
+
+
+class LinearSGDConfig(Section):
+    """The papers' linear evaluation: a linear head on the frozen backbone, trained by SGD on
+    augmented images (MoCo's, HSCL's and FGVR's protocol), one head per learning rate."""
+
+    epochs: int = Field(100, ge=1, description="Passes over the (labelled) training split.")
+    batch_size: int = Field(
+        256, ge=1, description="Global batch, split across the trial's workers (FGVR: 128).")
+    lrs: list[float] = Field(
+        default_factory=lambda: [0.1], min_length=1, description="Learning rates, one head "
+        "each, trained in the same pass over the data; the one with the best validation score "
+        "is kept and scores the test split (HSCL: [1.0, 0.1, 0.01]; FGVR and MoCo: [30.0])."
+    )
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
+    weight_decay: float = Field(0.0, ge=0.0, description="SGD weight decay.")
+    lr_milestones: list[float] = Field(
+        default_factory=lambda: [0.6, 0.8], description="Fractions of the epochs at which the "
+        "learning rate is multiplied by 0.1 (HSCL and MoCo: epochs 60 and 80 of 100); []: "
+        "constant."
+    )
+    label_fractions: list[float] = Field(
+        default_factory=list, description="Also train heads on these shares of the training "
+        "labels (a seeded subset stratified on the first attribute, as eval.label_fractions), "
+        "e.g. [0.5, 0.2] as FGVR's Table 1: val/linear_sgd_50pct/<attribute> and test/...; []: "
+        "only every label (val/linear_sgd/...)."
+    )
+    augment: bool = Field(
+        True, description="Training images: random resized crop (0.08, 1) + horizontal flip on "
+        "the fly, as the papers; false: the whole image (its centre at the trial's "
+        "resolution). Validation and test images are never augmented."
+    )
+
+    @field_validator("lrs")
+    @classmethod
+    def _positive_rates(cls, value: list[float]) -> list[float]:
+        if any(rate <= 0 for rate in value):
+            raise ValueError(f"every learning rate must be > 0, got {value}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"learning rates must be distinct, got {value}")
+        return value
+
+    @field_validator("lr_milestones")
+    @classmethod
+    def _milestones_inside(cls, value: list[float]) -> list[float]:
+        if any(not 0.0 < milestone < 1.0 for milestone in value) or value != sorted(value):
+            raise ValueError(f"milestones must be increasing fractions in (0, 1), got {value}")
+        return value
+
+    @field_validator("label_fractions")
+    @classmethod
+    def _fractions_below_one(cls, value: list[float]) -> list[float]:
+        return _check_label_fractions(value)
+
+
+def _check_label_fractions(value: list[float]) -> list[float]:
+    """Shares in (0, 1), distinct as the percentages of their metric keys."""
+    outside = [fraction for fraction in value if not 0.0 < fraction < 1.0]
+    if outside:
+        raise ValueError(f"each fraction must be in (0, 1), got {outside} (the full-label "
+                         f"probe always runs)")
+    percents = [fraction_percent(fraction) for fraction in value]
+    if len(set(percents)) != len(percents):
+        raise ValueError(f"fractions must be distinct (as percentages in metric keys), got "
+                         f"{value}")
+    return value
 
 
 class EvalConfig(Section):
@@ -375,6 +521,14 @@ class EvalConfig(Section):
     )
     mmvp_pairs: int = Field(30, ge=1, description="Synthetic MMVP: pairs per attribute in each "
                             "of the val and test sets.")
+    linear_sgd: LinearSGDConfig | None = Field(
+        None, description="End of trial: the papers' linear evaluation (eval.linear_sgd.*), "
+        "e.g. {epochs: 100, lrs: [30.0], batch_size: 128} as FGVR: a linear head per "
+        "attribute on the frozen backbone, trained by SGD on the trial's workers, its learning "
+        "rate chosen on validation, then test scored once: val/linear_sgd/<attribute>, "
+        "test/linear_sgd/<attribute>. Slow (epochs over the images); the closed-form probe "
+        "(val/linear/...) stays the sweep's fast objective. None: off."
+    )
 
     @field_validator("transfer")
     @classmethod
@@ -388,16 +542,8 @@ class EvalConfig(Section):
     @field_validator("label_fractions")
     @classmethod
     def _fractions_below_one(cls, value: list[float]) -> list[float]:
-        outside = [fraction for fraction in value if not 0.0 < fraction < 1.0]
-        if outside:
-            raise ValueError(f"each fraction must be in (0, 1), got {outside} (the full-label "
-                             f"probe always runs, as val/linear/...)")
-        percents = [fraction_percent(fraction) for fraction in value]
-        if len(set(percents)) != len(percents):
-            raise ValueError(f"fractions must be distinct (as percentages in metric keys), got "
-                             f"{value}")
-        return value
+        return _check_label_fractions(value)
 
 
-__all__ = ["AugmentConfig", "DataConfig", "EvalConfig", "MCLConfig", "ModelConfig",
-           "TrainConfig", "TransferConfig"]
+__all__ = ["AugmentConfig", "DataConfig", "EvalConfig", "LinearSGDConfig", "MCLConfig",
+           "ModelConfig", "PerView", "TrainConfig", "TransferConfig", "per_view"]

@@ -204,7 +204,7 @@ def _start_phase(
         del optimizer_state, scaler_state
         shutil.rmtree(resume.directory, ignore_errors=True)
     # Wrapped per phase: DDP registers the parameters that require grad when it is built.
-    model = (data_parallel(method, stage.session, config.train.sync_batchnorm)
+    model = (data_parallel(method, stage.session, config.model.sync_batchnorm)
              if stage.session.world_size > 1 else method)
     epochs = phase.epoch_count(config.train.epochs)
     schedule = LrSchedule.for_phase(config, phase, epochs, len(stage.parts.loader))
@@ -226,7 +226,7 @@ def data_parallel(method: Method, session: Session, sync_bn: bool = False) -> nn
     ignored = queue_buffer_names(method)
     if ignored:
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(method, ignored)
-    return session.wrap_model(method, sync_bn)  # sync_bn: train.sync_batchnorm
+    return session.wrap_model(method, sync_bn)  # sync_bn: model.sync_batchnorm
 
 
 def _end_epoch(stage: _Stage, run: PhaseRun, stats: EpochStats, completed: int) -> StageResult:
