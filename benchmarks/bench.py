@@ -21,7 +21,11 @@ augmentation on it (torchvision's per-sample pipeline stays on the host, as user
 JSON records the device that ran. ``benchmarks/gpu.py`` is the GPU-specific benchmark.
 
     .venv/bin/python benchmarks/bench.py [--repeats 3] [--sweep] [--device auto|cpu|cuda]
-        [--json benchmarks/results.json]
+        [--json benchmarks/results.json] [--augmentation-only]
+
+``--augmentation-only`` measures only the augmented views (no Ray, a minute on 2 cores), among
+them BYOL's recipe with Gaussian blur and solarization at 32 and 224 px, and writes
+``benchmarks/augment.json`` unless ``--json`` says otherwise.
 """
 
 from __future__ import annotations
@@ -218,35 +222,77 @@ def between_stages(args: argparse.Namespace, root: Path, repeats: int) -> dict[s
 # Augmentation
 
 
-def augmentation(args: argparse.Namespace, root: Path, repeats: int) -> dict[str, Any]:
-    from torch.utils.data import DataLoader, Dataset
+# BYOL's augmentations (solo-learn's asymmetric recipe: blur [1.0, 0.1], solarize [0.0, 0.2])
+# with jitter strength 0.5 = (0.4, 0.4, 0.4, 0.1), grayscale 0.2 and crops from 8 % of the area.
+BYOL_AUGMENT = ("augment.crop_scale=[0.08, 1.0]", "augment.color_jitter=0.5",
+                "augment.color_jitter_prob=0.8", "augment.grayscale_prob=0.2",
+                "augment.blur_prob=[1.0, 0.1]", "augment.solarize_prob=[0.0, 0.2]")
+AUGMENT_224_IMAGES = 512  # the 224 px figure: this many training images, upsampled
+
+
+def per_sample_pipeline(augment_cfg: Any, side: int, channels: int, view: int) -> Any:
+    """torchvision's per-sample v2 pipeline for one view doing what ``BatchAugment`` does with
+    ``augment_cfg``: crop, flip, jitter, grayscale, blur (the same kernel and sigma range,
+    scaled to ``side``), solarize (threshold 128 on uint8); an op that is off is left out."""
     from torchvision.transforms import v2
 
-    from raycl.data import load_dataset
+    from raycl.config.training import per_view
+    from raycl.data.augment import blur_radius
+
+    jitter, jitter_prob = (per_view(augment_cfg.color_jitter)[view],
+                           per_view(augment_cfg.color_jitter_prob)[view])
+    gray, blur, solarize = (per_view(getattr(augment_cfg, key))[view]
+                            for key in ("grayscale_prob", "blur_prob", "solarize_prob"))
+    steps: list[Any] = [v2.RandomResizedCrop(side, scale=tuple(augment_cfg.crop_scale),
+                                             antialias=True)]
+    if augment_cfg.flip:
+        steps.append(v2.RandomHorizontalFlip())
+    if channels == 3 and jitter > 0:
+        steps.append(v2.RandomApply([v2.ColorJitter(0.8 * jitter, 0.8 * jitter, 0.8 * jitter,
+                                                    min(0.2 * jitter, 0.5))], p=jitter_prob))
+    if channels == 3 and gray > 0:
+        steps.append(v2.RandomGrayscale(p=gray))
+    if blur > 0:
+        kernel = 2 * blur_radius(side) + 1
+        sigma = tuple(value * side / 224 for value in augment_cfg.blur_sigma)
+        steps.append(v2.RandomApply([v2.GaussianBlur(kernel, sigma=sigma)], p=blur))
+    if solarize > 0:
+        steps.append(v2.RandomSolarize(threshold=128, p=solarize))
+    steps += [v2.ToDtype(torch.float32, scale=True),
+              v2.Normalize([0.5] * channels, [0.5] * channels)]
+    return v2.Compose(steps)
+
+
+def views_side_by_side(augment_cfg: Any, images: torch.Tensor, device: torch.device,
+                       repeats: int) -> dict[str, Any]:
+    """Two views of every image: ``BatchAugment`` on the device in batches of 256 against
+    torchvision's per-sample pipelines in a DataLoader (host), interleaved ``repeats`` times.
+
+    Args:
+        augment_cfg: the augment section both sides follow.
+        images: uint8 (N, C, H, W) on the host.
+        device: where the batched views run.
+        repeats: interleaved measurements.
+
+    Returns:
+        img/s of each side per repeat and their ratios (batched / per sample).
+    """
+    from torch.utils.data import DataLoader, Dataset
+
     from raycl.data.augment import BatchAugment
 
-    config = bench_config(root, "augment", *throughput_overrides(args, 0))
-    images = load_dataset(config.data, config.seed).train.images
+    side, channels = images.shape[-1], images.shape[1]
+    pipelines = [per_sample_pipeline(augment_cfg, side, channels, view) for view in (0, 1)]
 
     class PerSample(Dataset):
-        def __init__(self) -> None:
-            self.images = torch.from_numpy(np.asarray(images))
-            side, channels = images.shape[-1], images.shape[1]
-            self.transform = v2.Compose([
-                v2.RandomResizedCrop(side, scale=tuple(config.augment.crop_scale),
-                                     antialias=True),
-                v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True),
-                v2.Normalize([0.5] * channels, [0.5] * channels)])
-
         def __len__(self) -> int:
-            return len(self.images)
+            return len(images)
 
         def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return self.transform(self.images[i]), self.transform(self.images[i])
+            return pipelines[0](images[i]), pipelines[1](images[i])
 
     # The batched views on the device (the uint8 batches already there, as in raycl's loop).
-    device = torch.device(args.device)
-    augment, data = BatchAugment(config.augment), torch.from_numpy(images).to(device)
+    augment, data = BatchAugment(augment_cfg), images.to(device)
     generator = torch.Generator(device=device).manual_seed(0)
     batched, per_sample = [], []
     for _ in range(repeats):
@@ -255,7 +301,7 @@ def augmentation(args: argparse.Namespace, root: Path, repeats: int) -> dict[str
         started = time.perf_counter()
         for start in range(0, len(data), 256):
             batch = data[start:start + 256]
-            augment(batch, generator), augment(batch, generator)
+            augment(batch, generator, view=0), augment(batch, generator, view=1)
         synchronize(device)
         batched.append(len(data) / (time.perf_counter() - started))
         started = time.perf_counter()
@@ -263,7 +309,39 @@ def augmentation(args: argparse.Namespace, root: Path, repeats: int) -> dict[str
             pass
         per_sample.append(len(data) / (time.perf_counter() - started))
     return {"batched_img_per_s": batched, "per_sample_img_per_s": per_sample,
-            "ratio": [b / p for b, p in zip(batched, per_sample, strict=True)]}
+            "ratio": [b / p for b, p in zip(batched, per_sample, strict=True)],
+            "images": len(images), "side": side}
+
+
+def augmentation(args: argparse.Namespace, root: Path, repeats: int) -> dict[str, Any]:
+    """The quickstart's views (crop + flip), then BYOL's with blur and solarization at the
+    data's 32 px and at 224 px (the first ``AUGMENT_224_IMAGES`` images upsampled), each
+    batched against torchvision per sample."""
+    from raycl.data import load_dataset
+
+    config = bench_config(root, "augment", *throughput_overrides(args, 0))
+    images = torch.from_numpy(np.asarray(load_dataset(config.data, config.seed).train.images))
+    device = torch.device(args.device)
+    report = views_side_by_side(config.augment, images, device, repeats)
+    byol = bench_config(root, "augment-byol", *throughput_overrides(args, 0), *BYOL_AUGMENT)
+    upsampled = torch.nn.functional.interpolate(
+        images[:AUGMENT_224_IMAGES].float(), size=(224, 224), mode="bilinear",
+        align_corners=False).round().clamp(0, 255).to(torch.uint8)
+    report["blur_solarize"] = [views_side_by_side(byol.augment, images, device, repeats),
+                               views_side_by_side(byol.augment, upsampled, device, repeats)]
+    return report
+
+
+def augmentation_rows(a: dict[str, Any]) -> list[str]:
+    rows = [f"| two augmented views img/s | {spread(a['batched_img_per_s'])} (batched) | "
+            f"{spread(a['per_sample_img_per_s'])} (torchvision per sample) | "
+            f"{spread(a['ratio'])} | |"]
+    for b in a.get("blur_solarize", []):
+        rows.append(f"| two views, BYOL's (blur, solarize), {b['side']} px, {b['images']} images "
+                    f"img/s | {spread(b['batched_img_per_s'])} (batched) | "
+                    f"{spread(b['per_sample_img_per_s'])} (torchvision per sample) | "
+                    f"{spread(b['ratio'])} | |")
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,10 +424,7 @@ def table(report: dict[str, Any]) -> str:
                 f"{spread(b['embed_ratio'])} | ≥ 0.9 |")
     rows.append(f"| k-means, K={b['kmeans_k']}, {b['images']}×{b['feature_dim']} (s) | "
                 f"{spread(b['kmeans_seconds'])} | | | |")
-    a = report["augmentation"]
-    rows.append(f"| two augmented views img/s | {spread(a['batched_img_per_s'])} (batched) | "
-                f"{spread(a['per_sample_img_per_s'])} (torchvision per sample) | "
-                f"{spread(a['ratio'])} | |")
+    rows += augmentation_rows(report["augmentation"])
     for method, m in report["memory"].items():
         rows.append(f"| peak RSS, {method} trial process ({m['search']}, 1 epoch) | "
                     f"{m['peak_rss_mb']:.0f} MB | | | dataset {m['dataset_mb']:.0f} MB, "
@@ -362,6 +437,30 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def machine_record(args: argparse.Namespace) -> dict[str, Any]:
+    """The machine and the device every figure of the report was measured on."""
+    device = torch.device(args.device)
+    return {"platform": platform.platform(), "cpus": os.cpu_count(),
+            "threads": args.threads, "torch": torch.__version__,
+            "cuda_available": torch.cuda.is_available(),
+            # What ran: every figure below was measured on this device.
+            "device": args.device,
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+
+
+def augmentation_only(args: argparse.Namespace, root: Path) -> None:
+    """``--augmentation-only``: the augmentation rows of the table, and their JSON."""
+    report = {"machine": machine_record(args), "settings": vars(args),
+              "augmentation": augmentation(args, root, args.repeats)}
+    machine = report["machine"]
+    print(f"device: {machine['device']}" + (f" ({machine['gpu']})" if machine["gpu"] else ""))
+    print("\n| figure | raycl | torchvision | ratio (median [min–max]) | target |\n"
+          "|---|---|---|---|---|")
+    print("\n".join(augmentation_rows(report["augmentation"])))
+    Path(args.json).write_text(json.dumps(report, indent=2, default=float))
+    print(f"\nraw numbers: {args.json}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -371,16 +470,25 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sweep", action="store_true",
                         help="also compare ASHA with run-to-end on the quickstart space (slow)")
-    parser.add_argument("--json", default=str(REPO / "benchmarks" / "results.json"))
+    parser.add_argument("--json", default=None,
+                        help="default benchmarks/results.json (benchmarks/augment.json with "
+                        "--augmentation-only)")
+    parser.add_argument("--augmentation-only", action="store_true",
+                        help="only the augmented views (no Ray trials)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: CUDA when this process sees a GPU, else the CPU")
     args = parser.parse_args()
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.json = args.json or str(REPO / "benchmarks" / (
+        "augment.json" if args.augmentation_only else "results.json"))
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     root = Path(tempfile.mkdtemp(prefix="raycl-bench-"))
     os.environ.setdefault("RAYCL_CACHE", str(root / "cache"))
+    if args.augmentation_only:
+        augmentation_only(args, root)
+        return
     from raycl.tune import init_ray
 
     # One more logical CPU than threads: a worker trial also holds its own small reservation.
@@ -412,12 +520,7 @@ def main() -> None:
               f"{throughput['in_process'][-1]:.0f}, one worker {throughput['one_worker'][-1]:.0f}"
               f", plain loop in a worker {plain_worker:.0f}", flush=True)
     report: dict[str, Any] = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "threads": args.threads, "torch": torch.__version__,
-                    "cuda_available": torch.cuda.is_available(),
-                    # What ran: every figure below was measured on this device.
-                    "device": args.device,
-                    "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None},
+        "machine": machine_record(args),
         "settings": vars(args),
         "throughput": throughput,
         "between_stages": between_stages(args, root, args.repeats),

@@ -17,7 +17,7 @@ around the timed block, so queued GPU work is counted):
    the backbone off and on (CUDA; ``--compile`` also on CPU);
 3. each method's step (forward, backward, optimizer step, ``on_train_step_end``; views made
    once, so augmentation excluded) at the same shape, in the precision ``amp: auto`` picks;
-4. the batched augmentation (two views) on the device;
+4. the batched augmentation (two views) on the device, and BYOL's (blur, solarization);
 5. an embedding pass (``raycl.worker.embed.embed_images``, in evaluation's precision) against a
    bare ``no_grad`` loop;
 6. faiss k-means on the CPU, and on the GPU when faiss has GPU support.
@@ -132,7 +132,8 @@ def plain_epoch(method: Method, optimizer: torch.optim.Optimizer, batches: Batch
     for images, index in batches:
         images = images.to(device, non_blocking=True)
         batch = Batch(images=to_float(images),
-                      views=[augment(images, generator), augment(images, generator)],
+                      views=[augment(images, generator, view=0),
+                             augment(images, generator, view=1)],
                       index=index.to(device, non_blocking=True))
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             loss = method(batch)["loss"]
@@ -266,20 +267,29 @@ def method_steps(args: argparse.Namespace, device: torch.device) -> dict[str, An
 # 4-6. augmentation, embedding, k-means
 
 
+# BYOL's asymmetric views (solo-learn): jitter, grayscale, blur [1.0, 0.1], solarize [0.0, 0.2].
+BYOL_AUGMENT = {"crop_scale": [0.08, 1.0], "color_jitter": 0.5, "grayscale_prob": 0.2,
+                "blur_prob": [1.0, 0.1], "solarize_prob": [0.0, 0.2]}
+
+
 def augmentation(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    config = make_config(args)
-    augment = BatchAugment(config.augment)
+    """Two views of a batch: the default augment section, and BYOL's with blur and
+    solarization."""
     images = make_batches(args, device)[0][0].to(device)
-    generator = torch.Generator(device=device).manual_seed(0)
-    for _ in range(args.warmup):
-        augment(images, generator)
+    out: dict[str, Any] = {"batch": len(images)}
+    for key, sections in (("img_per_s", None), ("byol_img_per_s", {"augment": BYOL_AUGMENT})):
+        augment = BatchAugment(make_config(args, sections=sections).augment)
+        generator = torch.Generator(device=device).manual_seed(0)
+        for _ in range(args.warmup):
+            augment(images, generator, view=0), augment(images, generator, view=1)
 
-    def views() -> None:
-        for _ in range(args.steps):
-            augment(images, generator), augment(images, generator)
+        def views(augment: BatchAugment = augment, generator: torch.Generator = generator) -> None:
+            for _ in range(args.steps):
+                augment(images, generator, view=0), augment(images, generator, view=1)
 
-    seconds = [timed(device, views) for _ in range(args.repeats)]
-    return {"batch": len(images), "img_per_s": [args.steps * len(images) / s for s in seconds]}
+        seconds = [timed(device, views) for _ in range(args.repeats)]
+        out[key] = [args.steps * len(images) / s for s in seconds]
+    return out
 
 
 def embedding(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -377,6 +387,8 @@ def table(report: dict[str, Any]) -> str:
     augment = report["augmentation"]
     rows.append(f"| two augmented views img/s (batch {augment['batch']}) | "
                 f"{spread(augment['img_per_s'])} | | | |")
+    rows.append(f"| two views, BYOL's (blur, solarize) img/s (batch {augment['batch']}) | "
+                f"{spread(augment['byol_img_per_s'])} | | | |")
     embed = report["embedding"]
     ratios = [r / b for r, b in zip(embed["raycl_img_per_s"], embed["bare_autocast_img_per_s"],
                                     strict=True)]

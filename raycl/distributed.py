@@ -63,6 +63,13 @@ def _entering(collective: str) -> None:
             "rank's tensors there (e.g. a loss with gather=False)")
 
 
+def guard_collective(collective: str) -> None:
+    """For a collective a library enters itself (torch's ``nn.SyncBatchNorm`` training
+    forward): raises :class:`CollectiveInSingleRankSection` inside a single-rank section, as
+    this module's own helpers do, before the library would wait for the other ranks."""
+    _entering(collective)
+
+
 def is_distributed() -> bool:
     """Returns True when a process group is initialised (available and ``init_process_group``
     has been called)."""

@@ -29,6 +29,7 @@ from raycl.dry_run import collapse_notices, print_dry_run
 from raycl.launch.checks import ENVIRONMENT_CHECKS, run_checks
 from raycl.launch.feasibility import max_reports
 from raycl.launch.identity import store_settings
+from raycl.launch.linear_sgd_check import check_linear_sgd
 from raycl.launch.load import load_search, with_absolute_paths
 from raycl.launch.placement import CLUSTER_CHECKS, placement_warning
 from raycl.launch.ray_nodes import smallest_node_memory
@@ -356,7 +357,8 @@ def _run(config: CoreConfig, search_file: str | None, fresh: bool, address: str 
     # A trial no node set can hold would wait forever where nothing adds nodes: refused here,
     # before any trial (ConfigError: exit 2); a warning where an autoscaler can add them.
     settled = settle_loader(config)  # before the placement check: streaming reserves CPUs
-    run_checks(settled, search_file or config.name, CLUSTER_CHECKS)
+    # eval.linear_sgd again on the settled loader: auto may have chosen stream.
+    run_checks(settled, search_file or config.name, (*CLUSTER_CHECKS, check_linear_sgd))
     _warn_if_trials_wait(settled)
     tuner = build_tuner(config, search_file, fresh=fresh, verbose=verbose,
                         loader=settled.data.loader, plan=plan)

@@ -2,7 +2,7 @@
 worker nodes declare ``gpu_node``, the stand-in for a GPU node type that trials ask for with
 ``scaling.resources_per_worker``; checkpoints in an S3 bucket served by moto on loopback; a
 worker node drained with the preemption reason and removed mid-trial; another killed abruptly;
-the bucket's server stopped for ~14 s mid-trial;
+the bucket's server stopped mid-trial until a checkpoint upload has met the outage;
 four trials at once logging to an MLflow server whose database is PostgreSQL; and Ray's fake
 multi-node autoscaler (~80 s of its own; ``RAYCL_SKIP_AUTOSCALING=1`` leaves it out): zero
 worker nodes, two for two concurrent trials, both released when idle.
@@ -216,17 +216,17 @@ def test_a_trial_survives_losing_its_node(cloud: Outcome, sweep: str) -> None:
 
 @SCENARIO
 def test_a_checkpoint_written_while_the_bucket_is_away_waits_for_it(cloud: Outcome) -> None:
-    """The bucket's server stopped (connections refused) for ~14 s right after epoch 1's
-    checkpoint, so epoch 2's checkpoint is written into the outage: the upload is retried until
-    the bucket is back (at least as long as Ray's own retry would wait), the trial goes on in
-    place (no restart), every epoch in MLflow once.
+    """The bucket's server stopped (connections refused) right after epoch 1's checkpoint,
+    so epoch 2's checkpoint is written into the outage, and started again 2 s after that
+    upload met it: the upload is retried until the bucket is back (at least as long as Ray's
+    own retry would wait), the trial goes on in place (no restart), every epoch in MLflow once.
 
     This is the reference sweep (one sweep fewer to start): the drained and killed trials,
     restarted from epoch 1 on another node, end exactly as it does."""
     outcome = cloud.results["reference"]
     assert outcome["errors"] == [], cloud.output[-4000:]
     assert outcome["refused"] is True, "the stopped bucket still took connections"
-    assert outcome["restarted_at"] - outcome["stopped_at"] >= outcome["outage_s"] - 1 >= 13
+    assert outcome["outage_s"] >= 3, outcome  # restarted by the scenario, not left out
     # The worker's upload met the outage and was retried until the bucket was back, at least as
     # long as Ray's own retry (3 tries, 1 s and 2 s apart) waits before it fails the report.
     back = re.search(r"checkpoint upload: the storage s3://raycl-test/raycl/reference-train/"

@@ -27,6 +27,8 @@ TINY = [
     "model.width=8", "model.projector_hidden_dim=32", "model.projector_dim=16",
     "eval.linear_max_iter=50", "eval.every_n_epochs=1",
 ]
+# For the runs that read no end-of-trial plot: the spectrum and its figures take seconds a trial.
+NO_PLOTS = "eval.diagnostics=false"
 
 
 def tiny_config(tmp_path: Path, search: str, *extra: str) -> SearchConfig:
@@ -160,7 +162,8 @@ def test_trial_resumes_after_crash_and_logs_each_epoch_once(
     checkpoint, is test_all4one_under_data_parallelism_survives_a_worker_crash.)"""
     config = tiny_config(tmp_path, "quickstart.yaml", "train.epochs=3", "tune.num_samples=1",
                          "tune.search_space={}", "scaling.num_workers=0",
-                         "train.checkpoint_every=2", "scaling.cpus_per_worker=1", "name=crash0")
+                         "train.checkpoint_every=2", "scaling.cpus_per_worker=1", "name=crash0",
+                         NO_PLOTS)
     marker = tmp_path / "crashed"
     with injected_fault(after_epoch=1, marker=marker):
         results = build_tuner(config, None).fit()
@@ -182,6 +185,7 @@ def test_quickstart_shortened_to_one_epoch(ray_session, data_cache, tmp_path, ca
     args = quickstart_args(tmp_path)
     args[args.index("train.epochs=2")] = "train.epochs=1"
     args[args.index("e2e-quick")] = "e2e-one-epoch"
+    args += ["--set", NO_PLOTS]
     assert main(args) == 0
     assert "grace_period=2 exceeds the 1 report(s)" in capsys.readouterr().out
     _, _, children = runs_of(tmp_path, "e2e-one-epoch")
@@ -293,7 +297,7 @@ def test_mcl_trial_over_budget_is_skipped_not_crashed(ray_session, data_cache, t
     # 700 training images, b=64: M/b = 10.9 < 5^2.
     config = apply_overrides(
         tiny_config(tmp_path, "mcl_k_n.yaml", "train.epochs=1", "tune.num_samples=1",
-                    "tune.search_space={}", "mcl.stages=2", "name=e2e-skip"),
+                    "tune.search_space={}", "mcl.stages=2", "name=e2e-skip", NO_PLOTS),
         {"mcl.clusters": 5})
     results = build_tuner(config, None).fit()
     assert results[0].error is None
@@ -316,7 +320,7 @@ def test_all4one_under_data_parallelism_survives_a_worker_crash(
     be replayed: MLflow still holds each epoch exactly once."""
     config = tiny_config(tmp_path, "all4one_weights.yaml", "train.epochs=2",
                          "tune.num_samples=1", "tune.search_space={}", "eval.every_n_epochs=1",
-                         "all4one.queue_size=4096", "all4one.predictor_hidden_dim=32",
+                         NO_PLOTS, "all4one.queue_size=4096", "all4one.predictor_hidden_dim=32",
                          "all4one.transformer_heads=4", "all4one.transformer_feedforward=32",
                          "scaling.num_workers=2", "scaling.cpus_per_worker=0.5",
                          "name=e2e-all4one")
@@ -362,7 +366,8 @@ def test_worker_mode_trial_restart_fast_forwards_finished_stages(
     config = tiny_config(tmp_path, "mcl_k_n.yaml", "train.epochs=2", "tune.num_samples=1",
                          "tune.search_space={}", "mcl.stages=2", "mcl.clusters=2",
                          "scaling.num_workers=1", "scaling.cpus_per_worker=1",
-                         "scaling.max_failures=0", "tune.max_failures=1", "name=e2e-restart")
+                         "scaling.max_failures=0", "tune.max_failures=1", "name=e2e-restart",
+                         NO_PLOTS)
     marker = tmp_path / "crashed"
     with injected_fault(stage=1, after_epoch=1, marker=marker):
         results = build_tuner(config, None).fit()
@@ -384,7 +389,7 @@ def test_diverged_trial_fails_in_mlflow_and_the_sweep_goes_on(
     config = tiny_config(tmp_path, "quickstart.yaml", "train.epochs=1", "tune.num_samples=3",
                          "tune.searcher=random", "tune.scheduler.type=none",
                          "tune.search_space={train.lr: {choice: [1.0e+30, 0.002]}}",
-                         "name=e2e-nan")
+                         "name=e2e-nan", NO_PLOTS)
     results = build_tuner(config, None).fit()
     assert all(result.error is None for result in results)
     _, _, children = runs_of(tmp_path, "e2e-nan")

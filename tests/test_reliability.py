@@ -27,7 +27,9 @@ TINY = {
     "data": {"samples_per_combination": 1, "resolution": 16},
     "model": {"width": 8, "projector_hidden_dim": 32, "projector_dim": 16},
     "train": {"epochs": 3, "batch_size": 64, "lr": 0.002},
-    "eval": {"every_n_epochs": 0, "linear_max_iter": 20},
+    # No end-of-trial spectrum and plots (their plotting outlasts such a trial's training):
+    # only the test of their failure below reads them, and turns them on.
+    "eval": {"every_n_epochs": 0, "linear_max_iter": 20, "diagnostics": False},
     "scaling": {"num_workers": 0, "cpus_per_worker": 2},
 }
 
@@ -172,7 +174,8 @@ def test_failing_diagnostics_do_not_cost_the_trial_its_results(
         raise np.linalg.LinAlgError("SVD did not converge")
 
     monkeypatch.setattr("raycl.worker.evaluate.representation_diagnostics", broken)
-    session = run(tmp_path / "run", epochs=1)
+    session = run(tmp_path / "run", extra={"eval": {**TINY["eval"], "diagnostics": True}},
+                  epochs=1)
     final = session.reports[-1]
     assert "test/linear/mean" in final and not any(key.startswith("diag/") for key in final)
 

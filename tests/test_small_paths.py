@@ -186,33 +186,43 @@ class _Projector(nn.Module):
 
 
 def test_sync_batchnorm_under_a_fake_two_gpu_world(monkeypatch: pytest.MonkeyPatch) -> None:
-    """(f) ``model.sync_batchnorm`` (default on): with two CUDA ranks the method's BatchNorm
-    layers become SyncBatchNorm before DDP wraps it, in place (same parameters: the optimizer
-    and the checkpoint keys are unchanged); one rank or CPU ranks keep plain BatchNorm."""
+    """(f) ``model.sync_batchnorm`` (default on): with two ranks the method's BatchNorm layers
+    are converted before DDP wraps it, in place (same parameters: the optimizer and the
+    checkpoint keys are unchanged): torch's fused SyncBatchNorm (guarded) on CUDA, raycl's
+    GlobalBatchNorm on CPU (gloo) ranks; one rank, or sync off, keeps plain BatchNorm.
+    (tests/test_sync_batchnorm.py checks the statistics in a real two-worker world.)"""
     from raycl.config.training import ModelConfig
+    from raycl.models.sync_batchnorm import GlobalBatchNorm, GuardedSyncBatchNorm
     from raycl.worker.session import InProcessSession, sync_batchnorm
     from raycl.worker.stage import data_parallel
 
     assert ModelConfig().sync_batchnorm is True
-    for device, world in ((CUDA, 1), (torch.device("cpu"), 2)):
+    for device, world, layer in ((CUDA, 1, nn.BatchNorm1d), (CUDA, 2, GuardedSyncBatchNorm),
+                                 (torch.device("cpu"), 2, GlobalBatchNorm)):
         model = _Projector()
         sync_batchnorm(model, device, world)
-        assert type(model.mlp[1]) is nn.BatchNorm1d
+        assert type(model.mlp[1]) is layer
 
-    monkeypatch.setattr("raycl.worker.session.DistributedDataParallel",
-                        lambda model, device_ids: ("ddp", model))
-    session = InProcessSession(torch.device("cpu"))
-    session.device, session.world_size = CUDA, 2
-    method = _Projector()
-    params, keys = list(method.parameters()), list(method.state_dict())
-    wrapped = data_parallel(method, session, sync_bn=True)  # type: ignore[arg-type]
-    assert wrapped == ("ddp", method) and method.moved_to == [CUDA]
-    assert type(method.mlp[1]) is nn.SyncBatchNorm
-    assert all(a is b for a, b in zip(params, method.parameters(), strict=True))
-    assert list(method.state_dict()) == keys
-    plain = _Projector()
-    data_parallel(plain, session, sync_bn=False)  # type: ignore[arg-type]
-    assert type(plain.mlp[1]) is nn.BatchNorm1d
+    wrapped_layers: list[type[nn.Module]] = []
+
+    def fake_ddp(model: _Projector, device_ids: Any) -> tuple[str, nn.Module]:
+        wrapped_layers.append(type(model.mlp[1]))  # converted before DDP sees the model
+        return ("ddp", model)
+
+    monkeypatch.setattr("raycl.worker.session.DistributedDataParallel", fake_ddp)
+    for device, layer in ((CUDA, GuardedSyncBatchNorm), (torch.device("cpu"), GlobalBatchNorm)):
+        session = InProcessSession(torch.device("cpu"))
+        session.device, session.world_size = device, 2
+        method = _Projector()
+        params, keys = list(method.parameters()), list(method.state_dict())
+        wrapped = data_parallel(method, session, sync_bn=True)  # type: ignore[arg-type]
+        assert wrapped == ("ddp", method) and method.moved_to == [device]
+        assert type(method.mlp[1]) is layer and wrapped_layers[-1] is layer
+        assert all(a is b for a, b in zip(params, method.parameters(), strict=True))
+        assert list(method.state_dict()) == keys
+        plain = _Projector()
+        data_parallel(plain, session, sync_bn=False)  # type: ignore[arg-type]
+        assert type(plain.mlp[1]) is nn.BatchNorm1d
 
 
 # --- (g) NT-Xent in float32 under autocast ---------------------------------------------------

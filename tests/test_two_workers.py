@@ -45,7 +45,8 @@ MCL = {"base": "simclr", "stages": 2, "clusters": 2, "kmeans_iterations": 10}
 # two ways of restricting negatives (pseudo-label batches; a mask over a gathered batch, with
 # the model soup, which every rank embeds).
 TRIALS: dict[str, dict[str, Any]] = {
-    "simclr": {},
+    # With the papers' SGD linear evaluation at its end (each rank takes half of each batch).
+    "simclr": {"eval": {"linear_sgd": {"epochs": 1, "batch_size": 64, "lrs": [0.1, 1.0]}}},
     "mocov2": {"mocov2": {"queue_size": 128}},
     "simsiam": {"simsiam": {"predictor_hidden_dim": 16}},
     "spectral": {},
@@ -110,6 +111,16 @@ def test_every_method_finishes_a_two_worker_trial(trial: str, worker_pair: Worke
     assert "diag/effective_rank" in final
     if method == "fgvr":
         assert {"fgvr_triples", "fgvr_gradcam_scores"} <= set(first.diagnostics)
+    # model.sync_batchnorm (default on): every BatchNorm layer normalises over the global batch
+    # (converted before DDP wraps the model) on gloo ranks too.
+    if method != "clip":  # its tiny ViT has no BatchNorm
+        assert first.batchnorm_layers == second.batchnorm_layers == {"GlobalBatchNorm"}
+    if config["eval"]["linear_sgd"] is not None:  # the same heads, hence scores, on both ranks
+        scores = {key: value for key, value in final.items()
+                  if "linear_sgd" in key and not key.startswith("perf/")}
+        assert {"val/linear_sgd/mean", "test/linear_sgd/shape", "diag/linear_sgd_lr/color"} \
+            <= set(scores)
+        assert scores == {key: second.final[key] for key in scores}
 
 
 COLLECTIVES = {

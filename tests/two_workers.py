@@ -49,6 +49,14 @@ class RecordingSession(InProcessSession):
         super().__init__(torch.device("cpu"))
         self.reports: list[dict[str, Any]] = []
         self.diagnostics: list[str] = []
+        self.batchnorm_layers: set[str] = set()
+
+    def wrap_model(self, model: torch.nn.Module, sync_bn: bool = False) -> torch.nn.Module:
+        """Also keeps the class names of the BatchNorm layers DDP received."""
+        wrapped = super().wrap_model(model, sync_bn)
+        self.batchnorm_layers |= {type(layer).__name__ for layer in model.modules()
+                                  if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm)}
+        return wrapped
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
         self.reports.append(metrics)
@@ -70,6 +78,7 @@ class RankResult:
     world_size: int
     reports: list[dict[str, Any]] = field(default_factory=list)
     diagnostics: list[str] = field(default_factory=list)
+    batchnorm_layers: set[str] = field(default_factory=set)  # what DDP wrapped
 
     @property
     def final(self) -> dict[str, Any]:
@@ -93,7 +102,7 @@ def _serve(rank: int, rendezvous: str, jobs: Any, results: Any) -> None:
                                        started_at=time.time())
                 run_trial_loop(context, session)
                 outcome: Any = RankResult(session.rank, session.world_size, session.reports,
-                                          session.diagnostics)
+                                          session.diagnostics, session.batchnorm_layers)
             except Exception:  # reported to the test, which fails with the traceback
                 outcome = traceback.format_exc()
             results.put((rank, outcome))

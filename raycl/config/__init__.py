@@ -4,7 +4,8 @@ the house: it imports nothing else of raycl (``tools/structure.py`` checks it).
 - :mod:`raycl.config.section`: the ``Section`` base, ``ConfigError``, ``Problem`` and the table
   of method sections the method registry fills;
 - :mod:`raycl.config.schema`: :class:`CoreConfig` and the core sections
-  (:mod:`~raycl.config.training`, :mod:`~raycl.config.sweep`);
+  (:mod:`~raycl.config.training`, :mod:`~raycl.config.evaluation`,
+  :mod:`~raycl.config.sweep`);
 - :mod:`raycl.config.search_config`: the whole schema with the method sections registered so
   far plugged in (an entry point imports :mod:`raycl.methods` first), and its dotted keys
   (``apply_overrides``, ``flatten``, ``schema_markdown``, ...);

@@ -4,8 +4,10 @@ them: Optuna and ASHA (``tune.metric``), the checks before launch, MLflow and th
 A name is ``[stage<j>/]<split>/<family>/<name>``:
 
 - ``val/linear/shape``, ``test/knn/mean``, ``val/linear_50pct/mean`` (a probe fit on 50 % of
-  the training labels), ``val/retrieval/rank1``, ``val/nn_retrieval/mean``, ``val/mmvp/mean``,
-  ``val/zeroshot/colour``, ``val/i2t/r1``: a split (``val``, ``test``) scored by a family;
+  the training labels), ``test/linear_sgd/mean`` and ``val/linear_sgd_50pct/shape`` (the
+  papers' SGD linear evaluation at a trial's end), ``val/retrieval/rank1``,
+  ``val/nn_retrieval/mean``, ``val/mmvp/mean``, ``val/zeroshot/colour``, ``val/i2t/r1``: a
+  split (``val``, ``test``) scored by a family;
 - ``transfer/<set>/linear/<attribute>``: a transfer set's held-out share, probed;
 - ``train/loss``, ``perf/eval_seconds``, ``data/skipped``, ``diag/effective_rank``,
   ``mcl/ami/stage0_stage1``: figures that score no split (a group, an optional family, a name);
@@ -51,15 +53,21 @@ MMVP = "mmvp"  # MMVP-style image-text pairs per attribute
 ZEROSHOT = "zeroshot"  # zero-shot classification from class prompts
 I2T = "i2t"  # caption retrieval, image to text: r1, r5, r10
 T2I = "t2i"  # caption retrieval, text to image
-FAMILIES: tuple[str, ...] = (LINEAR, KNN, RETRIEVAL, NN_RETRIEVAL, MMVP, ZEROSHOT, I2T, T2I)
+# The papers' linear evaluation: an SGD-trained head on the frozen backbone per attribute (and
+# ``linear_sgd_<percent>pct``), its learning rate chosen on val (eval.linear_sgd).
+LINEAR_SGD = "linear_sgd"
+FAMILIES: tuple[str, ...] = (LINEAR, KNN, RETRIEVAL, NN_RETRIEVAL, MMVP, ZEROSHOT, I2T, T2I,
+                             LINEAR_SGD)
 # Families that classify by the labels: a dataset without attributes has none of them.
-LABEL_FAMILIES: tuple[str, ...] = (LINEAR, KNN, RETRIEVAL, NN_RETRIEVAL, ZEROSHOT)
+LABEL_FAMILIES: tuple[str, ...] = (LINEAR, KNN, RETRIEVAL, NN_RETRIEVAL, ZEROSHOT, LINEAR_SGD)
+# Families with label-fraction variants (``<family>_<percent>pct``).
+FRACTION_FAMILIES: tuple[str, ...] = (LINEAR, LINEAR_SGD)
 TRANSFER_FAMILIES: tuple[str, ...] = (LINEAR,)
 # The mean over a family's attributes: ``val/linear/mean``.
 MEAN = "mean"
 
 _STAGE = re.compile(r"stage(0|[1-9]\d*)")
-_FRACTION_PROBE = re.compile(r"linear_(\d+(?:\.\d+)?(?:e-\d+)?)pct")
+_FRACTION_PROBE = re.compile(r"(linear(?:_sgd)?)_(\d+(?:\.\d+)?(?:e-\d+)?)pct")
 _SCORE = re.compile(r"\w+")  # an attribute (shape, colour) or a score (rank1, map, r5)
 _PART = re.compile(r"[^/\s]+")  # a transfer set's name; a train/perf/... figure's name
 
@@ -80,7 +88,8 @@ class MetricName:
         name: the attribute (``shape``, ``mean``) or score (``rank1``, ``r5``, ``loss``).
         stage: MCL's stage ``j`` alone (``stage<j>/``), None for the trial's representation.
         percent: a label-fraction probe's share as its name writes it (``"50"`` in
-            ``linear_50pct``; :func:`fraction_percent`); family ``linear`` only.
+            ``linear_50pct``; :func:`fraction_percent`); families ``linear`` and
+            ``linear_sgd`` only (:data:`FRACTION_FAMILIES`).
         transfer: the transfer set's name (split ``transfer`` only).
 
     Raises:
@@ -103,11 +112,13 @@ class MetricName:
         """Why these parts make no metric name (None when they do)."""
         if self.stage is not None and (type(self.stage) is not int or self.stage < 0):
             return f"stage must be an integer >= 0, got {self.stage!r}"
-        if self.percent is not None and (self.family != LINEAR or self.split not in SCORED_SPLITS
+        if self.percent is not None and (self.family not in FRACTION_FAMILIES
+                                         or self.split not in SCORED_SPLITS
                                          or not _FRACTION_PROBE.fullmatch(
-                                             f"linear_{self.percent}pct")):
-            return (f"a label-fraction percent ({self.percent!r}) goes with family {LINEAR!r} "
-                    f"of {VAL!r} or {TEST!r} only, as digits (50, 12.5)")
+                                             f"{self.family}_{self.percent}pct")):
+            return (f"a label-fraction percent ({self.percent!r}) goes with families "
+                    f"{', '.join(FRACTION_FAMILIES)} of {VAL!r} or {TEST!r} only, as digits "
+                    f"(50, 12.5)")
         if (self.transfer is None) != (self.split != TRANSFER):
             return f"a transfer set's name goes with split {TRANSFER!r}, and only there"
         if self.split in SCORED_SPLITS or self.split == TRANSFER:
@@ -132,7 +143,7 @@ class MetricName:
     def format(self) -> str:
         """The name as reported: ``stage1/val/linear_50pct/mean``, ``transfer/digits/linear/
         mean``, ``train/loss``."""
-        family = f"linear_{self.percent}pct" if self.percent is not None else self.family
+        family = f"{self.family}_{self.percent}pct" if self.percent is not None else self.family
         parts = [self.split, self.transfer, family, self.name]
         if self.stage is not None:
             parts.insert(0, f"stage{self.stage}")
@@ -165,7 +176,7 @@ class MetricName:
         transfer = parts.pop(1) if head == TRANSFER else None
         family, percent = (parts[1] if len(parts) == 3 else None), None
         if head in SCORED_SPLITS and family and (match := _FRACTION_PROBE.fullmatch(family)):
-            family, percent = LINEAR, match.group(1)
+            family, percent = match.group(1), match.group(2)
         try:
             parsed = cls(head, family, parts[-1], stage, percent, transfer)
         except MetricNameError as exc:
@@ -233,7 +244,8 @@ def fraction_percent(fraction: float) -> str:
     return f"{100 * fraction:g}"
 
 
-__all__ = ["DATA", "DIAG", "FAMILIES", "GROUPS", "I2T", "KNN", "LABEL_FAMILIES", "LINEAR", "MCL",
+__all__ = ["DATA", "DIAG", "FAMILIES", "FRACTION_FAMILIES", "GROUPS", "I2T", "KNN",
+           "LABEL_FAMILIES", "LINEAR", "LINEAR_SGD", "MCL",
            "MEAN", "MMVP", "NN_RETRIEVAL", "PERF", "RETRIEVAL", "SCORED_SPLITS", "T2I", "TEST",
            "TRAIN", "TRANSFER", "TRANSFER_FAMILIES", "VAL", "ZEROSHOT", "MetricName",
            "MetricNameError", "fraction_percent", "maybe_metric", "metric_name", "parse_metric",

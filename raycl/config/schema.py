@@ -1,11 +1,12 @@
 """The schema of a search YAML: :class:`CoreConfig` and its core sections.
 
 One YAML file in ``searches/`` describes a whole experiment. The core sections are declared in
-:mod:`raycl.config.training` (data, augment, model, train, mcl, eval) and
-:mod:`raycl.config.sweep` (scaling, tune, mlflow) and re-exported here; every method's knobs are
-declared in the method's own file and registered with it (:mod:`raycl.methods`), into
-:data:`~raycl.config.section.METHOD_SECTIONS`, and become the top-level section of the same name
-(``hscl.filter_exponent``) in :func:`raycl.config.search_config.search_config_class`. Nothing
+:mod:`raycl.config.training` (data, augment, model, train, mcl), :mod:`raycl.config.evaluation`
+(eval) and :mod:`raycl.config.sweep` (scaling, tune, mlflow) and re-exported here; every
+method's knobs are declared in the method's own file and registered with it
+(:mod:`raycl.methods`), into :data:`~raycl.config.section.METHOD_SECTIONS`, and become the
+top-level section of the same name (``hscl.filter_exponent``) in
+:func:`raycl.config.search_config.search_config_class`. Nothing
 here imports the method registry: methods import this module.
 """
 
@@ -16,6 +17,8 @@ from typing import Any, TypeVar
 
 from pydantic import Field
 
+from raycl.config.evaluation import EvalConfig, TransferConfig
+from raycl.config.paper import PaperConfig
 from raycl.config.section import METHOD_SECTIONS, ConfigError, Problem, Section
 from raycl.config.sweep import (
     Domain,
@@ -29,11 +32,9 @@ from raycl.config.sweep import (
 from raycl.config.training import (
     AugmentConfig,
     DataConfig,
-    EvalConfig,
     MCLConfig,
     ModelConfig,
     TrainConfig,
-    TransferConfig,
 )
 
 SectionType = TypeVar("SectionType", bound=Section)
@@ -54,6 +55,12 @@ class CoreConfig(Section):
     scaling: ScalingSection = Field(default_factory=ScalingSection)
     tune: TuneSection = Field(default_factory=TuneSection)
     mlflow: MLflowSection = Field(default_factory=MLflowSection)
+    paper: PaperConfig | None = Field(
+        None, description="The paper's number for this experiment, e.g. {metric: "
+        "test/linear_sgd/fine, value: 72.17, table: 'Table 1'} (paper.*): the parent run and "
+        "the leaderboard print the best trial's (chosen on tune.metric) test value beside it, "
+        "with the difference. None: no comparison."
+    )
 
     @property
     def num_stages(self) -> int:
@@ -127,7 +134,8 @@ def error_lines(error: ConfigError) -> list[str]:
 
 __all__ = ["METHOD_SECTIONS", "AugmentConfig", "ConfigError", "ConfigErrors", "CoreConfig",
            "DataConfig",
-           "Domain", "EvalConfig", "MCLConfig", "MLflowSection", "ModelConfig", "Problem",
+           "Domain", "EvalConfig", "MCLConfig", "MLflowSection", "ModelConfig", "PaperConfig",
+           "Problem",
            "ScalingSection", "SchedulerConfig", "Section", "SectionType", "TrainConfig",
            "TransferConfig", "TuneSection", "error_lines", "reported_test_metric",
            "resolve_tracking_uri"]

@@ -88,14 +88,29 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def optional_section(annotation: Any) -> type[BaseModel] | None:
+    """The section class of a field typed ``Section | None`` (``eval.linear_sgd``, ``paper``),
+    else None: its keys are config keys too (``--set paper.value=...``), and so is the field
+    itself (``--set eval.linear_sgd={epochs: 2}``, ``null`` to switch it off)."""
+    if get_origin(annotation) not in (Union, UnionType):
+        return None
+    args = [arg for arg in get_args(annotation) if arg is not type(None)]
+    if len(args) == 1 and len(get_args(annotation)) == 2 and isinstance(args[0], type) \
+            and issubclass(args[0], BaseModel) and args[0] is not Domain:
+        return args[0]
+    return None
+
+
 def _field_paths(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
     for name, info in model.model_fields.items():
         annotation = info.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel) \
                 and annotation is not Domain:
             yield from _field_paths(annotation, f"{prefix}{name}.")
-        else:
-            yield f"{prefix}{name}"
+            continue
+        yield f"{prefix}{name}"
+        if (section := optional_section(annotation)) is not None:
+            yield from _field_paths(section, f"{prefix}{name}.")
 
 
 def config_keys() -> tuple[str, ...]:
@@ -140,6 +155,10 @@ def did_you_mean(key: str) -> str:
         key, [*keys, *sorted(sections), *RENAMED_KEYS], n=1, cutoff=0.75)
     leaf = key.rsplit(".", 1)[-1]
     same_leaf = [known for known in keys if known.rsplit(".", 1)[-1] == leaf]
+    # A section's own keys before an optional sub-section's (train.epochs, not also
+    # eval.linear_sgd.epochs).
+    same_leaf = [known for known in same_leaf
+                 if known.count(".") == min(other.count(".") for other in same_leaf)]
     if "." not in key and same_leaf:  # the section left out: `epochs` -> train.epochs
         close = same_leaf[:3]
     close = [RENAMED_KEYS.get(match, match) for match in close]
@@ -216,6 +235,8 @@ def type_label(annotation: Any) -> str:
         return " | ".join(type_label(arg) for arg in get_args(annotation))
     if annotation is type(None):
         return "None"
+    if (section := optional_section(annotation)) is not None:
+        return f"{section.__name__} | None"  # its keys follow, one row each
     name = getattr(annotation, "__name__", None)
     return (name or str(annotation)).replace("typing.", "")
 
@@ -236,11 +257,13 @@ def schema_markdown() -> str:
                 call_default_factory=True))
             description = (info.description or "").replace("|", "\\|")
             lines.append(f"| `{prefix}{name}` | {type_name} | {default} | {description} |")
+            if (section := optional_section(annotation)) is not None:
+                walk(section, f"{prefix}{name}.")
 
     walk(search_config_class(), "")
     return "\n".join(lines)
 
 
 __all__ = ["RENAMED_KEYS", "SEARCH_SPACE_PREFIX", "apply_overrides", "config_keys",
-           "did_you_mean", "flatten", "key_symbol", "method_sections",
+           "did_you_mean", "flatten", "key_symbol", "method_sections", "optional_section",
            "schema_markdown", "search_config_class", "set_dotted", "type_label"]

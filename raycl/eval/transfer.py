@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from raycl.config.training import DataConfig, TransferConfig
+from raycl.config.evaluation import TransferConfig
+from raycl.config.training import DataConfig
 from raycl.data import ImageRows, ImageSet, load_dataset
 
 if TYPE_CHECKING:

@@ -29,7 +29,16 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ValidationError
 
-from raycl.config.metric_names import KNN, LABEL_FAMILIES, LINEAR, MEAN, MMVP, VAL, maybe_metric
+from raycl.config.metric_names import (
+    KNN,
+    LABEL_FAMILIES,
+    LINEAR,
+    LINEAR_SGD,
+    MEAN,
+    MMVP,
+    VAL,
+    maybe_metric,
+)
 from raycl.config.problems import all_problems
 from raycl.config.schema import ConfigErrors, CoreConfig, Problem, resolve_tracking_uri
 from raycl.config.search_config import (
@@ -43,6 +52,9 @@ from raycl.config.search_config import (
 )
 from raycl.config.training import DataConfig
 from raycl.launch.feasibility import CONSTRAINED_KEYS, joint_domain, trial_problem
+from raycl.launch.linear_sgd_check import check_linear_sgd
+from raycl.launch.optimizer_check import check_optimizer
+from raycl.launch.paper_check import check_paper
 from raycl.launch.placement import check_gpu_sharing
 
 Check = Callable[[CoreConfig], Iterator[Problem]]
@@ -51,7 +63,7 @@ Check = Callable[[CoreConfig], Iterator[Problem]]
 # validation and test splits), which would make trials incomparable.
 UNSEARCHABLE_KEYS = ("name", "data.val_fraction", "data.test_fraction", "data.cache_dir",
                      "data.skip_unreadable")
-UNSEARCHABLE_SECTIONS = ("tune.", "mlflow.")
+UNSEARCHABLE_SECTIONS = ("tune.", "mlflow.", "paper.")
 # Keys that decide whether model.pretrained fits the backbone a trial builds.
 PRETRAINED_KEYS = ("model.pretrained", "model.backbone", "model.stem", "model.width",
                    "data.resolution", "data.dataset")
@@ -276,7 +288,7 @@ def check_metric(config: CoreConfig) -> Iterator[Problem]:
     if name is None or name.split != VAL:
         return
     known = ATTRIBUTES.get(dataset)
-    if name.family in (LINEAR, KNN) and known and name.name not in (*known, MEAN):
+    if name.family in (LINEAR, KNN, LINEAR_SGD) and known and name.name not in (*known, MEAN):
         yield Problem("tune.metric", f"{dataset} has no attribute {name.name!r} "
                                      f"(attributes: {', '.join(known)}, or mean)")
     unlabelled = dataset in ATTRIBUTES and not ATTRIBUTES[dataset]
@@ -454,9 +466,9 @@ def check_tracking(config: CoreConfig) -> Iterator[Problem]:
 # The order is the order of the messages: names before data, data before the metric, single
 # values before combinations, the config before the environment.
 CONFIG_CHECKS: tuple[Check, ...] = (
-    check_method, check_method_settings, check_labels, check_data, check_loader,
-    check_cache_disk, check_pretrain_unlabeled,
-    check_splits, check_metric, check_search_space, check_pretrained,
+    check_method, check_method_settings, check_optimizer, check_labels, check_data,
+    check_loader, check_cache_disk, check_pretrain_unlabeled,
+    check_splits, check_metric, check_linear_sgd, check_paper, check_search_space, check_pretrained,
     check_feasible, check_gpu_sharing, check_grid,
 )
 ENVIRONMENT_CHECKS: tuple[Check, ...] = (check_storage, check_tracking)

@@ -81,7 +81,8 @@ class All4OneConfig(NNCLRConfig):
                                          "rate (the paper: 0.1 with SGD+LARS); unset: train.lr x "
                                          "transformer_lr_scale. Same warmup-cosine schedule.")
     transformer_lr_scale: float = Field(1.0, gt=0.0, description="ψ's learning rate relative to "
-                                        "train.lr, when transformer_lr is unset.")
+                                        "the base rate (train.lr, scaled by train.lr_scaling), "
+                                        "when transformer_lr is unset.")
     position_encoding: Literal["sequence", "feature"] = Field(
         "sequence", description="Axis of ψ's input the sinusoidal positions run along: sequence "
         "(positions 0..k-1 of the neighbours, as the paper describes) or feature (positions "

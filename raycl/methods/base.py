@@ -117,7 +117,7 @@ class Phase:
 
     name: str
     epochs: int | None = None
-    optimizer: Literal["adamw", "sgd"] | None = None
+    optimizer: Literal["adamw", "sgd", "lars"] | None = None
     lr: float | None = None
     augment: bool = True
     evaluate: bool = True
@@ -155,6 +155,9 @@ class Method(nn.Module):
     accepts_negative_mask: ClassVar[bool] = False
     # True for image-text methods: Batch.texts, tokenize and embed_texts.
     multimodal: ClassVar[bool] = False
+    # True when the trained encoder is convolutional: LARS applies ("only for CNNs", All4One
+    # §4.1; transformers train with AdamW), checked before launch.
+    convolutional: ClassVar[bool] = True
     # True when every MCL stage starts from the same initial weights.
     stages_share_initial_weights: ClassVar[bool] = False
     # Config keys of weight files the method reads (a resumed stage does not read them again).

@@ -263,6 +263,7 @@ class CLIP(Method):
 
     accepts_negative_mask = True
     multimodal = True
+    convolutional = False  # both towers are transformers: no LARS
     stages_share_initial_weights = True
     weight_file_keys: ClassVar[tuple[str, ...]] = ("clip.pretrained",)
     section: CLIPConfig

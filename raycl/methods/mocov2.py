@@ -18,12 +18,13 @@ negatives. The queue starts as random unit vectors, as MoCo's does.
 
 **BatchNorm under data parallelism.** MoCo's shuffle-BN (keys encoded with the batch shuffled
 across GPUs, so that the query and key of a sample are normalised with different sub-batch
-statistics) is **not** implemented. On several GPU workers ``model.sync_batchnorm`` (the default)
-computes BatchNorm statistics over the global batch, as MoCo v3 does; with it off, or on CPU
-workers, they are per rank, which leaks a little information between a sample's query and its
-key within a batch (MoCo §3.3). The paper mode encodes view 1 with the query encoder and view 2
-with the key encoder, each over its own batch as MoCo does; the symmetric mode encodes both
-views in one pass per encoder (BatchNorm over 2B rows, as every raycl two-view method).
+statistics) is **not** implemented. On several workers (GPU, or CPU over gloo)
+``model.sync_batchnorm`` (the default) computes BatchNorm statistics over the global batch, as
+MoCo v3 does; with it off they are per rank, which leaks a little information between a
+sample's query and its key within a batch (MoCo §3.3). The paper mode encodes view 1 with the
+query encoder and view 2 with the key encoder, each over its own batch as MoCo does; the
+symmetric mode encodes both views in one pass per encoder (BatchNorm over 2B rows, as every
+raycl two-view method).
 """
 
 from __future__ import annotations

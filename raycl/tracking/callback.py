@@ -33,6 +33,7 @@ from ray.tune import Callback
 
 import raycl
 from raycl.config.metric_names import TEST, maybe_metric
+from raycl.config.paper import compare_to_paper, comparison_metrics
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides, flatten
 from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
@@ -405,7 +406,9 @@ class MLflowSweepCallback(Callback):
             return
         try:
             children = trial_runs(self.client, self.experiment_id, self.parent_run_id)
-            table = trial_table(children, self.config.tune.metric, self.config.tune.mode)
+            paper = self.config.paper
+            table = trial_table(children, self.config.tune.metric, self.config.tune.mode,
+                                paper.metric if paper else None)
             with tempfile.TemporaryDirectory() as directory:
                 csv_path = Path(directory, "leaderboard.csv")
                 png_path = Path(directory, "leaderboard.png")
@@ -414,7 +417,7 @@ class MLflowSweepCallback(Callback):
                 self.client.log_artifact(self.parent_run_id, str(csv_path))
                 self.client.log_artifact(self.parent_run_id, str(png_path))
             self.client.set_tag(self.parent_run_id, NOTE_TAG,
-                                markdown_summary(table, self.config.name))
+                                markdown_summary(table, self.config.name, paper=paper))
         except Exception:  # a leaderboard is never worth a sweep
             logger.warning("could not write the leaderboard to the parent run", exc_info=True)
 
@@ -453,9 +456,26 @@ class MLflowSweepCallback(Callback):
             run_id = self._children.get(trial.trial_id)
             if run_id:
                 self.client.set_tag(self.parent_run_id, "raycl.best_run", run_id)
+        self._log_paper_comparison(best[0] if best else None)
         self.client.log_metric(self.parent_run_id, "sweep/trials", len(trials))
         self._log_leaderboard()
         self.client.set_terminated(self.parent_run_id, status="FINISHED")
+
+    def _log_paper_comparison(self, best: Trial | None) -> None:
+        """The parent run's ``paper/value``, ``paper/best_trial_value`` and ``paper/difference``
+        (:mod:`raycl.config.paper`): the best trial (chosen on the validation objective) beside
+        the ``paper:`` block's number; nothing without one."""
+        if self.config.paper is None or self.parent_run_id is None:
+            return
+        metric = self.config.paper.metric
+        reported = None
+        if best is not None:
+            reported = best.metric_analysis.get(metric, {}).get("last")
+            if not isinstance(reported, (int, float)):
+                reported = _numeric_metrics(best.last_result or {}).get(metric)
+        comparison = compare_to_paper(self.config.paper, reported)
+        for key, value in comparison_metrics(comparison).items():
+            self.client.log_metric(self.parent_run_id, key, value)
 
 
 def best_trial(trials: list[Trial], metric: str, mode: str) -> tuple[Trial, float] | None:

@@ -39,6 +39,7 @@ from raycl.config.metric_names import (
     maybe_metric,
     metric_name,
 )
+from raycl.config.paper import PaperConfig, compare_to_paper, comparison_line, paper_from_params
 from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
 from raycl.tracking.runs import (
     GREATER_IS_BETTER_TAG,
@@ -96,9 +97,12 @@ class TrialTable:
         return value if value is not None and math.isfinite(value) else None
 
 
-def trial_table(children: list[Run], metric: str, mode: str) -> TrialTable:
+def trial_table(children: list[Run], metric: str, mode: str,
+                paper_metric: str | None = None) -> TrialTable:
     """Rank ``children`` by ``metric`` (``mode`` max or min; trials without it last) and lay out
-    the leaderboard's columns (the CLI's table and the parent run's ``leaderboard.csv``)."""
+    the leaderboard's columns (the CLI's table and the parent run's ``leaderboard.csv``);
+    ``paper_metric`` (the ``paper:`` block's) is a column too, after the objective's test
+    counterpart."""
 
     def score(run: Run) -> float:
         value = run.data.metrics.get(metric, math.nan)
@@ -126,6 +130,8 @@ def trial_table(children: list[Run], metric: str, mode: str) -> TrialTable:
                                       metric_name(TEST, LINEAR, attribute))
                           if key not in (metric, objective_test)]]
     tested = [objective_test] if objective_test else []
+    if paper_metric and paper_metric not in (metric, *tested):
+        extra = [paper_metric, *[key for key in extra if key != paper_metric]]
     header = ["trial", "trial_id", "status", metric, *tested, *searched, *extra]
     rows = []
     for run in children:
@@ -149,9 +155,25 @@ def write_csv(table: TrialTable, path: Path) -> None:
             writer.writerow([rank, *["" if value is None else value for value in row]])
 
 
-def markdown_summary(table: TrialTable, sweep: str, top: int = 10) -> str:
+def paper_line(table: TrialTable, paper: PaperConfig) -> str:
+    """The best trial's (ranked first on the objective, never on test) value of the paper's
+    metric beside the paper's, with the difference (:func:`raycl.config.paper.comparison_line`).
+    """
+    best = next((run for run in table.runs if table.objective(run) is not None), None)
+    if best is None:
+        return (f"paper ({paper.table}): {paper.metric} {paper.value:g}"
+                f"{' %' if paper.unit == 'percent' else ''}; no trial has reported "
+                f"{table.metric} yet")
+    name = best.info.run_name or best.info.run_id[:8]
+    return comparison_line(compare_to_paper(paper, best.data.metrics.get(paper.metric)), name,
+                           table.metric)
+
+
+def markdown_summary(table: TrialTable, sweep: str, top: int = 10,
+                     paper: PaperConfig | None = None) -> str:
     """A short markdown description of the sweep for its parent run's page: the objective, the
-    best trial so far and the top rows."""
+    best trial so far (beside the ``paper:`` block's number, when the sweep has one) and the top
+    rows."""
     scored = [run for run in table.runs if table.objective(run) is not None]
     tested = f"; its test counterpart `{table.objective_test}` is reported, not ranked on" \
         if table.objective_test else ""
@@ -162,6 +184,9 @@ def markdown_summary(table: TrialTable, sweep: str, top: int = 10) -> str:
         best = table.rows[0]
         test_note = f", test {_fmt(best[4])}" if table.objective_test else ""
         lines.append(f"Best so far: **{_cell(best[0])}** ({_fmt(best[3])}{test_note}).")
+    if paper is not None:
+        lines.append(f"Against the paper: {paper_line(table, paper)}"
+                     + (f" ({paper.note})" if paper.note else "") + ".")
     columns = 5 if table.objective_test else 4
     lines += ["", "| # | " + " | ".join(_cell(name) for name in table.header[:columns]
                                         if name != "trial_id") + " |",
@@ -202,6 +227,15 @@ def leaderboard_rows(
     tracking_uri: str, experiment: str, top: int = 10, all_sweeps: bool = False
 ) -> tuple[list[str], list[list[str]], str]:
     """Header, rows and a title line for the leaderboard (raises LookupError when empty)."""
+    header, rows, title, _ = _leaderboard(tracking_uri, experiment, top, all_sweeps)
+    return header, rows, title
+
+
+def _leaderboard(
+    tracking_uri: str, experiment: str, top: int, all_sweeps: bool
+) -> tuple[list[str], list[list[str]], str, str | None]:
+    """:func:`leaderboard_rows` and the line comparing the best trial with the latest sweep's
+    ``paper:`` block (None without one)."""
     client = mlflow_client(resolve_tracking_uri(tracking_uri))
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -214,7 +248,8 @@ def leaderboard_rows(
     mode = parents[0].data.tags.get("raycl.mode", "max")
     children = trial_runs(client, found.experiment_id,
                           None if all_sweeps else parents[0].info.run_id)
-    table = trial_table(children, metric, mode)
+    paper = paper_from_params(parents[0].data.params)
+    table = trial_table(children, metric, mode, paper.metric if paper else None)
     shown = [i for i, name in enumerate(table.header) if name != "trial_id"]
     header = ["#", *[table.header[i] for i in shown]]
     rows = [[str(rank), *[_fmt(row[i]) if i > 2 else str(row[i]) for i in shown]]
@@ -222,7 +257,7 @@ def leaderboard_rows(
     title = (f"{experiment}: {len(children)} trial(s), best {top} by {metric} ({mode})"
              f"{'' if all_sweeps else ', latest sweep'}; test/, transfer/ and diag/ columns are "
              f"reported, not ranked on")
-    return header, rows, title
+    return header, rows, title, paper_line(table, paper) if paper else None
 
 
 def terminal_width(default: int = 100) -> int:
@@ -278,19 +313,21 @@ def print_leaderboard(tracking_uri: str, experiment: str, top: int = 10,
                       all_sweeps: bool = False) -> None:
     """Print the leaderboard and where to see it in MLflow's UI (the link opens its view). A
     reader that stopped early (``| head``) ends the printing quietly, stdout sent to devnull."""
-    header, rows, title = leaderboard_rows(tracking_uri, experiment, top, all_sweeps)
+    header, rows, title, compared = _leaderboard(tracking_uri, experiment, top, all_sweeps)
     try:
-        _print_table(tracking_uri, experiment, header, rows, title)
+        _print_table(tracking_uri, experiment, header, rows, title, compared)
         sys.stdout.flush()  # here, not at exit, where a closed pipe would print a traceback
     except BrokenPipeError:
         stdout_closed()
 
 
 def _print_table(tracking_uri: str, experiment: str, header: list[str], rows: list[list[str]],
-                 title: str) -> None:
+                 title: str, compared: str | None = None) -> None:
     width = terminal_width()
     print(textwrap.fill(title, width=max(width, 40)))
     print(format_table(header, rows, width=width))
+    if compared:
+        print(textwrap.fill(compared, width=max(width, 40)))
     uri = resolve_tracking_uri(tracking_uri)
     found = mlflow_client(uri).get_experiment_by_name(experiment)
     page = ""

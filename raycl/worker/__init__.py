@@ -12,6 +12,7 @@ Modules, each one responsibility; import them directly (this package face import
   the epoch's report.
 - :mod:`raycl.worker.loader`: the batch sampler and data loader of a stage.
 - :mod:`raycl.worker.optim`: the optimizer of a phase, the learning-rate schedule, autocast.
+- :mod:`raycl.worker.lars`: the LARS optimizer (torch only).
 - :mod:`raycl.worker.checkpoints`: write, read, fall back to an older one, restore.
 - :mod:`raycl.worker.embed`: features across the workers, the stages integrated (concat, soup).
 - :mod:`raycl.worker.evaluate`: scoring an epoch: probes, kNN, retrieval, transfer, diagnostics.

@@ -173,7 +173,8 @@ def _batch(
     images = loaded.images.to(parts.device, non_blocking=True)
     index = loaded.index.to(parts.device, non_blocking=True)
     captions = loaded.captions
-    views = [parts.augment(images, generator), parts.augment(images, generator)] if augment else []
+    views = ([parts.augment(images, generator, view=0),
+              parts.augment(images, generator, view=1)] if augment else [])
     return Batch(
         images=to_float(images),
         views=views,

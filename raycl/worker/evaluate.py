@@ -348,7 +348,8 @@ def method_diagnostics(
     generator.manual_seed(config.seed)
     augment = BatchAugment(config.augment)
     batch = Batch(images=to_float(images),
-                  views=[augment(images, generator), augment(images, generator)],
+                  views=[augment(images, generator, view=0),
+                         augment(images, generator, view=1)],
                   index=torch.arange(len(images), device=device))
     was_training = method.training
     method.eval()

@@ -1,4 +1,5 @@
-"""The optimizer of a training phase, its learning-rate schedule, and mixed precision."""
+"""The optimizer of a training phase (AdamW, SGD or LARS), its base rate (``train.lr_scaling``),
+its learning-rate schedule, and mixed precision."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 from raycl.config.schema import CoreConfig
 from raycl.methods.base import TRAIN_PHASE, Method, Phase
+from raycl.worker.lars import LARS, lars_param_groups
 
 logger = logging.getLogger(__name__)
 
@@ -30,25 +32,59 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str = "c
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+# The batch linear scaling refers to (Goyal et al., 2017; SimCLR's and solo-learn's lr x b/256).
+LR_REFERENCE_BATCH = 256
+
+
+def effective_lr(config: CoreConfig, phase: Phase = TRAIN_PHASE) -> float:
+    """The phase's base learning rate (before warmup and decay).
+
+    ``train.lr``, times ``train.batch_size / 256`` (the global batch) with ``train.lr_scaling:
+    linear``. A phase's own ``lr`` (e.g. FGVR's decoder pre-training) is an absolute rate, as
+    written, never scaled: solo-learn likewise scales only its base rates.
+
+    Args:
+        config: the trial's config.
+        phase: the phase (default: the training phase).
+
+    Returns:
+        The rate every group's ``lr_scale`` multiplies.
+    """
+    if phase.lr is not None:
+        return phase.lr
+    if config.train.lr_scaling == "linear":
+        return config.train.lr * config.train.batch_size / LR_REFERENCE_BATCH
+    return config.train.lr
+
+
 def build_optimizer(
     method: Method, config: CoreConfig, phase: Phase = TRAIN_PHASE
 ) -> torch.optim.Optimizer:
     """The optimizer of one phase over ``method.param_groups()`` (called after ``set_phase``).
 
-    A group's absolute ``"lr"`` (e.g. All4One's transformer) or ``"lr_scale"`` applies to the
-    phase's base rate: ``phase.lr`` when the phase sets one, else ``train.lr``.
+    A group's ``"lr_scale"`` multiplies the phase's base rate (:func:`effective_lr`); a group's
+    absolute ``"lr"`` (e.g. All4One's ``transformer_lr``) is used as written, unscaled (as
+    solo-learn's All4One sets its transformer's 0.1). With LARS each group is split into its
+    adapted weights and its biases and normalisation parameters (:func:`lars_param_groups`),
+    both halves keeping the group's rate and name.
     """
-    base_lr = config.train.lr if phase.lr is None else phase.lr
+    base_lr = effective_lr(config, phase)
     groups = []
     for group in method.param_groups():
         group = dict(group)
         group["lr"] = float(group.pop("lr", base_lr)) * float(group.pop("lr_scale", 1.0))
         group["initial_lr"] = group["lr"]
         groups.append(group)
-    if (phase.optimizer or config.train.optimizer) == "sgd":
-        return torch.optim.SGD(groups, lr=base_lr, momentum=config.train.momentum,
-                               weight_decay=config.train.weight_decay)
-    return torch.optim.AdamW(groups, lr=base_lr, weight_decay=config.train.weight_decay)
+    train = config.train
+    kind = phase.optimizer or train.optimizer
+    if kind == "lars":
+        return LARS(lars_param_groups(groups, train.weight_decay), lr=base_lr,
+                    momentum=train.momentum, weight_decay=train.weight_decay,
+                    eta=train.lars_eta, clip_lr=train.lars_clip_lr)
+    if kind == "sgd":
+        return torch.optim.SGD(groups, lr=base_lr, momentum=train.momentum,
+                               weight_decay=train.weight_decay)
+    return torch.optim.AdamW(groups, lr=base_lr, weight_decay=train.weight_decay)
 
 
 @dataclass(frozen=True)
@@ -145,5 +181,6 @@ def load_scaler_state(scaler: torch.amp.GradScaler, state: dict[str, Any]) -> No
                        "the loss scale starts afresh", then, now)
 
 
-__all__ = ["Autocast", "LrSchedule", "autocast_and_scaler", "build_optimizer",
-           "inference_autocast", "load_scaler_state", "lr_factor", "native_bf16", "resolve_amp"]
+__all__ = ["LR_REFERENCE_BATCH", "Autocast", "LrSchedule", "autocast_and_scaler",
+           "build_optimizer", "effective_lr", "inference_autocast", "load_scaler_state",
+           "lr_factor", "native_bf16", "resolve_amp"]

@@ -20,26 +20,25 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from raycl import distributed
+from raycl.models.sync_batchnorm import convert_batchnorm
 from raycl.worker.storage import StoredDirectory, persist_checkpoint
 
 
 def sync_batchnorm(model: nn.Module, device: torch.device, world_size: int) -> nn.Module:
-    """``model`` with every BatchNorm layer computing its statistics over the global batch
-    (``nn.SyncBatchNorm``), as SimCLR's global BN and BYOL do across accelerators, when
-    ``world_size`` > 1 on CUDA; otherwise left alone (one rank has nothing to share, and
-    SyncBatchNorm refuses CPU tensors: gloo runs keep per-rank statistics).
+    """``model`` with every BatchNorm layer computing its statistics over the global batch, as
+    SimCLR's global BN and BYOL do across accelerators (``model.sync_batchnorm``), when
+    ``world_size`` > 1 on any backend: torch's fused ``nn.SyncBatchNorm`` on CUDA (NCCL),
+    :class:`raycl.models.sync_batchnorm.GlobalBatchNorm` elsewhere (gloo, which torch's refuses;
+    :mod:`raycl.models.sync_batchnorm` says why both). One rank has nothing to share: left alone.
 
-    The layers are replaced in place (``model`` is returned for convenience): the method the
-    stage evaluates and checkpoints is the one DDP trains. A SyncBatchNorm keeps the layer's
-    parameter and buffer objects, so the optimizer built before and the checkpoint's keys are
-    unchanged. Each training forward of a converted layer is a collective: every rank runs it.
+    The layers are replaced in place (``model`` is returned for convenience), momentum copies
+    included: the method the stage evaluates and checkpoints is the one DDP trains. The new
+    layers keep the old ones' parameter and buffer objects, so the optimizer built before and
+    the checkpoint's keys are unchanged. Each training forward of a converted layer is a
+    collective: every rank runs it (evaluation runs in eval mode, which enters none).
     """
-    if world_size <= 1 or device.type != "cuda":
-        return model
-    converted = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    if converted is not model:  # a bare BatchNorm layer: nothing to replace it in
-        raise TypeError("sync_batchnorm converts the BatchNorm layers inside a model, not one "
-                        "layer")
+    if world_size > 1:
+        convert_batchnorm(model, fused_cuda=device.type == "cuda")
     return model
 
 

@@ -42,11 +42,13 @@ from raycl.worker.epoch import (
     seed_epoch,
 )
 from raycl.worker.evaluate import evaluate_epoch
+from raycl.worker.linear_eval import linear_sgd_evaluation
 from raycl.worker.loader import TrainImages, build_loader
 from raycl.worker.optim import (
     LrSchedule,
     autocast_and_scaler,
     build_optimizer,
+    effective_lr,
     load_scaler_state,
 )
 from raycl.worker.perf import Clock, peak_rss_mb
@@ -243,6 +245,8 @@ def _end_epoch(stage: _Stage, run: PhaseRun, stats: EpochStats, completed: int) 
         features, evaluation, diagnostics = evaluate_epoch(
             config, stage.data, stage.eval_sets, inputs, method, session, last)
         metrics.update(evaluation)
+    if last and inputs.stage == config.num_stages - 1:  # the trial's end: in its last report
+        metrics.update(linear_sgd_evaluation(config, stage.data, method, session))
     metrics.update(stage.parts.clock.pop_metrics())
     metrics["perf/peak_rss_mb"] = peak_rss_mb()
     soup = (soup_weights(method)  # the finished stage's share of the model soup
@@ -271,6 +275,8 @@ def _epoch_metrics(
                                for key, value in stats.sums.items()}
     metrics.update({
         "train/lr": run.optimizer.param_groups[0]["lr"],
+        # The phase's peak base rate, after train.lr_scaling (train/lr is the scheduled one).
+        "train/effective_lr": effective_lr(config, run.phase),
         "train/images_per_second": (stats.seen * stage.session.world_size
                                     / max(stats.seconds, 1e-9)),
         "stage": inputs.stage,

@@ -1,0 +1,86 @@
+"""The papers' linear evaluation at a trial's end (``eval.linear_sgd``), on the trial's workers.
+
+:func:`linear_sgd_evaluation` runs after the last stage's last evaluation, on every rank, before
+that epoch's checkpoint and report: its metrics (``val/linear_sgd/...``, ``test/linear_sgd/...``,
+``diag/linear_sgd_lr/...``, ``perf/linear_sgd_seconds``) join the trial's final report, so
+Tune and MLflow record them with the closed-form probe's, and the checkpoint carries them (a
+trial resumed after it finished reports them again: :func:`raycl.worker.loop.report_finished`).
+The protocol itself is :func:`raycl.eval.linear_sgd.evaluate_linear_sgd` (no Ray).
+
+It reads the rows the closed-form probe scores (``eval.max_train_samples``,
+``eval.max_eval_samples``: :func:`raycl.worker.evaluate.scored_subset`), so the two protocols'
+numbers are of the same images; memory mode only (stream mode and MCL's several encoders are
+refused before launch, :func:`raycl.launch.checks.check_linear_sgd`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from raycl.config.metric_names import PERF, metric_name
+from raycl.config.schema import CoreConfig
+from raycl.data import SPLITS, DatasetSplits, ImageSet
+from raycl.data.stream.files import FileRows
+from raycl.data.stream.shards import ShardRows
+from raycl.eval.linear_sgd import (
+    FrozenEncoder,
+    LabelledImages,
+    evaluate_linear_sgd,
+    linear_sgd_metrics,
+)
+from raycl.methods.base import Method
+from raycl.worker.evaluate import scored_subset, select_splits
+from raycl.worker.optim import inference_autocast
+
+if TYPE_CHECKING:
+    from raycl.worker.session import Session
+
+
+def _labelled(part: ImageSet) -> LabelledImages:
+    """A split as the protocol reads it (its images stay a view: read a batch at a time)."""
+    if isinstance(part.images, FileRows | ShardRows):
+        raise ValueError("eval.linear_sgd: not yet for data.loader: stream (its images are "
+                         "files decoded in batches); use data.loader: memory")
+    return LabelledImages(part.images, part.labels)
+
+
+def linear_sgd_evaluation(
+    config: CoreConfig, data: DatasetSplits, method: Method, session: Session
+) -> dict[str, float]:
+    """``eval.linear_sgd`` of the trial's ``method`` on every rank of ``session`` (each takes its
+    share of every batch; the result is the same on every rank).
+
+    Args:
+        config: the trial's config (``eval.linear_sgd``; None: nothing is run).
+        data: the trial's splits, as loaded (memory mode).
+        method: the trial's trained method; its ``embed`` is the frozen backbone.
+        session: this worker's rank, world and device.
+
+    Returns:
+        The metrics (:func:`raycl.eval.linear_sgd.linear_sgd_metrics`) and
+        ``perf/linear_sgd_seconds``; ``{}`` when ``eval.linear_sgd`` is off or the data has no
+        labels.
+
+    Raises:
+        ValueError: a config the protocol does not cover yet (MCL's stages, stream mode).
+    """
+    settings = config.eval.linear_sgd
+    if settings is None or not data.attributes:
+        return {}
+    if config.num_stages > 1:
+        raise ValueError("eval.linear_sgd: not yet for MCL (its representation is several "
+                         "stages' encoders)")
+    started = time.perf_counter()
+    scored = select_splits(data, {split: scored_subset(config, data, split) for split in SPLITS})
+    encoder = FrozenEncoder(model=method, embed=method.embed,
+                            autocast=inference_autocast(config, session.device))
+    results = evaluate_linear_sgd(
+        encoder, _labelled(scored.train), _labelled(scored.val), lambda: _labelled(scored.test),
+        {attribute: data.num_classes[attribute] for attribute in data.attributes}, settings,
+        session.device, config.seed)
+    return {**linear_sgd_metrics(results),
+            metric_name(PERF, None, "linear_sgd_seconds"): time.perf_counter() - started}
+
+
+__all__ = ["linear_sgd_evaluation"]
