@@ -274,7 +274,9 @@ def test_mcl_trial_logs_every_stage_and_ami_under_data_parallelism(
     # The integrated representation: validation at every stage, test once at the very end.
     assert "val/linear/mean" in metrics and "test/linear/mean" in metrics
     assert len(client.get_metric_history(child.info.run_id, "test/linear/mean")) == 1
-    assert 0.0 <= metrics["mcl/ami/stage0_stage1"] <= 1.0
+    # Adjusted for chance: about 0 for unrelated clusterings (MCL's stages are meant to find
+    # other features), slightly below 0 as often as above, and at most 1.
+    assert -0.1 <= metrics["mcl/ami/stage0_stage1"] <= 1.0
     assert metrics["mcl/groups"] == 2
     # Stage 1 used the pseudo-label sampler; how groups filled batches is logged.
     assert metrics["stage1/train/sampler_groups"] == 2
