@@ -259,7 +259,7 @@ def child_memory(args: argparse.Namespace) -> dict[str, Any]:
                 if step == args.steps:
                     break
                 batch = loaded.images
-                views = [augment(batch), augment(batch)]
+                views = [augment(batch, view=0), augment(batch, view=1)]
                 loss = method(Batch(images=to_float(batch), views=views,
                                     index=loaded.index))["loss"]
                 optimizer.zero_grad(set_to_none=True)
@@ -315,7 +315,7 @@ def raycl_batches(args: argparse.Namespace, loader_kind: str) -> Generator[int, 
     _, loader = raycl_loader(config)  # memory mode: the cache is built here, before timing
     augment = BatchAugment(config.augment)
     for loaded in endless(loader):
-        views = [augment(loaded.images), augment(loaded.images)]
+        views = [augment(loaded.images, view=0), augment(loaded.images, view=1)]
         yield len(views[0])
 
 
