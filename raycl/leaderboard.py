@@ -3,7 +3,10 @@
 Trials are ranked by the sweep's objective (a validation metric); the test counterpart of the
 objective and of every per-attribute probe stands beside it, reported, never used to rank. By
 default the most recent sweep (parent run) of the experiment; ``--all`` ranks the trials of every
-sweep in it.
+sweep in it. Under the table: chance on val, the untrained backbone's row ("at init", with
+``eval.baseline``), how large a difference the val split resolves; a trial ASHA stopped shows
+the winner's objective at the epoch it reached. The searched keys are always shown;
+``--columns a,b``, ``--wide`` and ``--attributes`` (per-attribute probes) choose the rest.
 
 The same table (:func:`raycl.tracking.trial_table.trial_table`) is what the sweep's callback
 writes to its parent run after every trial: ``leaderboard.csv``, ``leaderboard.png`` and the
@@ -21,7 +24,7 @@ from raycl.closed_stdout import CLOSED_EXIT_CODE, stdout_closed
 from raycl.config.sweep import resolve_tracking_uri
 from raycl.tracking.retry import RETRY_ENV, TrackingUnavailableError
 from raycl.tracking.runs import ROLE_TAG, mlflow_client
-from raycl.tracking.trial_table import print_leaderboard
+from raycl.tracking.trial_table import ColumnChoice, print_leaderboard
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +49,14 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--top", type=int, default=10, help="rows to show")
     parser.add_argument("--all", dest="all_sweeps", action="store_true",
                         help="rank trials of every sweep in the experiment")
+    parser.add_argument("--columns", type=_column_list, default=None, metavar="A,B,C",
+                        help="show these columns (besides the trial, its status, the objective "
+                        "and the searched keys, always shown)")
+    parser.add_argument("--wide", action="store_true",
+                        help="every column, however wide the terminal")
+    parser.add_argument("--attributes", action="store_true",
+                        help="the per-attribute probe columns too (val/linear/<attribute>, "
+                        "test/linear/<attribute>)")
     parser.add_argument("--tracking-uri",
                         default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"),
                         help="MLflow URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
@@ -65,11 +76,24 @@ def _main(argv: list[str] | None) -> int:
             return 2
         experiment = client.get_experiment(runs[0].info.experiment_id).name
     try:
-        print_leaderboard(args.tracking_uri, experiment, args.top, args.all_sweeps)
-    except LookupError as exc:
+        print_leaderboard(args.tracking_uri, experiment, args.top, args.all_sweeps,
+                          ColumnChoice(args.columns, args.wide, args.attributes))
+    except (LookupError, ValueError) as exc:  # no such sweep; a --columns name it lacks
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _column_list(text: str) -> tuple[str, ...]:
+    """``--columns a,b,c`` as its names, blanks dropped.
+
+    Raises:
+        argparse.ArgumentTypeError: no name in it.
+    """
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("expected column names separated by commas")
+    return names
 
 
 if __name__ == "__main__":

@@ -346,6 +346,27 @@ def run(config: CoreConfig, search_file: str | None = None, fresh: bool = False,
         return _run(config, search_file, fresh, address, verbose, plan)
 
 
+def _confirm(config: CoreConfig, search_file: str | None, results: Any, loader: str,
+             verbose: bool) -> list[str]:
+    """Seed confirmation (``tune.confirm``) after the search: :mod:`raycl.confirm_run` re-runs
+    the best configurations over fresh seeds (or resumes doing so) and writes ``confirm.csv``
+    on the parent run; returns the lines printed under the leaderboard (none if interrupted)."""
+    from raycl.confirm_run import confirmation_tuner, report_confirmation
+    from raycl.tracking.callback import INTERRUPTED
+
+    absolute = with_absolute_paths(config)  # as build_tuner gives the search's trials
+    trial_config = apply_overrides(absolute, {"data.loader": loader})
+    storage = resolved_storage(config.tune.storage_path)
+    trainable = _trainable(trial_config, storage_child(storage, f"{config.name}-confirm-train"))
+    built = confirmation_tuner(config, trial_config, search_file, results, trainable, verbose)
+    if built is None:
+        return []
+    tuner, choice = built
+    confirm_results = tuner.fit()
+    return [] if INTERRUPTED.get(config.name) else report_confirmation(config, choice,
+                                                                        confirm_results)
+
+
 def _run(config: CoreConfig, search_file: str | None, fresh: bool, address: str | None,
          verbose: bool, plan: SweepPlan | None = None) -> int:
     from raycl.tracking.callback import INTERRUPTED
@@ -363,11 +384,16 @@ def _run(config: CoreConfig, search_file: str | None, fresh: bool, address: str 
     tuner = build_tuner(config, search_file, fresh=fresh, verbose=verbose,
                         loader=settled.data.loader, plan=plan)
     results = tuner.fit()
+    confirmation: list[str] = []
+    if config.tune.confirm is not None and not INTERRUPTED.get(config.name):
+        confirmation = _confirm(config, search_file, results, settled.data.loader, verbose)
     finished = [r for r in results
                 if r.error is None and not (r.metrics or {}).get(FAILED_KEY)]
     print(flush=True)
     print_leaderboard(config.mlflow.tracking_uri, config.mlflow.experiment or config.name,
                       top=10)
+    for line in confirmation:  # the confirmed ranking: the sweep's last word
+        print(line, flush=True)
     if INTERRUPTED.get(config.name):
         # Tune stops on the first Ctrl+C/SIGINT after saving the sweep's state.
         print(f"raycl: sweep {config.name!r} interrupted; run the same command again to resume "

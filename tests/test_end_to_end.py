@@ -17,6 +17,7 @@ from raycl.config.search_config import SearchConfig, apply_overrides
 from raycl.launch.feasibility import max_reports
 from raycl.launch.identity import read_identity
 from raycl.launch.load import load_search
+from raycl.results import find_trials
 from raycl.tracking import PARENT_TAG, ROLE_TAG
 from raycl.tracking.trial_table import leaderboard_rows
 from raycl.tune import build_tuner, main
@@ -62,6 +63,7 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
     captured = capsys.readouterr()
     printed = captured.out
     assert "e2e-quick: 2 trial(s)" in printed and "val/linear/mean" in printed
+    assert "at init" in printed and "chance (majority class on val)" in printed
 
     client, parents, children = runs_of(tmp_path, "e2e-quick")
     assert len(parents) == 1 and len(children) == 2
@@ -69,6 +71,9 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
     parent = parents[0]
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["raycl.version"]
+    # Two trials of two knobs: too few for parameter importance, and the parent says so.
+    assert parent.data.tags["raycl.importance"] == \
+        "importance: needs ≥ 4 finished trials with val/linear/mean, have 2"
     for child in children:
         assert child.data.tags[PARENT_TAG] == parent.info.run_id
         assert child.info.status in ("FINISHED", "KILLED")
@@ -90,6 +95,10 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
                     metrics[f"{split}/linear/{a}"] for a in ("shape", "texture", "color")) / 3)
             # The test split is scored once, at the end; validation at every evaluation.
             assert len(client.get_metric_history(child.info.run_id, "test/linear/mean")) == 1
+            # What the leaderboard reads trials against: the untrained backbone's val probes
+            # (eval.baseline, before epoch 1), chance on val and its size.
+            assert 0.0 <= metrics["baseline/val/linear/mean"] <= 1.0
+            assert metrics["data/val_size"] > 0 and 0.0 < metrics["data/chance/color"] <= 1.0
             # Logged by the trial after its last report (ASHA must not stop it there), through
             # the driver's relay.
             plots = {a.path for a in client.list_artifacts(child.info.run_id, "diagnostics")}
@@ -106,6 +115,12 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
         assert parent.data.metrics[f"best/{key}"] == winner.data.metrics[key]
     assert winner.data.metrics["val/linear/mean"] == max(
         c.data.metrics.get("val/linear/mean", -1) for c in children)
+    # Every trial's run says where its last checkpoint is: the winner's encoder is found from
+    # MLflow alone (python -m raycl.export).
+    assert all(c.data.tags.get("raycl.checkpoint") for c in children)
+    (found,) = find_trials(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e-quick", "best")
+    assert found.run_id == winner.info.run_id
+    assert (Path(found.checkpoint) / "state.pt").is_file()
 
     header, rows, _ = leaderboard_rows(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e-quick")
     assert header[3:5] == ["val/linear/mean", "test/linear/mean"]
@@ -263,6 +278,8 @@ def test_mcl_trial_logs_every_stage_and_ami_under_data_parallelism(
     client, _, children = runs_of(tmp_path, "e2e-mcl")
     (child,) = children
     assert child.info.status == "FINISHED"
+    # Ray Train's worker group reports its checkpoints' paths: the run records the last one.
+    assert (Path(child.data.tags["raycl.checkpoint"]) / "state.pt").is_file()
     assert child.data.params["mcl.clusters"] == "2" and child.data.params["mcl.stages"] == "2"
     # The YAML's temperature stays searched (HSCL does not read it): what was searched is tagged.
     assert child.data.tags["raycl.searched"].startswith("simclr.temperature=")

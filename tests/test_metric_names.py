@@ -100,7 +100,8 @@ def test_stage_and_split_are_changed_on_the_parts() -> None:
     ("val/linear/mean/extra", "expected [stage<j>/]val/<family>/<name>"),
     ("val/lineer/mean", "val is scored by linear, knn, retrieval"),
     ("val/linear_50xpct/mean", "not 'linear_50xpct'"),
-    ("transfer/digits/knn/mean", "transfer is scored by linear, not 'knn'"),
+    ("transfer/digits/zeroshot/mean", "transfer is scored by linear, knn, retrieval, "
+                                      "linear_sgd, not 'zeroshot'"),
     ("transfer/linear/mean", "expected [stage<j>/]transfer/<set>/<family>/<name>"),
     ("stage01/val/linear/mean", "expected [stage<j>/]<split>/<family>/<name> or <group>/<name>"),
     ("objective", "expected [stage<j>/]<split>/<family>/<name> or <group>/<name>"),

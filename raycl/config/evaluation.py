@@ -164,6 +164,12 @@ class EvalConfig(Section):
         "after training, e.g. [{dataset: digits}]: transfer/<name>/linear/<attribute> on their "
         "held-out share. Reported, never optimised."
     )
+    baseline: bool = Field(
+        True, description="Before training, score the trial's freshly initialised backbone "
+        "with the same val probes (one extra val evaluation per trial, stage 0 only; the "
+        "starting weights when model.pretrained is set), reported as baseline/val/...: the "
+        "leaderboard's 'at init' row, which a trained trial must beat. False: no such row."
+    )
     diagnostics: bool = Field(
         True, description="End of trial: singular value spectrum and effective rank of the "
         "test-split features (diag/effective_rank), principal angles between each class and the "

@@ -8,7 +8,9 @@ A name is ``[stage<j>/]<split>/<family>/<name>``:
   papers' SGD linear evaluation at a trial's end), ``val/retrieval/rank1``,
   ``val/nn_retrieval/mean``, ``val/mmvp/mean``, ``val/zeroshot/colour``, ``val/i2t/r1``: a
   split (``val``, ``test``) scored by a family;
-- ``transfer/<set>/linear/<attribute>``: a transfer set's held-out share, probed;
+- ``transfer/<set>/linear/<attribute>``: a transfer set's held-out share, probed (and
+  ``transfer/<set>/knn/...``, ``.../retrieval/...``, ``.../linear_50pct/...`` from
+  ``python -m raycl.evaluate``);
 - ``train/loss``, ``perf/eval_seconds``, ``data/skipped``, ``diag/effective_rank``,
   ``mcl/ami/stage0_stage1``: figures that score no split (a group, an optional family, a name);
 - ``stage<j>/...``: MCL's stage ``j`` alone; the integrated representation has no prefix.
@@ -62,9 +64,14 @@ FAMILIES: tuple[str, ...] = (LINEAR, KNN, RETRIEVAL, NN_RETRIEVAL, MMVP, ZEROSHO
 LABEL_FAMILIES: tuple[str, ...] = (LINEAR, KNN, RETRIEVAL, NN_RETRIEVAL, ZEROSHOT, LINEAR_SGD)
 # Families with label-fraction variants (``<family>_<percent>pct``).
 FRACTION_FAMILIES: tuple[str, ...] = (LINEAR, LINEAR_SGD)
-TRANSFER_FAMILIES: tuple[str, ...] = (LINEAR,)
+# raycl.evaluate scores a set by every label family (kNN, retrieval, the SGD protocol) too.
+TRANSFER_FAMILIES: tuple[str, ...] = (LINEAR, KNN, RETRIEVAL, LINEAR_SGD)
 # The mean over a family's attributes: ``val/linear/mean``.
 MEAN = "mean"
+# The trial's backbone at random initialisation, scored by the same probes before training
+# (eval.baseline): a reported name behind this prefix (``baseline/val/linear/mean``); no
+# objective, no column: the leaderboard's "random init" row.
+BASELINE_PREFIX = "baseline/"
 
 _STAGE = re.compile(r"stage(0|[1-9]\d*)")
 _FRACTION_PROBE = re.compile(r"(linear(?:_sgd)?)_(\d+(?:\.\d+)?(?:e-\d+)?)pct")
@@ -113,7 +120,7 @@ class MetricName:
         if self.stage is not None and (type(self.stage) is not int or self.stage < 0):
             return f"stage must be an integer >= 0, got {self.stage!r}"
         if self.percent is not None and (self.family not in FRACTION_FAMILIES
-                                         or self.split not in SCORED_SPLITS
+                                         or self.split not in (*SCORED_SPLITS, TRANSFER)
                                          or not _FRACTION_PROBE.fullmatch(
                                              f"{self.family}_{self.percent}pct")):
             return (f"a label-fraction percent ({self.percent!r}) goes with families "
@@ -218,6 +225,16 @@ def maybe_metric(text: str) -> MetricName | None:
         return None
 
 
+def baseline_metric(text: str) -> str:
+    """``text`` as the random-init baseline reports it: ``val/linear/mean`` ->
+    ``baseline/val/linear/mean``.
+
+    Raises:
+        MetricNameError: ``text`` is no metric name (:func:`parse_metric`).
+    """
+    return BASELINE_PREFIX + MetricName.parse(text).format()
+
+
 def split_stage(text: str) -> tuple[int | None, str]:
     """MCL's stage prefix apart: ``stage1/val/linear/mean`` -> ``(1, "val/linear/mean")``;
     ``(None, text)`` without one (the rest is not checked: see :func:`parse_metric`)."""
@@ -244,9 +261,9 @@ def fraction_percent(fraction: float) -> str:
     return f"{100 * fraction:g}"
 
 
-__all__ = ["DATA", "DIAG", "FAMILIES", "FRACTION_FAMILIES", "GROUPS", "I2T", "KNN",
-           "LABEL_FAMILIES", "LINEAR", "LINEAR_SGD", "MCL",
+__all__ = ["BASELINE_PREFIX", "DATA", "DIAG", "FAMILIES", "FRACTION_FAMILIES", "GROUPS", "I2T",
+           "KNN", "LABEL_FAMILIES", "LINEAR", "LINEAR_SGD", "MCL",
            "MEAN", "MMVP", "NN_RETRIEVAL", "PERF", "RETRIEVAL", "SCORED_SPLITS", "T2I", "TEST",
            "TRAIN", "TRANSFER", "TRANSFER_FAMILIES", "VAL", "ZEROSHOT", "MetricName",
-           "MetricNameError", "fraction_percent", "maybe_metric", "metric_name", "parse_metric",
-           "split_stage", "staged"]
+           "MetricNameError", "baseline_metric", "fraction_percent", "maybe_metric",
+           "metric_name", "parse_metric", "split_stage", "staged"]

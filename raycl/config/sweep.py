@@ -101,6 +101,19 @@ class SchedulerConfig(Section):
     )
 
 
+class ConfirmConfig(Section):
+    """Seed confirmation after the search (raycl.confirm)."""
+
+    top_k: int = Field(
+        1, ge=1, description="Best configurations of the search (by the validation objective) "
+        "re-run to the end with fresh seeds."
+    )
+    seeds: int = Field(
+        3, ge=2, le=1000, description="Fresh seeds per configuration (at least 2: a confidence "
+        "interval needs a spread)."
+    )
+
+
 class TuneSection(Section):
     num_samples: int = Field(
         4, ge=1, description="Trials to run. With an empty search space the trials differ only "
@@ -133,6 +146,23 @@ class TuneSection(Section):
         "./ray_results", description="Where Ray keeps trial state and checkpoints (S3/GCS/NFS "
         "on multi-node clusters). Re-running the same name resumes the sweep."
     )
+    confirm: ConfirmConfig | None = Field(
+        None, description="After the search: re-run the top_k best configurations to the end "
+        "with `seeds` fresh seeds each, under the same parent run, which gets confirm.csv (mean "
+        "and 95 % interval over seeds, validation and test), e.g. {top_k: 1, seeds: 3}. None: off."
+    )
+
+    @model_validator(mode="after")
+    def _confirm_needs_a_search(self) -> TuneSection:
+        if self.confirm is None:
+            return self
+        if not self.search_space:
+            raise ValueError("confirm needs a search space (with none, the trials are already "
+                             "repeats over seeds)")
+        if self.confirm.top_k > self.num_samples:
+            raise ValueError(f"confirm.top_k={self.confirm.top_k} exceeds the search's "
+                             f"num_samples={self.num_samples}")
+        return self
 
     @field_validator("metric")
     @classmethod
@@ -181,5 +211,5 @@ def resolve_tracking_uri(uri: str) -> str:
     return uri
 
 
-__all__ = ["Domain", "MLflowSection", "ScalingSection", "SchedulerConfig", "TuneSection",
-           "reported_test_metric", "resolve_tracking_uri"]
+__all__ = ["ConfirmConfig", "Domain", "MLflowSection", "ScalingSection", "SchedulerConfig",
+           "TuneSection", "reported_test_metric", "resolve_tracking_uri"]

@@ -133,21 +133,26 @@ def clip_loss(
 # Building open_clip models without a network
 
 
+def tiny_model_config(section: CLIPConfig, resolution: int) -> dict[str, Any]:
+    """The open_clip model config (``open_clip.CLIP(**config)``, or a model config JSON) of
+    ``clip.model: tiny`` at ``resolution``."""
+    width = section.tiny_width
+    heads = max(1, width // 32)
+    return {
+        "embed_dim": section.tiny_embed_dim,
+        "vision_cfg": {"layers": section.tiny_layers, "width": width,
+                       "head_width": width // heads, "mlp_ratio": 2.0,
+                       "patch_size": section.tiny_patch_size, "image_size": resolution},
+        "text_cfg": {"context_length": section.tiny_context_length, "vocab_size": 49408,
+                     "width": width, "heads": heads, "layers": section.tiny_text_layers,
+                     "mlp_ratio": 2.0},
+    }
+
+
 def _tiny_model(section: CLIPConfig, resolution: int) -> nn.Module:
     import open_clip
 
-    width = section.tiny_width
-    heads = max(1, width // 32)
-    return open_clip.CLIP(
-        embed_dim=section.tiny_embed_dim,
-        vision_cfg=open_clip.CLIPVisionCfg(layers=section.tiny_layers, width=width,
-                                           head_width=width // heads, mlp_ratio=2.0,
-                                           patch_size=section.tiny_patch_size,
-                                           image_size=resolution),
-        text_cfg=open_clip.CLIPTextCfg(context_length=section.tiny_context_length,
-                                       vocab_size=49408, width=width, heads=heads,
-                                       layers=section.tiny_text_layers, mlp_ratio=2.0),
-    )
+    return open_clip.CLIP(**tiny_model_config(section, resolution))
 
 
 def model_problem(name: str) -> str | None:

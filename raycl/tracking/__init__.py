@@ -9,8 +9,12 @@ Layered one way, each module importing only those listed before it:
 - :mod:`~raycl.tracking.naming`: a child run's name (``t03 K=5 N=2 τ=0.31``);
 - :mod:`~raycl.tracking.relay`: trials log through an actor on the driver's node
   (:func:`log_to_trial_run`);
-- :mod:`~raycl.tracking.trial_table`: a sweep's trials ranked, as a table, CSV, markdown or
+- :mod:`~raycl.tracking.reference_points` (chance, the untrained backbone, the val split's
+  resolution, a stopped trial beside the winner at its epoch) and
+  :mod:`~raycl.tracking.terminal_table` (columns fitted to the terminal) ->
+  :mod:`~raycl.tracking.trial_table`: a sweep's trials ranked, as a table, CSV, markdown or
   terminal text; :mod:`~raycl.tracking.leaderboard_plot`: the same as ``leaderboard.png``;
+  :mod:`~raycl.tracking.importance`: which searched knobs mattered (``importance.csv``);
 - :mod:`~raycl.tracking.callback`: :class:`MLflowSweepCallback`, the Tune callback in the
   driver that writes all of the above.
 

@@ -38,6 +38,7 @@ from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides, flatten
 from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
 from raycl.launch.feasibility import JOINT_PREFIX
+from raycl.tracking.importance import log_importance
 from raycl.tracking.leaderboard_plot import plot_leaderboard
 from raycl.tracking.naming import trial_index, trial_run_name
 from raycl.tracking.runs import (
@@ -60,6 +61,7 @@ from raycl.tracking.runs import (
     git_commit,
     mark_training_experiment,
     mlflow_client,
+    tag_checkpoint,
     write_leaderboard_view,
 )
 from raycl.tracking.trial_table import markdown_summary, trial_runs, trial_table, write_csv
@@ -363,6 +365,11 @@ class MLflowSweepCallback(Callback):
             self.client.set_tag(run_id, "raycl.skipped", str(result[SKIP_REASON_KEY]))
         if FAIL_REASON_KEY in result:
             self.client.set_tag(run_id, "raycl.error", str(result[FAIL_REASON_KEY])[:5000])
+        if isinstance(path := result.get("checkpoint_path"), str):  # Ray Train's, on storage
+            self.on_checkpoint(trial=trial, checkpoint=path)
+
+    def on_checkpoint(self, trial: Trial, checkpoint: Any, **info: Any) -> None:  # Tune's
+        tag_checkpoint(self.client, self._child(trial), checkpoint, self.config.tune)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
         run_id = self._child(trial)
@@ -399,9 +406,9 @@ class MLflowSweepCallback(Callback):
 
     def _log_leaderboard(self) -> None:
         """The parent run's leaderboard, rewritten from MLflow after every trial and at the end:
-        ``leaderboard.csv`` (every trial of this sweep, best first), ``leaderboard.png`` and
-        the run's description. A failure here is logged, never raised: it must not stop the
-        sweep."""
+        ``leaderboard.csv`` (every trial of this sweep, best first), ``leaderboard.png``, the
+        knobs' importance (:mod:`raycl.tracking.importance`) and the run's description. A
+        failure here is logged, never raised: it must not stop the sweep."""
         if self.parent_run_id is None or self.experiment_id is None:
             return
         try:
@@ -416,8 +423,9 @@ class MLflowSweepCallback(Callback):
                 plot_leaderboard(table, png_path, self.config.tune.search_space)
                 self.client.log_artifact(self.parent_run_id, str(csv_path))
                 self.client.log_artifact(self.parent_run_id, str(png_path))
-            self.client.set_tag(self.parent_run_id, NOTE_TAG,
-                                markdown_summary(table, self.config.name, paper=paper))
+            self.client.set_tag(self.parent_run_id, NOTE_TAG, markdown_summary(
+                table, self.config.name, paper=paper) + "\n\n" + log_importance(
+                self.client, self.parent_run_id, children, self.config))  # never raises
         except Exception:  # a leaderboard is never worth a sweep
             logger.warning("could not write the leaderboard to the parent run", exc_info=True)
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from raycl.config.search_config import key_symbol
 from raycl.config.sweep import Domain
+from raycl.tracking.reference_points import chance_of
 from raycl.tracking.runs import TRIAL_INDEX_TAG
 from raycl.tracking.trial_table import TrialTable, searched_values
 
@@ -69,6 +70,11 @@ def leaderboard_figure(table: TrialTable, space: Mapping[str, Domain] | None = N
         if best is not None:
             axis.scatter([xs[0]], [best.objective], s=140, marker="*", color="tab:red",
                          zorder=3, label=f"best: {best.name}")
+        # What the trials are read against: chance and the untrained backbone.
+        for level, style, label in ((chance_of(table.metric, table.chance), ":", "chance"),
+                                    (table.baseline.get(table.metric), "--", "at init")):
+            if level is not None:
+                axis.axhline(level, color="grey", linestyle=style, linewidth=1, label=label)
         axis.set_ylabel(table.metric)
         axis.grid(alpha=0.3)
     if best is not None:

@@ -27,6 +27,8 @@ from raycl.tracking.retry import retrying_client
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
+    from raycl.config.sweep import TuneSection
+
 logger = logging.getLogger(__name__)
 
 TRIAL_TAG = "raycl.trial_id"
@@ -46,6 +48,8 @@ ENDED_TAG = "raycl.ended"
 STOPPED_AT_METRIC = "stopped_at_epoch"
 # The trial's number in the sweep, as Ray numbers it (its run name's ``t03``).
 TRIAL_INDEX_TAG = "raycl.trial_index"
+# Where the trial's last checkpoint is: a local directory or a bucket URI (raycl.results).
+CHECKPOINT_TAG = "raycl.checkpoint"
 # MLflow 3's UI tells GenAI experiments (traces) from model-training ones (runs) by this tag;
 # custom_model_development is the "Machine learning" kind.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -174,6 +178,26 @@ def _shell_path(path: Path) -> str:
     if relative.startswith(".."):
         return shlex.quote(str(path.absolute()))
     return shlex.quote(relative if os.sep in relative else f".{os.sep}{relative}")
+
+
+def checkpoint_location(path: str, storage_path: str) -> str:
+    """A checkpoint's path on the sweep's storage filesystem (as Ray reports it) as raycl reads
+    it back: a local path as it is; on a bucket, its URI with the scheme and query of
+    ``storage_path`` (``s3://bucket/raycl/...?endpoint_override=...``)."""
+    scheme, separator, _ = storage_path.partition("://")
+    if not separator or scheme == "file":
+        return path
+    query = storage_path.partition("?")[2]
+    return f"{scheme}://{path.lstrip('/')}" + (f"?{query}" if query else "")
+
+
+def tag_checkpoint(client: MlflowClient, run_id: str, checkpoint: object,
+                   tune: TuneSection) -> None:
+    """Tag a trial's run with where its latest checkpoint is (``raycl.checkpoint``):
+    ``checkpoint`` is Tune's (its ``path``) or the path Ray Train reported, on the storage of
+    ``tune`` (the config's ``tune`` section)."""
+    path = getattr(checkpoint, "path", checkpoint)
+    client.set_tag(run_id, CHECKPOINT_TAG, checkpoint_location(str(path), tune.storage_path))
 
 
 def find_trial_run(client: MlflowClient, experiment_id: str, trial_id: str) -> str | None:

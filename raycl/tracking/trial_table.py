@@ -7,18 +7,21 @@ The same table (:func:`trial_table`) is what ``python -m raycl.leaderboard`` pri
 (:func:`print_leaderboard`) and what the sweep's callback writes to its parent run after every
 trial: ``leaderboard.csv`` (:func:`write_csv`), ``leaderboard.png``
 (:mod:`raycl.tracking.leaderboard_plot`) and the run's description (:func:`markdown_summary`).
-Sits on :mod:`raycl.tracking.runs`.
+Each is read against what :mod:`raycl.tracking.reference_points` finds in the trials' reports:
+chance on val, the untrained backbone's row ("at init"), how large a difference the val split
+resolves, and a stopped trial beside the winner at the same epoch. In the terminal the
+searched keys are never left out for the width (:mod:`raycl.tracking.terminal_table`);
+``--columns``, ``--wide`` and ``--attributes`` choose the rest (:class:`ColumnChoice`). Sits on
+:mod:`raycl.tracking.runs`.
 """
 
 from __future__ import annotations
 
 import csv
 import math
-import os
-import shutil
 import sys
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +44,14 @@ from raycl.config.metric_names import (
 )
 from raycl.config.paper import PaperConfig, compare_to_paper, comparison_line, paper_from_params
 from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
+from raycl.confirm import CONFIRM_TAG
+from raycl.tracking.reference_points import (
+    baseline_row,
+    chance_line,
+    honesty,
+    resolution_line,
+    same_epoch_statuses,
+)
 from raycl.tracking.runs import (
     GREATER_IS_BETTER_TAG,
     LEADERBOARD_VIEW,
@@ -51,6 +62,7 @@ from raycl.tracking.runs import (
     mlflow_client,
     mlflow_ui_command,
 )
+from raycl.tracking.terminal_table import format_table, terminal_width
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -64,12 +76,15 @@ REPORTED: tuple[str, ...] = (
     metric_name(VAL, I2T, "r1"), metric_name(VAL, T2I, "r1"),
 )
 
-def trial_runs(client: MlflowClient, experiment_id: str, parent_run_id: str | None) -> list[Run]:
-    """The trial (child) runs of one sweep (its parent run), or of every sweep (None)."""
+def trial_runs(client: MlflowClient, experiment_id: str, parent_run_id: str | None,
+               confirmation: bool = False) -> list[Run]:
+    """The trial (child) runs of one sweep (its parent run), or of every sweep (None): the
+    search's, or with ``confirmation`` its seed confirmation's (tagged ``raycl.confirm``)."""
     filter_string = f"tags.`{ROLE_TAG}` = 'trial'"
     if parent_run_id is not None:
         filter_string += f" and tags.`{PARENT_TAG}` = '{parent_run_id}'"
-    return client.search_runs([experiment_id], filter_string, max_results=5000)
+    runs = client.search_runs([experiment_id], filter_string, max_results=5000)
+    return [run for run in runs if (CONFIRM_TAG in run.data.tags) == confirmation]
 
 
 @dataclass
@@ -90,11 +105,21 @@ class TrialTable:
     header: list[str]
     rows: list[list[Any]]
     runs: list[Run]
+    # What the table is read against (:func:`honesty`): chance per attribute, the number of
+    # val images scored and the random-init baseline's metrics; empty when no trial reported
+    # them (runs of an older raycl).
+    chance: dict[str, float] = field(default_factory=dict)
+    val_size: int | None = None
+    baseline: dict[str, float] = field(default_factory=dict)
 
     def objective(self, run: Run) -> float | None:
         """The run's (last) objective, None when it has not reported one."""
         value = run.data.metrics.get(self.metric)
         return value if value is not None and math.isfinite(value) else None
+
+    def best(self) -> Run | None:
+        """The best trial's run (ranked first among those that reported the objective)."""
+        return next((run for run in self.runs if self.objective(run) is not None), None)
 
 
 def trial_table(children: list[Run], metric: str, mode: str,
@@ -142,17 +167,29 @@ def trial_table(children: list[Run], metric: str, mode: str,
                      *[run.data.metrics.get(key) for key in (metric, *tested)],
                      *[values.get(key) for key in searched],
                      *[run.data.metrics.get(key) for key in extra]])
-    return TrialTable(metric, mode, objective_test, searched, header, rows, children)
+    return TrialTable(metric, mode, objective_test, searched, header, rows, children,
+                      *honesty(children))
+
+
+def _resolution_line(table: TrialTable) -> str | None:
+    """:func:`~raycl.tracking.reference_points.resolution_line` at the best trial's objective."""
+    best = table.best()
+    return resolution_line(table.metric, table.objective(best) if best else None,
+                           table.val_size)
 
 
 def write_csv(table: TrialTable, path: Path) -> None:
     """The table as CSV, best first, with a ``rank`` column; numbers at full precision, an
-    empty cell where a trial lacks the metric."""
+    empty cell where a trial lacks the metric; the untrained backbone's row last (rank
+    ``baseline``) when the trials reported one."""
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["rank", *table.header])
         for rank, row in enumerate(table.rows, start=1):
             writer.writerow([rank, *["" if value is None else value for value in row]])
+        base = baseline_row(table.header, table.searched, table.baseline)
+        if base is not None:  # unranked: the untrained backbone, read against
+            writer.writerow(["baseline", *["" if value is None else value for value in base]])
 
 
 def paper_line(table: TrialTable, paper: PaperConfig) -> str:
@@ -187,6 +224,12 @@ def markdown_summary(table: TrialTable, sweep: str, top: int = 10,
     if paper is not None:
         lines.append(f"Against the paper: {paper_line(table, paper)}"
                      + (f" ({paper.note})" if paper.note else "") + ".")
+    # What the numbers are read against: chance, the random-init backbone, val's resolution.
+    if table.baseline.get(table.metric) is not None:
+        lines.append(f"Random init (the same backbone untrained, the same probes): "
+                     f"{_fmt(table.baseline[table.metric])}.")
+    lines += [f"{line[0].upper()}{line[1:]}." for line in (chance_line(table.chance),
+                                                           _resolution_line(table)) if line]
     columns = 5 if table.objective_test else 4
     lines += ["", "| # | " + " | ".join(_cell(name) for name in table.header[:columns]
                                         if name != "trial_id") + " |",
@@ -223,19 +266,73 @@ def _fmt(value: object) -> str:
     return f"{number:.4g}"
 
 
+@dataclass(frozen=True)
+class ColumnChoice:
+    """Which columns the terminal's table shows (``python -m raycl.leaderboard`` flags).
+
+    Attributes:
+        columns: ``--columns a,b,c``: these columns (by header name) after the ones always
+            shown (``#``, trial, status, the objective) and the searched keys; None: every one.
+        wide: ``--wide``: no width limit (nothing left out for the terminal).
+        attributes: ``--attributes``: the per-attribute probe columns too (``val/linear/
+            shape``, ...); without it they are left out (they stay in ``leaderboard.csv``).
+    """
+
+    columns: tuple[str, ...] | None = None
+    wide: bool = False
+    attributes: bool = False
+
+
+@dataclass
+class Leaderboard:
+    """The terminal's leaderboard: its table and the lines it is read against.
+
+    Attributes:
+        header: column names (``#`` first; no ``trial_id``).
+        rows: the ranked trials' cells, best first.
+        title: the line above the table.
+        searched: the searched keys' column names (never left out for the width).
+        baseline: the random-init row's cells (rank ``-``), None without a baseline.
+        notes: lines under the table: chance, the val split's resolution, the paper's.
+    """
+
+    header: list[str]
+    rows: list[list[str]]
+    title: str
+    searched: list[str]
+    baseline: list[str] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
 def leaderboard_rows(
     tracking_uri: str, experiment: str, top: int = 10, all_sweeps: bool = False
 ) -> tuple[list[str], list[list[str]], str]:
     """Header, rows and a title line for the leaderboard (raises LookupError when empty)."""
-    header, rows, title, _ = _leaderboard(tracking_uri, experiment, top, all_sweeps)
-    return header, rows, title
+    board = build_leaderboard(tracking_uri, experiment, top, all_sweeps)
+    return board.header, board.rows, board.title
 
 
-def _leaderboard(
-    tracking_uri: str, experiment: str, top: int, all_sweeps: bool
-) -> tuple[list[str], list[list[str]], str, str | None]:
-    """:func:`leaderboard_rows` and the line comparing the best trial with the latest sweep's
-    ``paper:`` block (None without one)."""
+def _is_attribute_column(name: str, table: TrialTable, paper_metric: str | None) -> bool:
+    """A per-attribute probe column (``val/linear/shape``), other than the objective, its test
+    counterpart and the paper's metric: shown with ``--attributes``."""
+    parsed = maybe_metric(name)
+    return (parsed is not None and parsed.split in (VAL, TEST) and parsed.name != MEAN
+            and parsed.family == LINEAR and parsed.percent is None
+            and name not in (table.metric, table.objective_test, paper_metric))
+
+
+def build_leaderboard(
+    tracking_uri: str, experiment: str, top: int = 10, all_sweeps: bool = False,
+    choice: ColumnChoice | None = None,
+) -> Leaderboard:
+    """The leaderboard of ``experiment``'s latest sweep (every sweep's trials with
+    ``all_sweeps``): the ranked table (columns per ``choice``; None: every column), the
+    random-init row, a stopped trial's status beside the winner's objective at the same epoch,
+    and the chance, resolution and paper lines.
+
+    Raises:
+        LookupError: no such experiment, or no raycl sweep in it.
+    """
     client = mlflow_client(resolve_tracking_uri(tracking_uri))
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -249,85 +346,82 @@ def _leaderboard(
     children = trial_runs(client, found.experiment_id,
                           None if all_sweeps else parents[0].info.run_id)
     paper = paper_from_params(parents[0].data.params)
-    table = trial_table(children, metric, mode, paper.metric if paper else None)
-    shown = [i for i, name in enumerate(table.header) if name != "trial_id"]
+    paper_metric = paper.metric if paper else None
+    table = trial_table(children, metric, mode, paper_metric)
+    statuses = same_epoch_statuses(client, table.runs, metric, table.best())
+    shown = select_columns(table, choice or ColumnChoice(attributes=True), paper_metric)
     header = ["#", *[table.header[i] for i in shown]]
-    rows = [[str(rank), *[_fmt(row[i]) if i > 2 else str(row[i]) for i in shown]]
-            for rank, row in enumerate(table.rows[:top], start=1)]
+    rows = []
+    for rank, (run, row) in enumerate(zip(table.runs[:top], table.rows[:top], strict=True),
+                                      start=1):
+        cells = [*row[:2], statuses.get(run.info.run_id, row[2]), *row[3:]]
+        rows.append([str(rank), *[_fmt(cells[i]) if i > 2 else str(cells[i]) for i in shown]])
+    base = baseline_row(table.header, table.searched, table.baseline)
+    baseline = ["-", *[_fmt(base[i]) if i > 2 else str(base[i]) for i in shown]] \
+        if base else None
     title = (f"{experiment}: {len(children)} trial(s), best {top} by {metric} ({mode})"
              f"{'' if all_sweeps else ', latest sweep'}; test/, transfer/ and diag/ columns are "
              f"reported, not ranked on")
-    return header, rows, title, paper_line(table, paper) if paper else None
+    notes = [line for line in (chance_line(table.chance), _resolution_line(table),
+                               paper_line(table, paper) if paper else None,  # the knobs next:
+                               None if all_sweeps else parents[0].data.tags.get(
+                                   "raycl.importance")) if line]  # raycl.tracking.importance
+    return Leaderboard(header, rows, title, list(table.searched), baseline, notes)
 
 
-def terminal_width(default: int = 100) -> int:
-    """The terminal's columns: ``$COLUMNS`` or stdout's terminal (:func:`shutil.get_terminal_size`),
-    else stderr's or stdin's (``raycl.tune ... | tee log`` still has one), else ``default``
-    (``ray job logs``, a file)."""
-    columns = shutil.get_terminal_size(fallback=(0, 0)).columns
-    for fd in (2, 0):
-        if columns > 0:
-            break
-        try:
-            columns = os.get_terminal_size(fd).columns
-        except (OSError, ValueError):
-            continue
-    return columns if columns > 0 else default
+def select_columns(table: TrialTable, choice: ColumnChoice,
+                   paper_metric: str | None = None) -> list[int]:
+    """The indices of ``table.header`` the terminal shows, in order: the trial's name, status
+    and objective always, then the searched keys always, then the others ``choice`` keeps
+    (``trial_id`` never: it is in ``leaderboard.csv``).
 
-
-# Columns always shown: "#", the trial's name, its status and the objective.
-_KEPT_COLUMNS = 4
-
-
-def format_table(header: list[str], rows: list[list[str]], width: int | None = None) -> str:
-    """Left-aligned columns under a dashed rule, for the terminal, at most ``width`` characters
-    wide: columns beyond it are left out from the right (the searched values are in the trial's
-    name; every column is in ``leaderboard.csv`` and MLflow) and named in a last line, and a
-    trial name too long is cut with "…"."""
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    shown = len(header)
-    if width is not None:
-        while shown > _KEPT_COLUMNS and sum(widths[:shown]) + 2 * (shown - 1) > width:
-            shown -= 1
-        over = sum(widths[:shown]) + 2 * (shown - 1) - width
-        if over > 0 and shown > 1:
-            widths[1] = max(len(header[1]), 8, widths[1] - over)
-
-    def cell(text: str, size: int) -> str:
-        return text if len(text) <= size else text[:size - 1] + "…"
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(cell(text, size).ljust(size)
-                         for text, size in zip(cells[:shown], widths[:shown], strict=True))
-
-    lines = [line(header).rstrip(), line(["-" * w for w in widths]),
-             *(line(row).rstrip() for row in rows)]
-    if shown < len(header):
-        note = (f"{len(header) - shown} more column(s) in leaderboard.csv and MLflow: "
-                + ", ".join(header[shown:]))
-        lines.append(cell(note, width) if width else note)
-    return "\n".join(lines)
+    Raises:
+        ValueError: a name in ``choice.columns`` that is no column of the table (the message
+            lists them).
+    """
+    always = {"trial", "status", table.metric, *table.searched}
+    if choice.columns is not None:
+        unknown = [name for name in choice.columns if name not in table.header]
+        if unknown:
+            raise ValueError(f"--columns: no column {', '.join(map(repr, unknown))}; the "
+                             f"table has {', '.join(table.header[3:])}")
+        picked = [i for i, name in enumerate(table.header) if name in always]
+        picked += [table.header.index(name) for name in choice.columns
+                   if table.header.index(name) not in picked]
+        return sorted(picked, key=lambda i: (i >= 3 and table.header[i] not in always, i))
+    return [i for i, name in enumerate(table.header) if name != "trial_id" and (
+        choice.attributes or not _is_attribute_column(name, table, paper_metric))]
 
 
 def print_leaderboard(tracking_uri: str, experiment: str, top: int = 10,
-                      all_sweeps: bool = False) -> None:
-    """Print the leaderboard and where to see it in MLflow's UI (the link opens its view). A
-    reader that stopped early (``| head``) ends the printing quietly, stdout sent to devnull."""
-    header, rows, title, compared = _leaderboard(tracking_uri, experiment, top, all_sweeps)
+                      all_sweeps: bool = False, choice: ColumnChoice | None = None) -> None:
+    """Print the leaderboard (columns per ``choice``; None: the default, per-attribute
+    columns left out), the lines it is read against and where to see it in MLflow's UI (the
+    link opens its view). A reader that stopped early (``| head``) ends the printing quietly,
+    stdout sent to devnull.
+
+    Raises:
+        LookupError: no such experiment or sweep.
+        ValueError: a ``--columns`` name the table does not have.
+    """
+    board = build_leaderboard(tracking_uri, experiment, top, all_sweeps,
+                              choice or ColumnChoice())
     try:
-        _print_table(tracking_uri, experiment, header, rows, title, compared)
+        _print_table(tracking_uri, experiment, board, choice or ColumnChoice())
         sys.stdout.flush()  # here, not at exit, where a closed pipe would print a traceback
     except BrokenPipeError:
         stdout_closed()
 
 
-def _print_table(tracking_uri: str, experiment: str, header: list[str], rows: list[list[str]],
-                 title: str, compared: str | None = None) -> None:
+def _print_table(tracking_uri: str, experiment: str, board: Leaderboard,
+                 choice: ColumnChoice) -> None:
     width = terminal_width()
-    print(textwrap.fill(title, width=max(width, 40)))
-    print(format_table(header, rows, width=width))
-    if compared:
-        print(textwrap.fill(compared, width=max(width, 40)))
+    print(textwrap.fill(board.title, width=max(width, 40)))
+    rows = [*board.rows, *([board.baseline] if board.baseline else [])]
+    print(format_table(board.header, rows, width=None if choice.wide else width,
+                       keep=board.searched))
+    for note in board.notes:
+        print(textwrap.fill(note, width=max(width, 40)))
     uri = resolve_tracking_uri(tracking_uri)
     found = mlflow_client(uri).get_experiment_by_name(experiment)
     page = ""

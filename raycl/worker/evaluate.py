@@ -149,6 +149,8 @@ def _score(
     if projections is not None and "test" in keep:
         projections = projections[keep["test"]]
     kept = _keep_rows(scored_data, keep)
+    if data.attributes:  # what the leaderboard reads val's scores against (cheap: counts)
+        metrics.update(val_reference_metrics(kept.val.labels))
     metrics.update(_stage_and_trial_metrics(
         config, kept, inputs, _keep_features(scored, keep), _keep_features(integrated, keep),
         device, eval_sets, method, integrated_method))
@@ -175,6 +177,27 @@ def _score(
         diagnostics = {**(diagnostics or {}), **mcl_summary(
             config, inputs, features, metrics, device)}
     return diagnostics
+
+
+def val_reference_metrics(labels: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """What the leaderboard reads val's accuracies against: ``data/val_size`` (the val rows
+    scored) and ``data/chance/<attribute>``, the majority class's share of them (the accuracy
+    of always answering the most frequent class; 1/num_classes only when balanced).
+
+    Args:
+        labels: the scored val rows' labels per attribute.
+
+    Returns:
+        The metrics; ``{}`` for no rows.
+    """
+    counts = {name: np.unique(values, return_counts=True)[1] for name, values in labels.items()}
+    size = len(next(iter(labels.values()))) if labels else 0
+    if size == 0:
+        return {}
+    metrics = {metric_name(DATA, None, "val_size"): float(size)}
+    metrics.update({metric_name(DATA, "chance", name): float(found.max() / size)
+                    for name, found in counts.items()})
+    return metrics
 
 
 def file_decoder(config: CoreConfig) -> FileDecoder | None:
@@ -360,4 +383,4 @@ def method_diagnostics(
 
 
 __all__ = ["DIAGNOSTIC_IMAGES", "evaluate_epoch", "method_diagnostics", "scored_subset",
-           "select_splits"]
+           "select_splits", "val_reference_metrics"]

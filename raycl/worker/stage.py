@@ -20,7 +20,14 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from raycl.config.metric_names import TRAIN, metric_name, staged
+from raycl.config.metric_names import (
+    TRAIN,
+    VAL,
+    baseline_metric,
+    maybe_metric,
+    metric_name,
+    staged,
+)
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides
 from raycl.data import DatasetSplits
@@ -115,6 +122,9 @@ def train_stage(
     stage = _Stage(config=config, data=data, eval_sets=eval_sets, inputs=inputs, parts=parts,
                    phases=stage_phases(config), epochs_per_stage=stage_epochs(config))
     first_phase, start_epoch = _resume_position(stage.phases, resume)
+    # Once per trial, before any training: reported with its first epoch.
+    baseline = (_baseline_metrics(stage)
+                if config.eval.baseline and resume is None and inputs.stage == 0 else {})
     result = StageResult()
     for phase_index in range(first_phase, len(stage.phases)):
         run = _start_phase(stage, phase_index, start_epoch, resume)
@@ -124,8 +134,27 @@ def train_stage(
             generator = seed_epoch(config.seed, inputs.stage, run.offset + epoch,
                                    session.rank, session.device)
             stats = run_epoch(stage.parts, run, epoch, generator)
-            result = _end_epoch(stage, run, stats, epoch + 1)
+            result = _end_epoch(stage, run, stats, epoch + 1, baseline)
+            baseline = {}
     return result
+
+
+def _baseline_metrics(stage: _Stage) -> dict[str, float]:
+    """``eval.baseline``: the freshly built backbone scored by the val evaluation before any
+    training, each metric as ``baseline/val/...`` (rank 0; ``{}`` on every other rank, and
+    without attributes to probe). Every rank runs it (the embedding gathers); the random
+    number generators are restored after, so training is the same with it or without."""
+    if not stage.data.attributes:
+        return {}
+    device = stage.session.device
+    numpy_state = np.random.get_state()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        _, evaluation, _ = evaluate_epoch(stage.config, stage.data, stage.eval_sets,
+                                          stage.inputs, stage.parts.method, stage.session,
+                                          last=False)
+    np.random.set_state(numpy_state)
+    return {baseline_metric(key): value for key, value in evaluation.items()
+            if (name := maybe_metric(key)) and name.split == VAL and name.stage is None}
 
 
 def _build_parts(
@@ -231,13 +260,15 @@ def data_parallel(method: Method, session: Session, sync_bn: bool = False) -> nn
     return session.wrap_model(method, sync_bn)  # sync_bn: model.sync_batchnorm
 
 
-def _end_epoch(stage: _Stage, run: PhaseRun, stats: EpochStats, completed: int) -> StageResult:
-    """After epoch ``completed`` of the phase: its metrics, the evaluation when due, the
+def _end_epoch(stage: _Stage, run: PhaseRun, stats: EpochStats, completed: int,
+               baseline: dict[str, float] | None = None) -> StageResult:
+    """After epoch ``completed`` of the phase: its metrics (and ``baseline``'s, the
+    untrained backbone's, with the trial's first epoch), the evaluation when due, the
     checkpoint when due (rank 0), and the report."""
     config, inputs, session = stage.config, stage.inputs, stage.session
     method = stage.parts.method
     last = completed == run.epochs and run.index == len(stage.phases) - 1
-    metrics = _epoch_metrics(stage, run, stats, completed)
+    metrics = {**_epoch_metrics(stage, run, stats, completed), **(baseline or {})}
     every = config.eval.every_n_epochs
     features: Features = {}
     diagnostics = None

@@ -1,0 +1,279 @@
+"""Seed confirmation (``tune.confirm: {top_k: K, seeds: S}``): the pure parts.
+
+After a search, the K best configurations (by the validation objective) are re-run to the end
+with S fresh seeds each (:mod:`raycl.confirm_run` runs them); this module chooses them, derives
+their seeds, and summarises each over its seeds: mean and 95 % t-interval, validation and test,
+as the rows of the parent run's ``confirm.csv`` and the lines printed at the end of the sweep.
+Nothing here needs Ray or MLflow.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# A confirmation trial's child run carries its configuration's rank (1 = the search's best).
+CONFIRM_TAG = "raycl.confirm"
+# Confirmation seeds of the configuration of rank r are seed + r * SEED_STRIDE + 0..S-1: never
+# the search's own seed (the search trials all train with ``seed``), never shared between ranks
+# (a trial's seed names its configuration).
+SEED_STRIDE = 10_000
+CONFIDENCE = 0.95
+CSV_NAME = "confirm.csv"
+
+
+def top_configurations(
+    scored: Sequence[tuple[Mapping[str, Any], float]], top_k: int, mode: str
+) -> list[dict[str, Any]]:
+    """The ``top_k`` best distinct configurations of a search, best first.
+
+    Args:
+        scored: ``(searched values, objective)`` of each finished trial, in trial order.
+            A non-finite objective (a trial that never reported it) is left out.
+        top_k: how many to keep (fewer when fewer distinct configurations were scored).
+        mode: ``"max"`` or ``"min"``: the objective's direction.
+
+    Returns:
+        The searched values, best objective first; ties keep trial order. A configuration
+        tried twice counts once, at its best objective.
+
+    Raises:
+        ValueError: ``top_k`` below 1, or a ``mode`` other than max/min.
+    """
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+    best: dict[tuple[tuple[str, str], ...], tuple[float, int, dict[str, Any]]] = {}
+    for order, (values, objective) in enumerate(scored):
+        if not isinstance(objective, (int, float)) or not math.isfinite(objective):
+            continue
+        key = tuple(sorted((name, repr(value)) for name, value in values.items()))
+        better = objective if mode == "max" else -objective
+        if key not in best or better > best[key][0]:
+            best[key] = (better, best[key][1] if key in best else order, dict(values))
+    ranked = sorted(best.values(), key=lambda item: (-item[0], item[1]))
+    return [values for _, _, values in ranked[:top_k]]
+
+
+def confirmation_seeds(base_seed: int, top_k: int, seeds: int) -> list[list[int]]:
+    """The fresh seeds of each confirmed configuration: ``[[seeds of rank 1], ...]``.
+
+    Args:
+        base_seed: the sweep's ``seed`` (what every search trial trained with).
+        top_k: configurations confirmed.
+        seeds: seeds per configuration, at most :data:`SEED_STRIDE`.
+
+    Returns:
+        ``base_seed + rank * SEED_STRIDE + j`` for rank 1..top_k, j 0..seeds-1: the same for the
+        same arguments (a resumed confirmation), all distinct and none equal to ``base_seed``.
+
+    Raises:
+        ValueError: ``top_k`` below 1, or ``seeds`` outside [1, SEED_STRIDE].
+    """
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    if not 1 <= seeds <= SEED_STRIDE:
+        raise ValueError(f"seeds must be in [1, {SEED_STRIDE}], got {seeds}")
+    return [[base_seed + rank * SEED_STRIDE + j for j in range(seeds)]
+            for rank in range(1, top_k + 1)]
+
+
+def rank_of_seed(seed: int, base_seed: int) -> int:
+    """The rank (1-based) of the configuration a confirmation ``seed`` belongs to
+    (:func:`confirmation_seeds`' inverse).
+
+    Raises:
+        ValueError: ``seed`` is no confirmation seed of ``base_seed``.
+    """
+    rank = (seed - base_seed) // SEED_STRIDE
+    if rank < 1:
+        raise ValueError(f"seed {seed} is not a confirmation seed of base seed {base_seed}")
+    return rank
+
+
+def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float,
+                                                                                   float]:
+    """Mean and two-sided Student-t confidence interval of the mean over seeds.
+
+    Args:
+        values: one measurement per seed (non-finite ones are left out).
+        confidence: the interval's coverage, in (0, 1).
+
+    Returns:
+        ``(mean, low, high)`` = mean ∓ t_{(1+c)/2, n-1} · s / √n with s the sample standard
+        deviation; the bounds are NaN with fewer than 2 values, all three with none.
+
+    Raises:
+        ValueError: ``confidence`` outside (0, 1).
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    finite = [float(v) for v in values if math.isfinite(v)]
+    n = len(finite)
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    mean = sum(finite) / n
+    if n < 2:
+        return mean, math.nan, math.nan
+    from scipy.stats import t  # scipy comes with scikit-learn (the probes)
+
+    spread = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1))
+    half = float(t.ppf((1.0 + confidence) / 2.0, n - 1)) * spread / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+@dataclass
+class Confirmed:
+    """One confirmed configuration and what its seeds measured.
+
+    Attributes:
+        rank: its place in the search (1 = the search's best).
+        values: its searched values.
+        seeds: its confirmation seeds.
+        val: the validation objective of each finished seed.
+        test: the objective's test counterpart of each finished seed.
+    """
+
+    rank: int
+    values: dict[str, Any]
+    seeds: list[int]
+    val: list[float] = field(default_factory=list)
+    test: list[float] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """``#2 (simclr.temperature=0.31, train.lr=0.001)``: how sentences name it."""
+        shown = ", ".join(f"{key}={_short(value)}" for key, value in self.values.items())
+        return f"#{self.rank} ({shown})" if shown else f"#{self.rank}"
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def ranked_by_validation(confirmed: Sequence[Confirmed], mode: str) -> list[Confirmed]:
+    """``confirmed`` best validation mean first (those without one last, in rank order)."""
+    def key(item: Confirmed) -> tuple[bool, float, int]:
+        mean = t_interval(item.val)[0]
+        if math.isnan(mean):
+            return True, 0.0, item.rank
+        return False, -mean if mode == "max" else mean, item.rank
+
+    return sorted(confirmed, key=key)
+
+
+def confirm_table(
+    confirmed: Sequence[Confirmed], metric: str, test_metric: str | None, mode: str
+) -> tuple[list[str], list[list[Any]]]:
+    """The rows of ``confirm.csv``, best validation mean first.
+
+    Args:
+        confirmed: the confirmed configurations with their measurements.
+        metric: the validation objective's name (``val/linear/mean``).
+        test_metric: its test counterpart (None: no test columns).
+        mode: ``"max"`` or ``"min"``.
+
+    Returns:
+        ``(header, rows)``: ``rank``, each searched key, ``seeds`` (``1 2 3``), ``n`` (seeds
+        that finished), then ``<metric> mean``, ``… ci95_low``, ``… ci95_high`` for validation and
+        for test. Missing numbers are NaN.
+    """
+    keys: list[str] = []
+    for item in confirmed:
+        keys += [key for key in item.values if key not in keys]
+    columns = [(metric, "val")] + ([(test_metric, "test")] if test_metric else [])
+    header = ["rank", *keys, "seeds", "n"]
+    for name, _ in columns:
+        header += [f"{name} mean", f"{name} ci95_low", f"{name} ci95_high"]
+    rows = []
+    for item in ranked_by_validation(confirmed, mode):
+        row: list[Any] = [item.rank, *(item.values.get(key) for key in keys),
+                          " ".join(map(str, item.seeds)), len(item.val)]
+        for _, split in columns:
+            row += list(t_interval(getattr(item, split)))
+        rows.append(row)
+    return header, rows
+
+
+def intervals_overlap(first: tuple[float, float], second: tuple[float, float]) -> bool:
+    """Whether two closed intervals ``(low, high)`` share a point; an unknown (NaN) bound
+    counts as overlapping: nothing separates them."""
+    if any(math.isnan(bound) for bound in (*first, *second)):
+        return True
+    return first[0] <= second[1] and second[0] <= first[1]
+
+
+def separation_sentence(confirmed: Sequence[Confirmed], mode: str) -> str | None:
+    """Whether the confirmation separates its winner from the runner-up at 95 %.
+
+    Returns:
+        ``the winner #1 (…) is not separated from #2 (…) at 95 %`` when their validation
+        intervals overlap, ``the winner … is separated from … at 95 %`` when they do not, None
+        with fewer than two configurations.
+    """
+    ranked = ranked_by_validation(confirmed, mode)
+    if len(ranked) < 2:
+        return None
+    winner, second = ranked[0], ranked[1]
+    first_interval, second_interval = t_interval(winner.val)[1:], t_interval(second.val)[1:]
+    verb = "is not" if intervals_overlap(first_interval, second_interval) else "is"
+    return f"the winner {winner.label} {verb} separated from {second.label} at 95 %"
+
+
+def write_confirm_csv(header: Sequence[str], rows: Sequence[Sequence[Any]], path: Path) -> None:
+    """Write ``confirm.csv`` (floats in full precision, NaN as empty)."""
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        for row in rows:
+            writer.writerow(["" if isinstance(v, float) and math.isnan(v) else v for v in row])
+
+
+def confirm_lines(header: Sequence[str], rows: Sequence[Sequence[Any]],
+                  sentence: str | None) -> list[str]:
+    """The confirmation as the terminal shows it: an aligned table (each ``<m> mean``,
+    ``ci95_low``, ``ci95_high`` triple of :func:`confirm_table` as one ``<m>`` column,
+    ``0.41 [0.38, 0.42]``), then the sentence."""
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return "-" if math.isnan(value) else f"{value:.4g}"
+        return "-" if value is None else str(value)
+
+    # Column index -> (shown name, how many cells it takes).
+    spans: list[tuple[str, int]] = []
+    i = 0
+    while i < len(header):
+        name = header[i]
+        if name.endswith(" mean") and header[i + 1:i + 3] == [
+                f"{name[:-5]} ci95_low", f"{name[:-5]} ci95_high"]:
+            spans.append((f"{name[:-5]} (95 %)", 3))
+        else:
+            spans.append((name, 1))
+        i += spans[-1][1]
+    table = [[name for name, _ in spans]]
+    for row in rows:
+        shown, i = [], 0
+        for _, width in spans:
+            cells = [cell(v) for v in row[i:i + width]]
+            shown.append(cells[0] if width == 1 or cells[1] == "-"
+                         else f"{cells[0]} [{cells[1]}, {cells[2]}]")
+            i += width
+        table.append(shown)
+    widths = [max(len(line[j]) for line in table) for j in range(len(spans))]
+    lines = ["seed confirmation (mean and 95 % interval over seeds):"]
+    lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip()
+              for line in table]
+    if sentence:
+        lines.append(sentence)
+    return lines
+
+
+__all__ = ["CONFIDENCE", "CONFIRM_TAG", "CSV_NAME", "SEED_STRIDE", "Confirmed",
+           "confirm_lines", "confirm_table", "confirmation_seeds", "intervals_overlap",
+           "rank_of_seed", "ranked_by_validation", "separation_sentence", "t_interval",
+           "top_configurations", "write_confirm_csv"]

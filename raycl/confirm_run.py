@@ -1,0 +1,276 @@
+"""Seed confirmation's Ray and MLflow side (``tune.confirm``; the pure parts: :mod:`raycl.confirm`).
+
+After the search's ``Tuner.fit()``, :func:`confirmation_tuner` builds a second Tuner: a grid over
+the confirmation seeds (each seed names its configuration, whose searched values are pinned
+beside it), FIFO (every seed runs to the end), in its own experiment directory
+``<name>-confirm`` beside the sweep's, logging into the sweep's parent run through
+:class:`ConfirmCallback` (children tagged ``raycl.confirm=<rank>``). A re-run of the sweep
+restores that Tuner: finished seeds are not run again. What was chosen (the configurations, their
+seeds, the parent run) is stored there as ``raycl_confirm.json``, so a resumed confirmation
+confirms the same configurations. :func:`report_confirmation` writes ``confirm.csv`` on the
+parent run and returns the lines printed under the leaderboard.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raycl.config.schema import CoreConfig
+from raycl.config.search_config import apply_overrides
+from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
+from raycl.confirm import (
+    CONFIRM_TAG,
+    CSV_NAME,
+    Confirmed,
+    confirm_lines,
+    confirm_table,
+    confirmation_seeds,
+    rank_of_seed,
+    separation_sentence,
+    top_configurations,
+    write_confirm_csv,
+)
+from raycl.launch.sweep_plan import resolved_storage, set_aside, storage_child
+from raycl.tracking.callback import INTERRUPTED, MLflowSweepCallback
+from raycl.tracking.naming import trial_run_name
+from raycl.tracking.runs import (
+    ENDED_TAG,
+    PARENT_TAG,
+    TRIAL_TAG,
+    experiment_name,
+    find_trial_run,
+    mlflow_client,
+)
+from raycl.tracking.trial_table import trial_runs
+from raycl.worker.outcome import FAILED_KEY, SKIPPED_KEY
+
+if TYPE_CHECKING:
+    from ray.tune import ResultGrid
+    from ray.tune.experiment import Trial
+
+CHOICE_FILE = "raycl_confirm.json"
+
+
+def confirm_path(config: CoreConfig) -> str:
+    """The confirmation Tuner's experiment directory: ``<storage>/<name>-confirm``."""
+    return storage_child(resolved_storage(config.tune.storage_path), f"{config.name}-confirm")
+
+
+class PinnedValue:
+    """``tune.sample_from`` of one searched key: the value of the configuration the trial's
+    seed belongs to (a class, not a lambda: Tune pickles the param space with the sweep)."""
+
+    def __init__(self, key: str, values_by_seed: dict[int, dict[str, Any]]) -> None:
+        self.key = key
+        self.values_by_seed = values_by_seed
+
+    def __call__(self, config: dict[str, Any]) -> Any:
+        return self.values_by_seed[int(config["seed"])][self.key]
+
+
+def confirm_space(chosen: list[dict[str, Any]], seeds: list[list[int]]) -> dict[str, Any]:
+    """The confirmation's param space: a grid over every seed, each searched key pinned to the
+    value of the seed's configuration (keys every configuration has)."""
+    from ray import tune
+
+    values_by_seed = {seed: values for values, own in zip(chosen, seeds, strict=True)
+                      for seed in own}
+    keys = [key for key in chosen[0] if all(key in values for values in chosen)]
+    space: dict[str, Any] = {"seed": tune.grid_search([s for own in seeds for s in own])}
+    space.update({key: tune.sample_from(PinnedValue(key, values_by_seed)) for key in keys})
+    return space
+
+
+class ConfirmCallback(MLflowSweepCallback):
+    """The sweep's MLflow callback for its confirmation trials: same parent run (reopened, not
+    created), children tagged ``raycl.confirm=<rank>`` and named ``c<rank> …``; the search's
+    leaderboard and best-trial record on the parent stay the search's."""
+
+    def __init__(self, config: CoreConfig, search_file: str | None, parent_run_id: str) -> None:
+        super().__init__(config, search_file)
+        self.parent_run_id = parent_run_id
+
+    def _drop_lost_trial_runs(self, known: set[str]) -> None:
+        """As the search's callback does (a driver killed before Tune saved a trial), for the
+        confirmation's own runs only: the search's children are no trials of this Tuner."""
+        if self.parent_run_id is None or self.experiment_id is None:
+            return
+        ours = set(self._children.values())
+        for run in trial_runs(self.client, self.experiment_id, self.parent_run_id,
+                              confirmation=True):
+            if run.data.tags.get(TRIAL_TAG) in known or run.info.run_id in ours:
+                continue
+            self.client.set_tag(run.info.run_id, ENDED_TAG, "lost")
+            self.client.set_terminated(run.info.run_id, status="KILLED")
+            self.client.delete_run(run.info.run_id)
+
+    def _child(self, trial: Trial) -> str:
+        seen = trial.trial_id in self._children
+        run_id = super()._child(trial)
+        if not seen:  # first sight in this driver: tag (again, harmless after a restore)
+            rank = rank_of_seed(int(trial.config["seed"]), self.config.seed)
+            name = trial_run_name(0, trial.config, self.config.tune.search_space)
+            self.client.set_tag(run_id, CONFIRM_TAG, str(rank))
+            self.client.set_tag(run_id, "mlflow.runName", f"c{rank} {name.split(' ', 1)[-1]}")
+        return run_id
+
+    def _log_leaderboard(self) -> None:
+        """The parent's leaderboard ranks the search's trials; confirm.csv is the confirmation's."""
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        unfinished = [trial for trial in trials if trial.status == "PENDING" or (
+            trial.trial_id in self._started and trial.trial_id not in self._ended)]
+        if unfinished or self.parent_run_id is None:
+            super().on_experiment_end(trials, **info)  # marks them interrupted, parent KILLED
+            return
+        INTERRUPTED[self.config.name] = False
+        self.client.set_terminated(self.parent_run_id, status="FINISHED")
+
+
+def _finished(result: Any) -> bool:
+    metrics = result.metrics or {}
+    return result.error is None and not metrics.get(FAILED_KEY) and not metrics.get(SKIPPED_KEY)
+
+
+def _parent_run(config: CoreConfig, results: ResultGrid) -> str | None:
+    """The sweep's parent run, read from MLflow through one of its trials' runs."""
+    client = mlflow_client(resolve_tracking_uri(config.mlflow.tracking_uri))
+    experiment = client.get_experiment_by_name(experiment_name(config))
+    if experiment is None:
+        return None
+    for result in results:
+        trial_id = (result.metrics or {}).get("trial_id")
+        run_id = find_trial_run(client, experiment.experiment_id, trial_id) if trial_id else None
+        if run_id is not None:
+            return client.get_run(run_id).data.tags.get(PARENT_TAG)
+    return None
+
+
+def _read_choice(path: str) -> dict[str, Any] | None:
+    from pyarrow import fs as pafs
+
+    filesystem, root = pafs.FileSystem.from_uri(path)
+    file_path = f"{root.rstrip('/')}/{CHOICE_FILE}"
+    if filesystem.get_file_info(file_path).type != pafs.FileType.File:
+        return None
+    with filesystem.open_input_stream(file_path) as stream:
+        return json.loads(stream.read().decode())
+
+
+def _write_choice(path: str, choice: dict[str, Any]) -> None:
+    from pyarrow import fs as pafs
+
+    filesystem, root = pafs.FileSystem.from_uri(path)
+    filesystem.create_dir(root.rstrip("/"), recursive=True)
+    with filesystem.open_output_stream(f"{root.rstrip('/')}/{CHOICE_FILE}") as stream:
+        stream.write(json.dumps(choice, indent=1).encode())
+
+
+def _choose(config: CoreConfig, results: ResultGrid, parent: str) -> dict[str, Any] | None:
+    """This sweep's confirmation choice: the stored one when its parent run is this sweep's
+    (a resumed confirmation), else the top configurations of ``results`` (None: none scored)."""
+    from ray import tune
+
+    path = confirm_path(config)
+    stored = _read_choice(path) if tune.Tuner.can_restore(path) else None
+    if stored is not None and stored.get("parent_run_id") == parent:
+        return stored
+    if tune.Tuner.can_restore(path):
+        set_aside(path)  # an earlier sweep of this name (--fresh): its confirmation is kept
+    confirm = config.tune.confirm
+    assert confirm is not None
+    metric = config.tune.metric
+    scored = [(result.config or {}, (result.metrics or {}).get(metric, math.nan))
+              for result in results if _finished(result)]
+    chosen = top_configurations(scored, confirm.top_k, config.tune.mode)
+    if not chosen:
+        return None
+    seeds = confirmation_seeds(config.seed, len(chosen), confirm.seeds)
+    return {"parent_run_id": parent, "configurations": chosen, "seeds": seeds}
+
+
+def confirmation_tuner(config: CoreConfig, trial_config: CoreConfig, search_file: str | None,
+                       results: ResultGrid, trainable: Any, verbose: bool = False
+                       ) -> tuple[Any, dict[str, Any]] | None:
+    """The confirmation's Tuner (restored when it exists for this sweep) and its choice; None
+    (with a line printed) when no trial of the search scored the objective.
+
+    Args:
+        config: the sweep's config; ``trial_config``: as its trials get it (absolute paths,
+            settled loader); ``trainable``: the trials' trainable (``raycl.tune``).
+        results: the search's results; ``verbose``: Tune's own tables instead of raycl's.
+    """
+    from ray import tune
+    from ray.tune.schedulers import FIFOScheduler
+
+    from raycl.sweep_display import ProgressDisplay
+
+    parent = _parent_run(config, results)
+    choice = _choose(config, results, parent) if parent else None
+    if choice is None:
+        print("raycl: seed confirmation skipped: no trial of the search scored "
+              f"{config.tune.metric}", flush=True)
+        return None
+    path = confirm_path(config)
+    space = confirm_space(choice["configurations"], choice["seeds"])
+    if tune.Tuner.can_restore(path):
+        print(f"raycl: resuming the seed confirmation of {config.name!r} from {path}", flush=True)
+        return tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=True,
+                                  param_space=space), choice
+    _write_choice(path, choice)
+    total = sum(len(own) for own in choice["seeds"])
+    shown = apply_overrides(config, {"name": f"{config.name}-confirm", "tune.num_samples": total})
+    run_config = tune.RunConfig(
+        name=f"{config.name}-confirm", storage_path=resolved_storage(config.tune.storage_path),
+        callbacks=[ConfirmCallback(trial_config, search_file, parent), ProgressDisplay(shown)],
+        failure_config=tune.FailureConfig(max_failures=config.tune.max_failures),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=2), verbose=1 if verbose else 0)
+    tune_config = tune.TuneConfig(
+        metric=config.tune.metric, mode=config.tune.mode, scheduler=FIFOScheduler(),
+        num_samples=1, max_concurrent_trials=config.tune.max_concurrent_trials, reuse_actors=True)
+    return tune.Tuner(trainable, param_space=space, tune_config=tune_config,
+                      run_config=run_config), choice
+
+
+def confirmed(config: CoreConfig, choice: dict[str, Any], results: ResultGrid) -> list[Confirmed]:
+    """Each chosen configuration with the objective (and its test counterpart) of its finished
+    seeds."""
+    items = [Confirmed(rank, dict(values), list(seeds)) for rank, (values, seeds) in
+             enumerate(zip(choice["configurations"], choice["seeds"], strict=True), start=1)]
+    test_metric = reported_test_metric(config.tune.metric)
+    for result in results:
+        metrics = result.metrics or {}
+        value = metrics.get(config.tune.metric)
+        if not _finished(result) or not isinstance(value, (int, float)):
+            continue
+        item = items[rank_of_seed(int(result.config["seed"]), config.seed) - 1]
+        item.val.append(float(value))
+        test = metrics.get(test_metric) if test_metric else None
+        if isinstance(test, (int, float)):
+            item.test.append(float(test))
+    return items
+
+
+def report_confirmation(config: CoreConfig, choice: dict[str, Any],
+                        results: ResultGrid) -> list[str]:
+    """Write ``confirm.csv`` on the sweep's parent run; return the lines to print."""
+    items = confirmed(config, choice, results)
+    header, rows = confirm_table(items, config.tune.metric,
+                                 reported_test_metric(config.tune.metric), config.tune.mode)
+    sentence = separation_sentence(items, config.tune.mode)
+    client = mlflow_client(resolve_tracking_uri(config.mlflow.tracking_uri))
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory, CSV_NAME)
+        write_confirm_csv(header, rows, path)
+        client.log_artifact(choice["parent_run_id"], str(path))
+    if sentence:
+        client.set_tag(choice["parent_run_id"], "raycl.confirm_separation", sentence)
+    return confirm_lines(header, rows, sentence)
+
+
+__all__ = ["CHOICE_FILE", "ConfirmCallback", "PinnedValue", "confirm_path", "confirm_space",
+           "confirmation_tuner", "confirmed", "report_confirmation"]

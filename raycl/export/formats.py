@@ -1,0 +1,398 @@
+"""Export formats of a trained encoder, each loadable without raycl, and reading them back.
+
+- ``torchvision``: the ResNet backbone's state dict, loading with ``strict=True`` into
+  ``torchvision.models.resnet18/50()`` with ``fc = Identity()`` (CIFAR stem: ``conv1 =
+  Conv2d(C, 64, 3, 1, 1, bias=False)``, ``maxpool = Identity()``);
+- ``timm``: the same state dict: timm's ResNet names its modules exactly as torchvision's
+  (``conv1``, ``bn1``, ``layer1..4``, ``downsample.0/1``, ``fc``), so the keys need no mapping;
+  it loads strictly into ``timm.create_model("resnet18", num_classes=0)`` (same stem changes);
+- ``safetensors``: the same tensors (a ResNet's torchvision keys, small_cnn's own, a CLIP
+  trial's open_clip model) in safetensors format;
+- ``small_cnn``: raycl's small CNN as a ``torch.export`` program (``.pt2``), which plain torch
+  loads with ``torch.export.load(FILE).module()`` (any batch size, the trained resolution);
+- ``open_clip``: a CLIP trial's whole open_clip model state dict, for
+  ``open_clip.create_model(name, pretrained=FILE)``; the model config is written beside it
+  (``<stem>-open_clip.json``, registered with ``open_clip.add_model_config``).
+
+MCL concat (:class:`~raycl.export.encoder.StageConcat`): every stage's encoder in the format
+(``<stem>.stage<j><suffix>``) and the integrating module as a ``torch.export`` program at the
+output path. A format that does not fit the encoder is a one-line ValueError.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from raycl.export.model_card import build_model_card, read_model_card, write_model_card
+from raycl.export.modules import (
+    MethodEmbedding,
+    Preprocessing,
+    StageConcat,
+    base_method_name,
+    raycl_preprocessing,
+    read_config,
+)
+
+if TYPE_CHECKING:
+    from raycl.config.schema import CoreConfig
+
+FORMATS: tuple[str, ...] = ("torchvision", "timm", "safetensors", "small_cnn", "open_clip")
+RESNETS: tuple[str, ...] = ("resnet18", "resnet50")
+# Which formats fit which kind of encoder.
+_FITTING: dict[str, tuple[str, ...]] = {
+    "resnet": ("torchvision", "timm", "safetensors"),
+    "small_cnn": ("small_cnn", "safetensors"),
+    "clip": ("open_clip", "safetensors"),
+}
+
+
+@dataclass(frozen=True)
+class EncoderKind:
+    """What kind of encoder a trial trained, as the formats see it.
+
+    Attributes:
+        kind: "resnet", "small_cnn" or "clip".
+        backbone: ``model.backbone`` (resnet18, resnet50, small_cnn) or the open_clip model.
+        stem: "cifar" or "imagenet" for a ResNet, else None.
+    """
+
+    kind: str
+    backbone: str
+    stem: str | None
+
+
+def encoder_kind(config: CoreConfig) -> EncoderKind:
+    """The kind of encoder the trial of ``config`` trains."""
+    from raycl.models import resolve_stem
+
+    if base_method_name(config) == "clip":
+        return EncoderKind("clip", str(config.clip.model), None)  # type: ignore[attr-defined]
+    backbone = config.model.backbone
+    if backbone in RESNETS:
+        return EncoderKind("resnet", backbone,
+                           resolve_stem(config.model.stem, config.data.resolution))
+    return EncoderKind("small_cnn", backbone, None)
+
+
+def format_problem(config: CoreConfig, export_format: str) -> str | None:
+    """Why ``export_format`` cannot hold the trial's encoder (one line), None when it can.
+
+    Args:
+        config: the trial's config.
+        export_format: one of :data:`FORMATS`.
+
+    Returns:
+        The problem, or None.
+    """
+    if export_format not in FORMATS:
+        return f"unknown format {export_format!r}; formats: {', '.join(FORMATS)}"
+    kind = encoder_kind(config)
+    fitting = _FITTING[kind.kind]
+    if export_format in fitting:
+        return None
+    what = ("a CLIP trial (an open_clip ViT)" if kind.kind == "clip"
+            else f"a {kind.backbone} trial")
+    return (f"--format {export_format} does not fit {what}; use "
+            f"{' or '.join(fitting)}")
+
+
+def check_format(config: CoreConfig, export_format: str) -> None:
+    """Raises the one-line ValueError of :func:`format_problem`, if any."""
+    problem = format_problem(config, export_format)
+    if problem:
+        raise ValueError(problem)
+
+
+def _tensors(module: nn.Module) -> dict[str, Tensor]:
+    """``module``'s state dict as contiguous CPU tensors that share no storage."""
+    return {key: value.detach().cpu().contiguous().clone()
+            for key, value in module.state_dict().items()}
+
+
+def _save_state(state: Mapping[str, Tensor], path: Path, export_format: str) -> None:
+    if export_format == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file(dict(state), str(path))
+    else:
+        torch.save(dict(state), path)
+
+
+def _save_program(module: nn.Module, path: Path, example: Tensor) -> None:
+    """``module`` (eval mode) as a torch.export program with a dynamic batch dimension."""
+    from torch.export import Dim
+
+    program = torch.export.export(module.eval(), (example,),
+                                  dynamic_shapes=({0: Dim("batch", min=1)},))
+    torch.export.save(program, path)
+
+
+def _clip_model(encoder: nn.Module) -> nn.Module:
+    """The open_clip model inside a CLIP trial's encoder."""
+    if not isinstance(encoder, MethodEmbedding) or not hasattr(encoder.method, "clip"):
+        raise ValueError("the open_clip format needs a CLIP trial's encoder")
+    return encoder.method.clip
+
+
+def open_clip_config(config: CoreConfig) -> dict[str, Any]:
+    """The open_clip model config of a CLIP trial (its image size the trial's resolution)."""
+    import copy
+
+    section = config.clip  # type: ignore[attr-defined]
+    if section.model == "tiny":
+        from raycl.methods.clip import tiny_model_config
+
+        return tiny_model_config(section, config.data.resolution)
+    import open_clip
+
+    model_config = copy.deepcopy(open_clip.get_model_config(section.model))
+    model_config["vision_cfg"]["image_size"] = config.data.resolution
+    return model_config
+
+
+def _write_one(encoder: nn.Module, config: CoreConfig, export_format: str, out: Path,
+               example: Tensor) -> list[Path]:
+    """One stage's (or the whole single-stage) encoder in ``export_format`` at ``out``."""
+    kind = encoder_kind(config)
+    if kind.kind == "clip":
+        model = _clip_model(encoder)
+        _save_state(_tensors(model), out, export_format)
+        if export_format == "safetensors":
+            return [out]
+        model_config = out.with_name(f"{out.stem}-open_clip.json")
+        model_config.write_text(json.dumps(open_clip_config(config), indent=2) + "\n")
+        return [out, model_config]
+    if export_format == "small_cnn":
+        _save_program(encoder, out, example)
+    else:  # torchvision / timm / safetensors: the backbone's own keys
+        _save_state(_tensors(encoder), out, export_format)
+    return [out]
+
+
+def planned_files(config: CoreConfig, export_format: str, out: Path) -> list[Path]:
+    """The files :func:`write_encoder` writes for a trial's encoder from
+    :func:`~raycl.export.encoder.trained_encoder` (never a concat), model card last: what a
+    caller checks for existing files before writing anything.
+
+    Args:
+        config: the trial's config.
+        export_format: one of :data:`FORMATS` (fitting the trial: :func:`format_problem`).
+        out: the output file.
+
+    Returns:
+        The paths.
+    """
+    from raycl.export.model_card import card_path
+
+    out = Path(out)
+    files = [out]
+    if encoder_kind(config).kind == "clip" and export_format == "open_clip":
+        files.append(out.with_name(f"{out.stem}-open_clip.json"))
+    return [*files, card_path(out)]
+
+
+def write_encoder(
+    encoder: nn.Module,
+    config: CoreConfig,
+    export_format: str,
+    out: Path,
+    channels: int,
+    objective: dict[str, Any] | None = None,
+    test_scores: dict[str, float] | None = None,
+) -> list[Path]:
+    """Writes ``encoder`` (from :func:`~raycl.export.encoder.trained_encoder`, or a
+    :class:`~raycl.export.encoder.StageConcat`) in ``export_format`` at ``out``, and its model
+    card beside it.
+
+    Args:
+        encoder: the trial's encoder (CPU, eval mode).
+        config: the trial's config.
+        export_format: one of :data:`FORMATS`.
+        out: the output file (its directory must exist).
+        channels: image channels of the trial's data.
+        objective: the trial's validation objective ``{"metric", "mode", "value"}``.
+        test_scores: its test metrics.
+
+    Returns:
+        Every file written, the main file first and the model card last.
+
+    Raises:
+        ValueError: the format does not fit the encoder.
+    """
+    check_format(config, export_format)
+    out = Path(out)
+    encoder = encoder.cpu().eval()
+    preprocessing = export_preprocessing(config, channels, export_format)
+    example = torch.zeros(2, channels, config.data.resolution, config.data.resolution)
+    if isinstance(encoder, StageConcat):
+        suffix = out.suffix or ".pt"
+        files: list[Path] = []
+        for j, stage in enumerate(encoder.stages):
+            files += _write_one(stage, config, export_format,
+                                out.with_name(f"{out.stem}.stage{j}{suffix}"), example)
+        _save_program(encoder, out, example)
+        files.insert(0, out)
+    else:
+        files = _write_one(encoder, config, export_format, out, example)
+    kind = encoder_kind(config)
+    method = config.method if config.method != "mcl" else f"mcl({base_method_name(config)})"
+    card = build_model_card(
+        method=method, config=config.to_dict(), export_format=export_format,
+        files=[path.name for path in files], preprocessing=preprocessing.to_dict(),
+        backbone=kind.backbone, stem=kind.stem,
+        how_to_load=how_to_load(config, export_format, out.name, channels,
+                                concat=isinstance(encoder, StageConcat)),
+        objective=objective, test_scores=test_scores,
+        extra={"concat": isinstance(encoder, StageConcat),
+               "mcl": ({"stages": config.num_stages, "integration": config.mcl.integration}
+                       if config.num_stages > 1 else None),
+               "width": config.model.width if kind.kind == "small_cnn" else None})
+    return [*files, write_model_card(out, card)]
+
+
+def export_preprocessing(config: CoreConfig, channels: int, export_format: str) -> Preprocessing:
+    """The preprocessing the exported file expects: raycl's (mean 0.5, std 0.5), except for a
+    CLIP trial's open_clip model, which takes open_clip's own statistics."""
+    if encoder_kind(config).kind == "clip":
+        from raycl.methods.clip import CLIP_MEAN, CLIP_STD
+
+        return Preprocessing(resolution=config.data.resolution, channels=3, mean=CLIP_MEAN,
+                             std=CLIP_STD)
+    return raycl_preprocessing(config, channels)
+
+
+def resnet_lines(backbone: str, stem: str, channels: int, library: str) -> list[str]:
+    """Python lines building the empty ResNet an exported state dict loads into.
+
+    Args:
+        backbone: resnet18 or resnet50.
+        stem: "cifar" or "imagenet".
+        channels: image channels.
+        library: "torchvision" or "timm".
+
+    Returns:
+        The lines (``model`` is the network).
+    """
+    if library == "timm":
+        lines = ["import timm, torch", f"model = timm.create_model({backbone!r}, num_classes=0)"]
+    else:
+        lines = ["import torch, torchvision",
+                 f"model = torchvision.models.{backbone}()",
+                 "model.fc = torch.nn.Identity()"]
+    if stem == "cifar":
+        lines += [f"model.conv1 = torch.nn.Conv2d({channels}, 64, 3, 1, 1, bias=False)",
+                  "model.maxpool = torch.nn.Identity()"]
+    elif channels != 3:
+        lines.append(f"model.conv1 = torch.nn.Conv2d({channels}, 64, 7, 2, 3, bias=False)")
+    return lines
+
+
+def how_to_load(config: CoreConfig, export_format: str, file: str, channels: int,
+                concat: bool = False) -> str:
+    """The Python lines that load the exported ``file`` without raycl (for the model card)."""
+    kind = encoder_kind(config)
+    if concat:
+        return "\n".join(["import torch",
+                          f"model = torch.export.load({file!r}).module()  # images -> "
+                          "L2-normalised concatenation of the stages' features",
+                          "# each stage alone: the <stem>.stage<j> files, loaded as below "
+                          f"for format {export_format}"])
+    if kind.kind == "clip":
+        if export_format == "safetensors":
+            return "\n".join(["import open_clip, safetensors.torch",
+                              "model = open_clip.CLIP(**CONFIG)  # CONFIG: the -open_clip.json "
+                              "of an open_clip export, or the model card's clip.model",
+                              f"model.load_state_dict(safetensors.torch.load_file({file!r}))"])
+        stem = Path(file).stem
+        return "\n".join(["import open_clip",
+                          f"open_clip.add_model_config({stem + '-open_clip.json'!r})",
+                          f"model = open_clip.create_model({stem + '-open_clip'!r}, "
+                          f"pretrained={file!r})",
+                          "features = model.encode_image(images)  # open_clip's normalisation"])
+    if kind.kind == "small_cnn":
+        if export_format == "small_cnn":
+            side = config.data.resolution
+            return "\n".join(["import torch",
+                              f"model = torch.export.load({file!r}).module()  # (B, "
+                              f"{channels}, {side}, {side}) images, any batch size"])
+        return "\n".join(["import safetensors.torch",
+                          f"state = safetensors.torch.load_file({file!r})  # raycl small_cnn "
+                          f"(width {config.model.width}) keys"])
+    assert kind.stem is not None
+    library = "timm" if export_format == "timm" else "torchvision"
+    load = (f"safetensors.torch.load_file({file!r})" if export_format == "safetensors"
+            else f"torch.load({file!r}, weights_only=True)")
+    lines = resnet_lines(kind.backbone, kind.stem, channels, library)
+    if export_format == "safetensors":
+        lines.insert(0, "import safetensors.torch")
+    return "\n".join([*lines, f"model.load_state_dict({load}, strict=True)", "model.eval()"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading an export back (raycl.load_encoder)
+
+
+class OpenClipImageEncoder(nn.Module):
+    """An open_clip model's image tower as raycl embeds it: L2-normalised ``encode_image`` of
+    images normalised with open_clip's statistics."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: Tensor) -> Tensor:
+        return F.normalize(self.model.encode_image(images), dim=-1)
+
+
+def _read_state(path: Path, export_format: str) -> dict[str, Tensor]:
+    if export_format == "safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _load_one(path: Path, card: dict[str, Any], config: CoreConfig) -> nn.Module:
+    """One exported encoder file (not a concat program) as a module."""
+    export_format, kind = card["format"], encoder_kind(config)
+    if kind.kind == "clip":
+        import open_clip
+
+        model = open_clip.CLIP(**open_clip_config(config))
+        model.load_state_dict(_read_state(path, export_format), strict=True)
+        return OpenClipImageEncoder(model).eval()
+    if export_format == "small_cnn":  # exported in eval mode
+        return torch.export.load(str(path)).module()
+    from raycl.models import build_backbone
+
+    backbone, _ = build_backbone(kind.backbone, int(card["channels"]), config.model.width,
+                                 stem=kind.stem or "cifar")
+    backbone.load_state_dict(_read_state(path, export_format), strict=True)
+    return backbone.eval()
+
+
+def load_exported(path: Path) -> tuple[nn.Module, Preprocessing]:
+    """An exported file and its model card as (module in eval mode, Preprocessing).
+
+    Raises:
+        ValueError: no model card beside the file.
+    """
+    card = read_model_card(path)
+    config = read_config(card["config"])
+    preprocessing = Preprocessing.from_dict(card["preprocessing"])
+    if card.get("concat"):  # the integrating program (exported in eval mode)
+        return torch.export.load(str(path)).module(), preprocessing
+    return _load_one(path, card, config), preprocessing
+
+
+__all__ = ["FORMATS", "EncoderKind", "OpenClipImageEncoder", "check_format", "encoder_kind",
+           "export_preprocessing", "format_problem", "how_to_load", "load_exported",
+           "open_clip_config", "planned_files", "resnet_lines", "write_encoder"]

@@ -1,0 +1,142 @@
+"""The modules and values an exported encoder is made of: its :class:`Preprocessing`, the
+wrappers :class:`MethodEmbedding` and :class:`StageConcat`, and reading a trial's config.
+
+The ground floor of :mod:`raycl.export` (both :mod:`raycl.export.encoder` and
+:mod:`raycl.export.formats` build on it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from raycl.config.schema import CoreConfig
+    from raycl.methods.base import Method
+
+# raycl's normalisation (raycl.data.augment.to_float): x in [0, 1] -> (x - 0.5) / 0.5.
+RAYCL_MEAN, RAYCL_STD = 0.5, 0.5
+# How raycl's readers square an image before the encoder sees it (raycl.data.decode).
+RAYCL_CROP = "centre square crop, bicubic resize to resolution x resolution"
+# The floor on a row's norm in the MCL integration (raycl.cluster.l2_normalize's eps).
+_NORM_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """How images must be prepared before the exported encoder sees them.
+
+    Attributes:
+        resolution: square side in pixels the encoder was trained and evaluated at.
+        channels: image channels (3: RGB, 1: greyscale).
+        mean: per-channel mean subtracted from images scaled to [0, 1].
+        std: per-channel divisor after the mean.
+        crop: how an image of another size is made ``resolution`` square.
+    """
+
+    resolution: int
+    channels: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    crop: str = RAYCL_CROP
+
+    def normalise(self, images: Tensor) -> Tensor:
+        """uint8 or [0, 1] float images (B, C, H, W) -> what the encoder takes.
+
+        Args:
+            images: uint8 (0..255) or float (0..1) batch.
+
+        Returns:
+            Float batch with ``mean`` subtracted and divided by ``std``.
+        """
+        scaled = images.float().div(255.0) if images.dtype == torch.uint8 else images.float()
+        mean = torch.tensor(self.mean, device=scaled.device).view(1, -1, 1, 1)
+        std = torch.tensor(self.std, device=scaled.device).view(1, -1, 1, 1)
+        return (scaled - mean) / std
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values (for the model card)."""
+        return {**asdict(self), "mean": list(self.mean), "std": list(self.std)}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Preprocessing:
+        """The inverse of :meth:`to_dict`."""
+        return cls(resolution=int(raw["resolution"]), channels=int(raw["channels"]),
+                   mean=tuple(raw["mean"]), std=tuple(raw["std"]),
+                   crop=str(raw.get("crop", RAYCL_CROP)))
+
+
+def raycl_preprocessing(config: CoreConfig, channels: int) -> Preprocessing:
+    """raycl's own preprocessing of the trial's images (mean 0.5, std 0.5 per channel).
+
+    Args:
+        config: the trial's config (``data.resolution``).
+        channels: image channels of its data.
+
+    Returns:
+        The :class:`Preprocessing`.
+    """
+    return Preprocessing(resolution=config.data.resolution, channels=channels,
+                         mean=(RAYCL_MEAN,) * channels, std=(RAYCL_STD,) * channels)
+
+
+class MethodEmbedding(nn.Module):
+    """A method whose ``embed`` is its own (CLIP), as a module: images -> ``method.embed``."""
+
+    def __init__(self, method: Method) -> None:
+        super().__init__()
+        self.method = method
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.method.embed(images)
+
+
+class StageConcat(nn.Module):
+    """MCL's ``concat`` integration as a module: each stage's features L2-normalised,
+    concatenated and normalised again (:func:`raycl.worker.stage_integration.integrate`)."""
+
+    def __init__(self, stages: Sequence[nn.Module]) -> None:
+        super().__init__()
+        if not stages:
+            raise ValueError("StageConcat needs at least one stage encoder")
+        self.stages = nn.ModuleList(stages)
+
+    def forward(self, images: Tensor) -> Tensor:
+        features = [stage(images) for stage in self.stages]
+        if len(features) == 1:  # integrate() leaves a single stage's features as they are
+            return features[0]
+        joined = torch.cat([F.normalize(f.float(), dim=1, eps=_NORM_EPS) for f in features], 1)
+        return F.normalize(joined, dim=1, eps=_NORM_EPS)
+
+
+def concat_encoder(stages: Sequence[nn.Module]) -> StageConcat:
+    """The MCL concat integration of ``stages`` (each an encoder of one stage), in eval mode.
+
+    Args:
+        stages: the stages' encoders, in stage order.
+
+    Returns:
+        A :class:`StageConcat`.
+    """
+    return StageConcat(stages).eval()
+
+
+def base_method_name(config: CoreConfig) -> str:
+    """The method a trial trains (MCL: its base method)."""
+    return config.mcl.base if config.method == "mcl" else config.method
+
+
+def read_config(raw: dict[str, Any]) -> CoreConfig:
+    """A trial config from its JSON values (a model card's ``config``)."""
+    from raycl.config.search_config import search_config_class
+
+    return search_config_class().model_validate(raw)
+
+
+__all__ = ["RAYCL_CROP", "MethodEmbedding", "Preprocessing", "StageConcat", "base_method_name",
+           "concat_encoder", "raycl_preprocessing", "read_config"]

@@ -1,0 +1,221 @@
+"""Seed confirmation (``tune.confirm``): the pure parts on hand-computed cases, the config's
+refusals, and one real quickstart sweep that confirms its winner over two seeds and resumes."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+from test_end_to_end import NO_PLOTS, quickstart_args, runs_of
+
+from raycl.config.schema import ConfigError
+from raycl.confirm import (
+    CONFIRM_TAG,
+    SEED_STRIDE,
+    Confirmed,
+    confirm_lines,
+    confirm_table,
+    confirmation_seeds,
+    intervals_overlap,
+    rank_of_seed,
+    separation_sentence,
+    t_interval,
+    top_configurations,
+)
+from raycl.launch.load import load_search
+from raycl.tracking import PARENT_TAG
+from raycl.tracking.trial_table import leaderboard_rows
+from raycl.tune import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+# t_{0.975, 2} (two-sided 95 %, 2 degrees of freedom), from a t table.
+T_975_DF2 = 4.302652729911275
+
+
+def test_t_interval_of_three_seeds_matches_the_hand_computed_one() -> None:
+    # [1, 2, 3]: mean 2, sample sd 1, half width t * 1 / sqrt(3).
+    mean, low, high = t_interval([1.0, 2.0, 3.0])
+    half = T_975_DF2 / math.sqrt(3)
+    assert mean == pytest.approx(2.0)
+    assert (low, high) == pytest.approx((2.0 - half, 2.0 + half))
+
+
+def test_t_interval_with_one_seed_has_no_bounds_and_rejects_bad_confidence() -> None:
+    mean, low, high = t_interval([0.7, math.nan])
+    assert mean == pytest.approx(0.7) and math.isnan(low) and math.isnan(high)
+    assert all(math.isnan(v) for v in t_interval([]))
+    with pytest.raises(ValueError, match="confidence"):
+        t_interval([1.0, 2.0], confidence=1.0)
+
+
+def test_top_configurations_by_mode_with_ties_duplicates_and_missing_objectives() -> None:
+    scored = [({"lr": 1}, 0.5), ({"lr": 2}, 0.9), ({"lr": 3}, math.nan), ({"lr": 4}, 0.5),
+              ({"lr": 2}, 0.1), ({"lr": 5}, 0.2)]
+    # max: 0.9 first; the tie at 0.5 keeps trial order (lr 1 before lr 4); lr 2 counted once.
+    assert top_configurations(scored, 3, "max") == [{"lr": 2}, {"lr": 1}, {"lr": 4}]
+    # min: lr 2 at its best (lowest) 0.1, then 0.2; NaN never chosen.
+    assert top_configurations(scored, 2, "min") == [{"lr": 2}, {"lr": 5}]
+    assert len(top_configurations(scored, 10, "max")) == 4
+    with pytest.raises(ValueError, match="top_k"):
+        top_configurations(scored, 0, "max")
+    with pytest.raises(ValueError, match="mode"):
+        top_configurations(scored, 1, "best")
+
+
+def test_confirmation_seeds_are_fresh_distinct_deterministic_and_name_their_rank() -> None:
+    seeds = confirmation_seeds(7, 3, 4)
+    assert seeds == confirmation_seeds(7, 3, 4)
+    flat = [seed for own in seeds for seed in own]
+    assert len(set(flat)) == 12 and 7 not in flat
+    assert seeds[0] == [7 + SEED_STRIDE + j for j in range(4)]
+    assert [rank_of_seed(seed, 7) for seed in flat] == [r for r in (1, 2, 3) for _ in range(4)]
+    with pytest.raises(ValueError, match="not a confirmation seed"):
+        rank_of_seed(7, 7)
+    with pytest.raises(ValueError, match="seeds"):
+        confirmation_seeds(0, 1, 0)
+
+
+def test_separation_sentence_says_whether_the_winner_stands_apart() -> None:
+    winner = Confirmed(2, {"lr": 0.01}, [1, 2, 3], val=[0.80, 0.81, 0.82])
+    close = Confirmed(1, {"lr": 0.02}, [4, 5, 6], val=[0.78, 0.80, 0.82])
+    far = Confirmed(1, {"lr": 0.02}, [4, 5, 6], val=[0.50, 0.51, 0.52])
+    assert separation_sentence([close, winner], "max") == \
+        "the winner #2 (lr=0.01) is not separated from #1 (lr=0.02) at 95 %"
+    assert separation_sentence([far, winner], "max") == \
+        "the winner #2 (lr=0.01) is separated from #1 (lr=0.02) at 95 %"
+    # min: the lower mean wins.
+    assert separation_sentence([far, winner], "min").startswith("the winner #1 (lr=0.02) is ")
+    assert separation_sentence([winner], "max") is None
+    assert intervals_overlap((0.0, 1.0), (1.0, 2.0)) and not intervals_overlap((0, 1), (2, 3))
+    assert intervals_overlap((math.nan, 1.0), (2.0, 3.0))  # unknown: nothing separates them
+
+
+def test_confirm_table_has_interval_columns_best_validation_mean_first() -> None:
+    items = [Confirmed(1, {"lr": 0.1}, [10, 11], val=[0.5, 0.7], test=[0.4, 0.6]),
+             Confirmed(2, {"lr": 0.2}, [20, 21], val=[0.8, 0.8], test=[0.7])]
+    header, rows = confirm_table(items, "val/linear/mean", "test/linear/mean", "max")
+    assert header == ["rank", "lr", "seeds", "n",
+                      "val/linear/mean mean", "val/linear/mean ci95_low",
+                      "val/linear/mean ci95_high", "test/linear/mean mean",
+                      "test/linear/mean ci95_low", "test/linear/mean ci95_high"]
+    assert [row[0] for row in rows] == [2, 1]
+    assert rows[1][:4] == [1, 0.1, "10 11", 2]
+    t_df1 = 12.706204736174707  # t_{0.975, 1}
+    half = t_df1 * math.sqrt(0.02) / math.sqrt(2)  # sd of [0.5, 0.7] is sqrt(0.02)
+    assert rows[1][4:7] == pytest.approx([0.6, 0.6 - half, 0.6 + half])
+    assert rows[0][5:7] == pytest.approx([0.8, 0.8])  # no spread: a zero-width interval
+    assert math.isnan(rows[0][8])  # one test value: no interval
+    lines = confirm_lines(header, rows, "sentence")
+    assert lines[1].split() == ["rank", "lr", "seeds", "n", "val/linear/mean", "(95", "%)",
+                                "test/linear/mean", "(95", "%)"]
+    assert lines[3].split()[:8] == ["1", "0.1", "10", "11", "2", "0.6",
+                                    f"[{0.6 - half:.4g},", f"{0.6 + half:.4g}]"]
+    assert lines[2].split()[-1] == "0.7"  # one test value: its mean, no interval
+    assert lines[-1] == "sentence"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("tune.confirm={top_k: 1, seeds: 1}", "tune.confirm.seeds"),
+    ("tune.confirm={top_k: 4, seeds: 2}", "exceeds the search's num_samples=3"),
+])
+def test_confirm_config_refusals(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_search(REPO / "searches" / "quickstart.yaml", [override])
+
+
+def test_confirm_needs_a_search_space_and_is_off_by_default() -> None:
+    assert load_search(REPO / "searches" / "quickstart.yaml", []).tune.confirm is None
+    with pytest.raises(ConfigError, match="confirm needs a search space"):
+        load_search(REPO / "searches" / "quickstart.yaml",
+                    ["tune.search_space={}", "tune.confirm={top_k: 1, seeds: 2}"])
+
+
+def test_confirm_space_pins_each_seeds_configuration() -> None:
+    from ray.tune.search.variant_generator import generate_variants
+
+    from raycl.confirm_run import confirm_space
+
+    space = confirm_space([{"lr": 0.1, "tau": 0.2}, {"lr": 0.3, "tau": 0.4}], [[11, 12], [21, 22]])
+    configs = [config for _, config in generate_variants(space)]
+    assert sorted((c["seed"], c["lr"], c["tau"]) for c in configs) == [
+        (11, 0.1, 0.2), (12, 0.1, 0.2), (21, 0.3, 0.4), (22, 0.3, 0.4)]
+
+
+def test_quickstart_confirms_its_winner_over_two_seeds_and_resumes(
+    ray_session, data_cache, tmp_path, capsys
+) -> None:
+    args = quickstart_args(tmp_path)
+    args[args.index("train.epochs=2")] = "train.epochs=1"
+    args[args.index("e2e-quick")] = "e2e-confirm"
+    args += ["--set", NO_PLOTS, "--set", "tune.confirm={top_k: 1, seeds: 2}"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "seed confirmation (mean and 95 % interval over seeds):" in printed
+
+    client, parents, children = runs_of(tmp_path, "e2e-confirm")
+    (parent,) = parents
+    assert parent.info.status == "FINISHED"
+    search = [c for c in children if CONFIRM_TAG not in c.data.tags]
+    confirm = [c for c in children if CONFIRM_TAG in c.data.tags]
+    assert len(search) == 2 and len(confirm) == 2
+    winner = max(search, key=lambda c: c.data.metrics.get("val/linear/mean", -1.0))
+    for child in confirm:
+        assert child.data.tags[PARENT_TAG] == parent.info.run_id
+        assert child.data.tags[CONFIRM_TAG] == "1" and child.info.run_name.startswith("c1 ")
+        for key in ("simclr.temperature", "train.lr"):
+            assert child.data.params[key] == winner.data.params[key]
+        assert "test/linear/mean" in child.data.metrics
+    assert sorted(c.data.params["seed"] for c in confirm) == [str(SEED_STRIDE),
+                                                               str(SEED_STRIDE + 1)]
+    # The search's winner record and leaderboard stay the search's.
+    assert parent.data.tags["raycl.best_run"] == winner.info.run_id
+    _, rows, _ = leaderboard_rows(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e-confirm")
+    assert len(rows) == 2
+
+    local = client.download_artifacts(parent.info.run_id, "confirm.csv", str(tmp_path))
+    with open(local, newline="") as handle:
+        (row,) = list(csv.DictReader(handle))
+    values = [float(c.data.metrics["val/linear/mean"]) for c in confirm]
+    mean, low, high = t_interval(values)
+    assert float(row["val/linear/mean mean"]) == pytest.approx(mean)
+    assert float(row["val/linear/mean ci95_low"]) == pytest.approx(low)
+    assert float(row["val/linear/mean ci95_high"]) == pytest.approx(high)
+    assert float(row["test/linear/mean ci95_high"]) >= float(row["test/linear/mean mean"])
+    assert row["seeds"] == f"{SEED_STRIDE} {SEED_STRIDE + 1}" and row["n"] == "2"
+
+    # The same command again: both phases restored, no seed run again.
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "resuming the seed confirmation of 'e2e-confirm'" in printed
+    _, parents, children = runs_of(tmp_path, "e2e-confirm")
+    assert len(parents) == 1 and len(children) == 4
+
+
+def test_resumed_confirmation_keeps_its_choice_and_a_stale_one_is_set_aside(tmp_path) -> None:
+    """A re-run of the sweep (same parent run) confirms what the first run chose, even when the
+    search's results would now choose otherwise; a confirmation left by an earlier sweep of the
+    name (another parent run: --fresh) is moved aside, never restored into this one."""
+    from types import SimpleNamespace
+
+    from raycl.confirm_run import CHOICE_FILE, _choose, _write_choice, confirm_path
+
+    config = load_search(REPO / "searches" / "quickstart.yaml", [
+        "name=resumed", f"tune.storage_path={tmp_path}", "tune.confirm={top_k: 1, seeds: 2}"])
+    path = confirm_path(config)
+    stored = {"parent_run_id": "p1", "configurations": [{"train.lr": 0.001}],
+              "seeds": [[SEED_STRIDE, SEED_STRIDE + 1]]}
+    _write_choice(path, stored)
+    Path(path, "tuner.pkl").write_bytes(b"")  # what Tuner.can_restore looks for
+    results = [SimpleNamespace(config={"train.lr": 0.004}, error=None,
+                               metrics={"val/linear/mean": 0.9})]
+    assert _choose(config, results, "p1") == stored
+
+    fresh = _choose(config, results, "p2")
+    assert fresh == {"parent_run_id": "p2", "configurations": [{"train.lr": 0.004}],
+                     "seeds": [[SEED_STRIDE, SEED_STRIDE + 1]]}
+    assert not Path(path).exists()
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("resumed-confirm.")]
+    assert (aside / CHOICE_FILE).is_file()

@@ -1,0 +1,227 @@
+"""A leaderboard that does not mislead: chance, the untrained backbone's row, a stopped trial
+beside the winner at the same epoch, searched keys kept on a narrow terminal, --columns and
+--wide, per-attribute columns one flag away, and the val split's resolution.
+
+No Ray: the sweep's MLflow runs are written by hand with the tags and metrics raycl writes
+(:mod:`raycl.tracking.callback`, :mod:`raycl.worker.evaluate`).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raycl.config.metric_names import baseline_metric, maybe_metric
+from raycl.config.schema import CoreConfig
+from raycl.leaderboard import main as leaderboard_main
+from raycl.tracking.reference_points import (
+    noise_level,
+    resolution_line,
+    stopped_note,
+    value_at_step,
+)
+from raycl.tracking.runs import (
+    ENDED_TAG,
+    PARENT_TAG,
+    ROLE_TAG,
+    STOPPED_AT_METRIC,
+    TRIAL_TAG,
+    mlflow_client,
+)
+from raycl.tracking.trial_table import (
+    build_leaderboard,
+    format_table,
+    markdown_summary,
+    trial_runs,
+    trial_table,
+    write_csv,
+)
+from raycl.worker.evaluate import val_reference_metrics
+
+OBJECTIVE = "val/linear/mean"
+
+
+@pytest.fixture(scope="module")
+def sweep_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An experiment ``honest`` with one sweep: the winner (trained 8 epochs, objective 0.5 at
+    epoch 2, 0.6 at 4 and 0.8 at 8), two trials ASHA stopped at epochs 2 (0.45) and 3 (0.44),
+    each reporting chance on val (shape 0.5, color 0.25 of 300 images) and the untrained
+    backbone's scores; returns the tracking URI (one store for the module: creating one takes
+    seconds)."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('honest') / 'mlflow.db'}"
+    client = mlflow_client(uri)
+    experiment = client.create_experiment("honest")
+    parent = client.create_run(experiment, tags={ROLE_TAG: "sweep", "raycl.metric": OBJECTIVE,
+                                                 "raycl.mode": "max"}).info.run_id
+    reference = {"data/val_size": 300.0, "data/chance/shape": 0.5, "data/chance/color": 0.25,
+                 baseline_metric(OBJECTIVE): 0.41, baseline_metric("val/linear/shape"): 0.52}
+
+    def trial(name: str, lr: str, ended: str, history: list[tuple[int, float]]) -> str:
+        run = client.create_run(experiment, run_name=name, tags={
+            ROLE_TAG: "trial", PARENT_TAG: parent, TRIAL_TAG: name,
+            "raycl.searched": f"train.lr={lr}, simclr.temperature=0.2", ENDED_TAG: ended})
+        run_id = run.info.run_id
+        for step, value in history:
+            client.log_metric(run_id, OBJECTIVE, value, step=step)
+        last = history[-1][0]
+        for key, value in {**reference, "test/linear/mean": history[-1][1] - 0.05,
+                           "val/linear/shape": 0.7, "test/linear/shape": 0.65,
+                           "val/linear/color": 0.6, "test/linear/color": 0.55,
+                           "diag/effective_rank": 31.5}.items():
+            client.log_metric(run_id, key, value, step=last)
+        if ended == "stopped_by_scheduler":
+            client.log_metric(run_id, STOPPED_AT_METRIC, float(last), step=last)
+        client.set_terminated(run_id)
+        return run_id
+
+    trial("t01 lr=0.1", "0.1", "completed", [(2, 0.5), (4, 0.6), (8, 0.8)])
+    trial("t02 lr=0.3", "0.3", "stopped_by_scheduler", [(1, 0.4), (2, 0.45)])
+    trial("t03 lr=0.5", "0.5", "stopped_by_scheduler", [(1, 0.4), (2, 0.42), (3, 0.44)])
+    return uri
+
+
+def test_val_reference_metrics_are_majority_share_and_size() -> None:
+    labels = {"shape": np.array([0, 0, 0, 1]), "color": np.array([2, 1, 0, 1])}
+    assert val_reference_metrics(labels) == {
+        "data/val_size": 4.0, "data/chance/shape": 0.75, "data/chance/color": 0.5}
+    assert all(maybe_metric(key) for key in val_reference_metrics(labels))  # the contract
+    assert val_reference_metrics({"shape": np.array([], dtype=np.int64)}) == {}
+
+
+def test_chance_and_resolution_lines_on_the_leaderboard_and_the_parent_run(
+        sweep_uri: str, tmp_path: Path) -> None:
+    uri = sweep_uri
+    board = build_leaderboard(uri, "honest")
+    # Chance: majority share per attribute, their mean read against val/linear/mean.
+    assert ("chance (majority class on val): color 0.25, shape 0.5; mean 0.375"
+            in board.notes[0])
+    # 2·sqrt(0.8·0.2/300) = 0.0462: the winner's 0.8 resolves differences of about 0.046.
+    assert board.notes[1] == ("val has 300 images: differences in val/linear/mean under 0.046 "
+                              "are within noise (2 binomial standard errors at 0.8)")
+    client = mlflow_client(uri)
+    table = trial_table(trial_runs(client, client.get_experiment_by_name("honest")
+                                   .experiment_id, None), OBJECTIVE, "max")
+    write_csv(table, tmp_path / "leaderboard.csv")
+    with (tmp_path / "leaderboard.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["rank"] for row in rows] == ["1", "2", "3", "baseline"]
+    assert rows[-1]["trial"] == "at init" and float(rows[-1][OBJECTIVE]) == 0.41
+    note = markdown_summary(table, "honest")
+    assert "Chance (majority class on val): color 0.25" in note
+    assert "Val has 300 images: differences in val/linear/mean under 0.046" in note
+    assert "Random init (the same backbone untrained, the same probes): 0.41." in note
+
+
+def test_noise_level_formula_and_bad_arguments() -> None:
+    assert noise_level(0.5, 100) == pytest.approx(0.1)
+    assert noise_level(1.0, 10) == 0.0
+    assert resolution_line("val/linear/mean", 0.5, 100) == (
+        "val has 100 images: differences in val/linear/mean under 0.1 are within noise (2 "
+        "binomial standard errors at 0.5)")
+    assert resolution_line("train/loss", 3.2, 100) is None  # a loss is no share
+    assert resolution_line("val/linear/mean", 0.5, None) is None  # an older trial's runs
+    with pytest.raises(ValueError, match="count must be >= 1"):
+        noise_level(0.5, 0)
+    with pytest.raises(ValueError, match=r"accuracy must be in \[0, 1\]"):
+        noise_level(1.5, 10)
+
+
+def test_baseline_row_under_the_ranked_trials(
+        sweep_uri: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = sweep_uri
+    board = build_leaderboard(uri, "honest")
+    assert [row[1] for row in board.rows] == ["t01 lr=0.1", "t02 lr=0.3", "t03 lr=0.5"]
+    assert board.baseline is not None
+    by_column = dict(zip(board.header, board.baseline, strict=True))
+    assert by_column["trial"] == "at init" and by_column["status"] == "baseline"
+    assert by_column[OBJECTIVE] == "0.41" and by_column["val/linear/shape"] == "0.52"
+    assert by_column["train.lr"] == "-" and by_column["test/linear/mean"] == "-"
+    monkeypatch.setenv("COLUMNS", "200")
+    assert leaderboard_main(["--experiment", "honest", "--tracking-uri", uri]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    (row,) = [line for line in printed if "at init" in line]
+    assert row.split()[1:5] == ["at", "init", "baseline", "0.41"]
+
+
+def test_a_stopped_trial_beside_the_winner_at_the_same_epoch(sweep_uri: str) -> None:
+    board = build_leaderboard(sweep_uri, "honest")
+    status = {row[1]: row[2] for row in board.rows}
+    # Stopped at 3, between the winner's evaluations at 2 and 4: its last one before.
+    assert status == {"t01 lr=0.1": "completed", "t02 lr=0.3": "stopped at 2 (winner at 2: 0.5)",
+                      "t03 lr=0.5": "stopped at 3 (winner at 3: 0.5)"}
+
+
+def test_value_at_step_reads_the_last_value_at_or_before() -> None:
+    history = [(4, 0.6), (2, 0.5), (8, 0.8)]
+    assert value_at_step(history, 2) == 0.5
+    assert value_at_step(history, 7) == 0.6
+    assert value_at_step(history, 1) is None
+    assert value_at_step([(2, math.nan)], 2) is None
+    assert stopped_note(2, None) == "stopped at 2"
+
+
+def test_searched_keys_kept_when_the_terminal_is_narrow() -> None:
+    header = ["#", "trial", "status", OBJECTIVE, "test/linear/mean", "diag/effective_rank",
+              "simclr.temperature", "train.lr", "val/linear/color"]
+    rows = [["1", "t01", "completed", "0.5123", "0.5012", "34.48", "0.2419", "0.002551",
+             "0.99"]]
+    cut = format_table(header, rows, width=70, keep=["simclr.temperature", "train.lr"])
+    first = cut.splitlines()[0].split()
+    assert first == ["#", "trial", "status", OBJECTIVE, "simclr.temperature", "train.lr"]
+    assert all(len(line) <= 70 for line in cut.splitlines())
+    assert cut.splitlines()[-1].startswith("3 more column(s) in leaderboard.csv and MLflow")
+    wide = format_table(header, rows, width=200, keep=["train.lr"])
+    assert "val/linear/color" in wide.splitlines()[0]  # room for all: nothing left out
+    # Without keep, the right-most columns go first, searched or not (the old behaviour).
+    assert "train.lr" not in format_table(header, rows, width=70).splitlines()[0]
+
+
+def test_columns_wide_and_attributes_flags(
+        sweep_uri: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = sweep_uri
+    base = ["--experiment", "honest", "--tracking-uri", uri]
+    monkeypatch.setenv("COLUMNS", "60")
+    assert leaderboard_main(base) == 0
+    narrow = _header(capsys)
+    assert narrow == ["#", "trial", "status", OBJECTIVE, "simclr.temperature", "train.lr"]
+    assert leaderboard_main([*base, "--wide"]) == 0
+    wide = _header(capsys)
+    # --wide: every column but the per-attribute ones, whatever the width.
+    assert "diag/effective_rank" in wide and "test/linear/mean" in wide
+    assert "val/linear/shape" not in wide and "simclr.temperature" in wide
+    assert leaderboard_main([*base, "--wide", "--attributes"]) == 0
+    assert {"val/linear/shape", "test/linear/color"} <= set(_header(capsys))
+    assert leaderboard_main([*base, "--columns", "diag/effective_rank", "--wide"]) == 0
+    assert _header(capsys) == ["#", "trial", "status", OBJECTIVE, "simclr.temperature",
+                               "train.lr", "diag/effective_rank"]
+    assert leaderboard_main([*base, "--columns", "val/nothing"]) == 2
+    assert "--columns: no column 'val/nothing'" in capsys.readouterr().err
+
+
+def _header(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """The printed table's header row, as words."""
+    lines = capsys.readouterr().out.splitlines()
+    return next(line for line in lines if line.startswith("#  ")).split()
+
+
+def test_eval_baseline_is_a_documented_key() -> None:
+    config = CoreConfig.model_validate({"name": "x", "eval": {"baseline": False}})
+    assert config.eval.baseline is False
+    assert "score the trial's freshly initialised backbone" in (
+        type(config.eval).model_fields["baseline"].description or "")
+
+
+def test_the_plot_draws_chance_and_the_untrained_backbone(sweep_uri: str) -> None:
+    from raycl.tracking.leaderboard_plot import leaderboard_figure
+
+    client = mlflow_client(sweep_uri)
+    runs = trial_runs(client, client.get_experiment_by_name("honest").experiment_id, None)
+    axis = leaderboard_figure(trial_table(runs, OBJECTIVE, "max")).axes[0]
+    levels = {line.get_label(): line.get_ydata()[0] for line in axis.get_lines()}
+    assert levels == {"chance": 0.375, "at init": 0.41}
