@@ -48,9 +48,9 @@ def runs_of(tmp_path: Path, experiment: str) -> tuple[MlflowClient, list, list]:
     return client, parents, children
 
 
-def quickstart_args(tmp_path: Path) -> list[str]:
+def quickstart_args(tmp_path: Path, *extra: str) -> list[str]:
     # Evaluation only at epoch 2: epoch 1's report has no objective (Optuna and ASHA must cope).
-    overrides = [arg for override in [*TINY, "train.epochs=2", "eval.every_n_epochs=2"]
+    overrides = [arg for override in [*TINY, "train.epochs=2", "eval.every_n_epochs=2", *extra]
                  for arg in ("--set", override)]
     return [str(REPO / "searches" / "quickstart.yaml"), *overrides, "--num-samples", "2",
             "--name", "e2e-quick", "--storage", str(tmp_path / "ray"),
@@ -58,7 +58,7 @@ def quickstart_args(tmp_path: Path) -> list[str]:
 
 
 def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, capsys) -> None:
-    code = main(quickstart_args(tmp_path))
+    code = main(quickstart_args(tmp_path, "eval.baseline=true"))
     assert code == 0
     captured = capsys.readouterr()
     printed = captured.out
@@ -131,7 +131,7 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
     # below finds unchanged: running the same sweep again resumes it, nothing new is launched.
     assert read_identity(str(tmp_path / "ray" / "e2e-quick"))["data"] == {"data": {
         "dataset": "trifeature", "samples_per_combination": 1, "seed": 0}}
-    again = main(quickstart_args(tmp_path))
+    again = main(quickstart_args(tmp_path, "eval.baseline=true"))
     assert again == 0
     assert "resuming sweep 'e2e-quick'" in capsys.readouterr().out
     _, parents, children = runs_of(tmp_path, "e2e-quick")

@@ -165,10 +165,11 @@ class EvalConfig(Section):
         "held-out share. Reported, never optimised."
     )
     baseline: bool = Field(
-        True, description="Before training, score the trial's freshly initialised backbone "
-        "with the same val probes (one extra val evaluation per trial, stage 0 only; the "
-        "starting weights when model.pretrained is set), reported as baseline/val/...: the "
-        "leaderboard's 'at init' row, which a trained trial must beat. False: no such row."
+        False, description="Before training, score the trial's freshly initialised backbone "
+        "with the same val probes (stage 0 only; the starting weights when model.pretrained is "
+        "set), reported as baseline/val/...: the leaderboard's 'at init' row, which a trained "
+        "trial must beat. Costs one more val evaluation per trial (an embedding of the probe's "
+        "training rows and of val), hence off by default."
     )
     diagnostics: bool = Field(
         True, description="End of trial: singular value spectrum and effective rank of the "
