@@ -339,13 +339,14 @@ def score_encoder(config: CoreConfig, encoder: nn.Module, device: torch.device,
     """
     from raycl.eval.scoring import evaluate_features
 
-    (transfer,) = load_transfer_sets(config, input_channels(encoder))
+    channels = input_channels(encoder)
+    (transfer,) = load_transfer_sets(config, channels)
     if not transfer.train.labels:
         raise UnscorableDataError(f"--set data.dataset: {transfer.name} has no labels to score "
                                   f"the encoder on")
     features = {"train": embed(encoder, transfer.train.images, device),
                 "test": embed(encoder, transfer.test.images, device)}
-    splits = _as_splits(transfer, config.data.resolution, input_channels(encoder))
+    splits = _as_splits(transfer, config.data.resolution, channels)
     scores = evaluate_features(config, splits, features, device=device)
     scores.update(_linear_sgd_scores(config, encoder, splits, device))
     labels = {"train": dict(transfer.train.labels), "test": dict(transfer.test.labels)}
@@ -452,12 +453,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m raycl.evaluate``; returns the exit code (2: bad input, one line)."""
     args = parse_args(argv)
     import raycl.methods  # noqa: F401  (fills the schema's method sections)
-    from raycl.config.sweep import resolve_tracking_uri
-    from raycl.results.trials import DEFAULT_TRACKING_URI, TrialLookupError, find_trials
+    from raycl.config.sweep import DEFAULT_TRACKING_URI, resolve_tracking_uri
+    from raycl.results.trials import TrialLookupError, find_trials
 
-    # Reading a trial's config.yaml would draw MLflow's download bar on stderr, above the one
-    # line a bad input gets.
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if args.top is not None and args.top < 1:
         print(f"error: --top: must be >= 1, got {args.top}", file=sys.stderr)
         return 2

@@ -196,9 +196,13 @@ def reported_test_metric(metric: str) -> str | None:
     return name.replace(split=TEST).format() if name and name.split == VAL else None
 
 
+# The MLflow store of a sweep and of the commands that read one back, when none is given.
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+
 class MLflowSection(Section):
     tracking_uri: str = Field(
-        "sqlite:///mlflow.db", description="MLflow tracking URI; sqlite locally, http on clusters."
+        DEFAULT_TRACKING_URI, description="MLflow tracking URI; sqlite locally, http on clusters."
     )
     experiment: str | None = Field(None, description="Experiment name (None: the sweep name).")
 
@@ -211,5 +215,5 @@ def resolve_tracking_uri(uri: str) -> str:
     return uri
 
 
-__all__ = ["ConfirmConfig", "Domain", "MLflowSection", "ScalingSection", "SchedulerConfig",
-           "TuneSection", "reported_test_metric", "resolve_tracking_uri"]
+__all__ = ["DEFAULT_TRACKING_URI", "ConfirmConfig", "Domain", "MLflowSection", "ScalingSection",
+           "SchedulerConfig", "TuneSection", "reported_test_metric", "resolve_tracking_uri"]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from raycl.config.sweep import DEFAULT_TRACKING_URI
 from raycl.export.formats import FORMATS
 from raycl.export.model_card import card_path
 
@@ -61,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="best (by the sweep's validation objective), a trial name (t07) "
                              "or an MLflow run id (default: best)")
     parser.add_argument("--tracking-uri",
-                        default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"),
+                        default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI),
                         help="MLflow URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     parser.add_argument("--format", dest="export_format", required=True, choices=FORMATS,
                         help="the file's format")

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from raycl.config.schema import CoreConfig
-from raycl.config.sweep import resolve_tracking_uri
+from raycl.config.sweep import DEFAULT_TRACKING_URI, resolve_tracking_uri
 from raycl.tracking.retry import retrying_client
 from raycl.tracking.runs import CHECKPOINT_TAG, ROLE_TAG, TRIAL_TAG, checkpoint_location
 from raycl.tracking.trial_table import trial_runs, trial_table
@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Run
 
-# The tracking store when none is given: as raycl.leaderboard's default.
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 # A trial's run name starts with its number in the sweep: ``t07 K=5 N=2 τ=0.31``.
 _TRIAL_NAME = re.compile(r"^t\d+$")
 # MLflow run ids: 32 hex digits.
