@@ -31,10 +31,11 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = ["data.samples_per_combination=1", "data.resolution=16", "train.batch_size=64",
         "model.width=8", "model.projector_hidden_dim=32", "model.projector_dim=16",
         "eval.linear_max_iter=50", "train.epochs=3", "eval.every_n_epochs=3",
-        "tune.scheduler.type=none", "scaling.cpus_per_worker=1",
-        # The end-of-trial spectrum and plots: nothing here reads them, and they cost each trial
-        # process matplotlib's import and the plotting.
-        "eval.diagnostics=false"]
+        "tune.scheduler.type=none", "scaling.cpus_per_worker=1"]
+# eval.diagnostics stays on: its end-of-trial plots keep a trial running for seconds after its
+# last epoch, so the SIGINT sent once a trial has logged a loss lands while it still runs. With
+# them off a 1 s trial could end first and the driver stop between trials (a fresh-clone CI run
+# exited 0 instead of 130).
 EPOCHS = [1, 2, 3]
 # How long the MLflow server stays down before it is started again; its start-up adds ~5 s
 # alone, more on busy cores, so the driver's retries (0.5, 1, 2, 4 s apart) meet it down for
