@@ -4,6 +4,7 @@ GPU machine:
 
     python benchmarks/gpu.py                        # = make bench-gpu; CUDA when present
     python benchmarks/gpu.py --device cpu --quick   # a smoke test at a tiny size (seconds)
+    python benchmarks/gpu.py --time-budget 200      # skip what has not started after 200 s
 
 What it measures (every figure after untimed warm-up, timed with ``torch.cuda.synchronize()``
 around the timed block, so queued GPU work is counted):
@@ -194,8 +195,26 @@ def training_variants(args: argparse.Namespace, device: torch.device) -> list[di
     if cuda or not args.quick:
         variants.append((f"channels_last {'off' if cuda else 'on'}", default_amp, not cuda,
                          False))
-    if cuda or args.compile:
-        variants.append(("torch.compile", default_amp, cuda, True))
+    return run_variants(args, device, variants)
+
+
+def compile_variant(args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
+    """The default with ``torch.compile`` of the backbone (CUDA; ``--compile`` on the CPU): run
+    last, as its compilation takes the longest (tens of seconds) and the time budget may be
+    spent by then."""
+    if device.type != "cuda" and not args.compile:
+        return []
+    if out_of_time(args):
+        return [{"label": "torch.compile", "amp": resolve_amp("auto", device),
+                 "channels_last": device.type == "cuda", "compile": True,
+                 "error": "skipped: --time-budget spent"}]
+    return run_variants(args, device, [("torch.compile", resolve_amp("auto", device),
+                                        device.type == "cuda", True)])
+
+
+def run_variants(args: argparse.Namespace, device: torch.device,
+                 variants: list[tuple[str, str, bool, bool]]) -> list[dict[str, Any]]:
+    """raycl vs plain for each (label, amp, channels_last, compile); a failure is recorded."""
     batches = make_batches(args, device)
     out = []
     for label, amp, channels_last, compile_backbone in variants:
@@ -207,6 +226,14 @@ def training_variants(args: argparse.Namespace, device: torch.device) -> list[di
         out.append({"label": label, **result})
         print(f"  {label}: {summary(result)}", file=sys.stderr, flush=True)
     return out
+
+
+STARTED = time.perf_counter()
+
+
+def out_of_time(args: argparse.Namespace) -> bool:
+    """True once ``--time-budget`` seconds have passed since the start (never without one)."""
+    return bool(args.time_budget) and time.perf_counter() - STARTED > args.time_budget
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,6 +282,9 @@ def method_step_seconds(args: argparse.Namespace, name: str, device: torch.devic
 def method_steps(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in args.methods or [*METHODS, "mcl"]:
+        if out_of_time(args):
+            out[name] = {"error": "skipped: --time-budget spent"}
+            continue
         try:
             out[name] = {"step_seconds": method_step_seconds(args, name, device)}
         except Exception as exc:  # e.g. open_clip missing for clip: the others still count
@@ -324,7 +354,11 @@ def embedding(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
 
 def kmeans_timing(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """faiss k-means of random unit features on the CPU, and on the GPU when faiss has one."""
-    import faiss
+    try:
+        import faiss
+    except ImportError as exc:  # a bare GPU machine may lack it: the other figures still count
+        return {"points": args.kmeans_points, "dim": args.kmeans_dim, "k": args.kmeans_k,
+                "faiss_gpus": f"faiss not installed ({exc})"}
 
     from raycl.cluster import kmeans
 
@@ -431,6 +465,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--methods", nargs="+", default=None,
                         help="methods whose step to time (default: every one, and mcl)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--time-budget", type=float, default=0.0,
+                        help="seconds after which the sections not yet started (method steps, "
+                             "torch.compile) are skipped; 0: no limit")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "gpu_results.json"))
     args = parser.parse_args(argv)
     if args.quick:
@@ -460,6 +497,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "embedding": embedding(args, device),
         "kmeans": kmeans_timing(args, device),
     }
+    report["training"] += compile_variant(args, device)
+    report["seconds"] = time.perf_counter() - STARTED
     print(table(report))
     Path(args.out).write_text(json.dumps(report, indent=2, default=str))
     print(f"\nraw numbers: {args.out}")

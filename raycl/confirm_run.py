@@ -13,7 +13,6 @@ parent run and returns the lines printed under the leaderboard.
 
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 from pathlib import Path
@@ -34,6 +33,7 @@ from raycl.confirm import (
     top_configurations,
     write_confirm_csv,
 )
+from raycl.launch.identity import read_stored_json, write_stored_json
 from raycl.launch.sweep_plan import resolved_storage, set_aside, storage_child
 from raycl.tracking.callback import INTERRUPTED, MLflowSweepCallback
 from raycl.tracking.naming import trial_run_name
@@ -46,6 +46,7 @@ from raycl.tracking.runs import (
     mlflow_client,
 )
 from raycl.tracking.trial_table import trial_runs
+from raycl.tracking.tune_stop import tune_stop_requested, unfinished_trials
 from raycl.worker.outcome import FAILED_KEY, SKIPPED_KEY
 
 if TYPE_CHECKING:
@@ -122,9 +123,8 @@ class ConfirmCallback(MLflowSweepCallback):
         """The parent's leaderboard ranks the search's trials; confirm.csv is the confirmation's."""
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
-        unfinished = [trial for trial in trials if trial.status == "PENDING" or (
-            trial.trial_id in self._started and trial.trial_id not in self._ended)]
-        if unfinished or self.parent_run_id is None:
+        unfinished = unfinished_trials(trials, self._started, self._ended)
+        if unfinished or tune_stop_requested() or self.parent_run_id is None:
             super().on_experiment_end(trials, **info)  # marks them interrupted, parent KILLED
             return
         INTERRUPTED[self.config.name] = False
@@ -151,23 +151,13 @@ def _parent_run(config: CoreConfig, results: ResultGrid) -> str | None:
 
 
 def _read_choice(path: str) -> dict[str, Any] | None:
-    from pyarrow import fs as pafs
-
-    filesystem, root = pafs.FileSystem.from_uri(path)
-    file_path = f"{root.rstrip('/')}/{CHOICE_FILE}"
-    if filesystem.get_file_info(file_path).type != pafs.FileType.File:
-        return None
-    with filesystem.open_input_stream(file_path) as stream:
-        return json.loads(stream.read().decode())
+    """The confirmation's stored choice in its directory ``path`` (None: none stored)."""
+    return read_stored_json(path, CHOICE_FILE)
 
 
 def _write_choice(path: str, choice: dict[str, Any]) -> None:
-    from pyarrow import fs as pafs
-
-    filesystem, root = pafs.FileSystem.from_uri(path)
-    filesystem.create_dir(root.rstrip("/"), recursive=True)
-    with filesystem.open_output_stream(f"{root.rstrip('/')}/{CHOICE_FILE}") as stream:
-        stream.write(json.dumps(choice, indent=1).encode())
+    """Store the confirmation's choice in its directory ``path`` (local or a bucket)."""
+    write_stored_json(path, CHOICE_FILE, choice)
 
 
 def _choose(config: CoreConfig, results: ResultGrid, parent: str) -> dict[str, Any] | None:
@@ -193,11 +183,30 @@ def _choose(config: CoreConfig, results: ResultGrid, parent: str) -> dict[str, A
     return {"parent_run_id": parent, "configurations": chosen, "seeds": seeds}
 
 
+def _stopped_after_search(config: CoreConfig, parent: str | None) -> bool:
+    """Whether a Ctrl+C came after the search's loop ended (the search's callback had closed
+    its parent run FINISHED): the sweep is then interrupted (``INTERRUPTED``, parent KILLED), the
+    confirmation not started; the same command again starts it.
+
+    Tune's handler of the search's ``tune.run`` stays installed until the confirmation's own,
+    and takes that Ctrl+C silently: unchecked, the confirmation ran to its end.
+    """
+    if not tune_stop_requested():
+        return False
+    INTERRUPTED[config.name] = True
+    if parent is not None:
+        client = mlflow_client(resolve_tracking_uri(config.mlflow.tracking_uri))
+        client.set_tag(parent, "raycl.interrupted", "true")
+        client.set_terminated(parent, status="KILLED")
+    return True
+
+
 def confirmation_tuner(config: CoreConfig, trial_config: CoreConfig, search_file: str | None,
                        results: ResultGrid, trainable: Any, verbose: bool = False
                        ) -> tuple[Any, dict[str, Any]] | None:
     """The confirmation's Tuner (restored when it exists for this sweep) and its choice; None
-    (with a line printed) when no trial of the search scored the objective.
+    (with a line printed) when no trial of the search scored the objective, or when the sweep
+    was interrupted after its search (:func:`_stopped_after_search`).
 
     Args:
         config: the sweep's config; ``trial_config``: as its trials get it (absolute paths,
@@ -207,9 +216,12 @@ def confirmation_tuner(config: CoreConfig, trial_config: CoreConfig, search_file
     from ray import tune
     from ray.tune.schedulers import FIFOScheduler
 
+    from raycl.results.run_encoder import RunEncoderCallback
     from raycl.sweep_display import ProgressDisplay
 
     parent = _parent_run(config, results)
+    if _stopped_after_search(config, parent):
+        return None
     choice = _choose(config, results, parent) if parent else None
     if choice is None:
         print("raycl: seed confirmation skipped: no trial of the search scored "
@@ -223,10 +235,13 @@ def confirmation_tuner(config: CoreConfig, trial_config: CoreConfig, search_file
                                   param_space=space), choice
     _write_choice(path, choice)
     total = sum(len(own) for own in choice["seeds"])
-    shown = apply_overrides(config, {"name": f"{config.name}-confirm", "tune.num_samples": total})
+    # Confirmation runs every seed to its end (FIFO): the display must not promise ASHA stops.
+    shown = apply_overrides(config, {"name": f"{config.name}-confirm", "tune.num_samples": total,
+                                     "tune.scheduler.type": "none"})
     run_config = tune.RunConfig(
         name=f"{config.name}-confirm", storage_path=resolved_storage(config.tune.storage_path),
-        callbacks=[ConfirmCallback(trial_config, search_file, parent), ProgressDisplay(shown)],
+        callbacks=[ConfirmCallback(trial_config, search_file, parent),
+                   RunEncoderCallback(trial_config), ProgressDisplay(shown)],
         failure_config=tune.FailureConfig(max_failures=config.tune.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2), verbose=1 if verbose else 0)
     tune_config = tune.TuneConfig(

@@ -19,7 +19,6 @@ features and labels as ``.npy`` for people who only want the embeddings.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -36,9 +35,9 @@ from torch import nn
 from raycl.config.evaluation import TransferConfig
 from raycl.config.metric_names import TEST, TRANSFER, MetricName, maybe_metric
 from raycl.config.schema import ConfigError, ConfigErrors, CoreConfig
+from raycl.config.sweep import add_tracking_uri_option
 from raycl.config.training import DataConfig
 from raycl.data import DatasetSplits, ImageSet, stratified_subset
-from raycl.data.augment import to_float
 from raycl.eval.transfer import TransferSet, load_transfer_sets, transfer_data_config
 
 if TYPE_CHECKING:
@@ -87,8 +86,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                        "name such as t07, or an MLflow run id (default: best).")
     which.add_argument("--top", type=int, default=None, metavar="K",
                        help="The K best trials instead of one.")
-    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: "
-                        "$MLFLOW_TRACKING_URI, else raycl's default).")
+    add_tracking_uri_option(parser)
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help=f"The new data (data.{{{','.join(DATA_KEYS)}}}) "
                         "and evaluation keys (eval.*); repeatable.")
@@ -223,40 +221,24 @@ def evaluation_config(
     return config
 
 
-def input_channels(encoder: nn.Module) -> int:
-    """The channels the encoder's images have: its first convolution's (or patch embedding's)
-    input channels.
-
-    Raises:
-        ValueError: a module without a 4-D weight.
-    """
-    for parameter in encoder.parameters():
-        if parameter.ndim == 4:
-            return int(parameter.shape[1])
-    raise ValueError("the encoder has no convolution to read its input channels from")
-
-
-@torch.no_grad()
-def embed(encoder: nn.Module, images: Any, device: torch.device,
-          batch_size: int = EMBED_BATCH) -> np.ndarray:
-    """Features of uint8 (N, C, H, W) images as raycl's evaluation embeds them.
+def embed(encoder: nn.Module, images: Any, device: torch.device) -> np.ndarray:
+    """Features of uint8 (N, C, H, W) images as a trial's evaluation embeds them
+    (:func:`raycl.worker.embed.embed_images`, in this one process, float32).
 
     Args:
-        encoder: normalised float images -> (B, D) features (eval mode).
-        images: uint8 (N, C, H, W), read ``batch_size`` rows at a time.
+        encoder: normalised float images -> (B, D) features.
+        images: uint8 (N, C, H, W), read ``EMBED_BATCH`` rows at a time.
         device: where the forward runs.
-        batch_size: rows per forward.
 
     Returns:
         float32 (N, D).
     """
-    chunks = []
-    for start in range(0, len(images), batch_size):
-        batch = torch.as_tensor(np.asarray(images[start:start + batch_size])).to(device)
-        chunks.append(encoder(to_float(batch)).float().cpu().numpy())
-    if not chunks:
-        raise ValueError("no images to embed")
-    return np.concatenate(chunks)
+    from raycl.worker.embed import OneProcess, embed_images
+
+    features = embed_images(encoder, images, OneProcess(device), batch_size=EMBED_BATCH,
+                            embed=encoder)
+    assert features is not None  # a process of its own is rank 0
+    return features
 
 
 def _as_splits(transfer: TransferSet, resolution: int, channels: int) -> DatasetSplits:
@@ -324,13 +306,14 @@ def _linear_sgd_scores(config: CoreConfig, encoder: nn.Module, splits: DatasetSp
     return linear_sgd_metrics(results)
 
 
-def score_encoder(config: CoreConfig, encoder: nn.Module, device: torch.device,
+def score_encoder(config: CoreConfig, encoder: nn.Module, channels: int, device: torch.device,
                   keep_features: bool = False) -> TrialScores:
     """Score a frozen encoder on the config's one transfer set (the new data).
 
     Args:
         config: :func:`evaluation_config`'s result.
         encoder: normalised float images -> features, in eval mode, on ``device``.
+        channels: the channels of the encoder's images (the new data is converted to them).
         device: where embedding and the probes run.
         keep_features: return the features and labels too (``--features-out``).
 
@@ -339,7 +322,6 @@ def score_encoder(config: CoreConfig, encoder: nn.Module, device: torch.device,
     """
     from raycl.eval.scoring import evaluate_features
 
-    channels = input_channels(encoder)
     (transfer,) = load_transfer_sets(config, channels)
     if not transfer.train.labels:
         raise UnscorableDataError(f"--set data.dataset: {transfer.name} has no labels to score "
@@ -368,15 +350,14 @@ def score_trial(trial: FinishedTrial, config: CoreConfig, keep_features: bool = 
     Returns:
         Its :class:`TrialScores`.
     """
-    from raycl.export.encoder import trained_encoder
-    from raycl.results.trials import local_checkpoint
+    from raycl.results.run_encoder import evaluation_encoder
 
     where = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     with tempfile.TemporaryDirectory(prefix="raycl-evaluate-") as scratch:
-        checkpoint = local_checkpoint(trial, Path(scratch))
-        encoder = trained_encoder(checkpoint, trial.config, where)
-    encoder.eval()
-    return score_encoder(config, encoder, where, keep_features)
+        # Its checkpoint, else (gone) the encoder the sweep logged into its run.
+        encoder, channels = evaluation_encoder(trial, Path(scratch))
+    encoder = encoder.to(where).eval()
+    return score_encoder(config, encoder, channels, where, keep_features)
 
 
 def check_checkpoint(trial: FinishedTrial) -> None:
@@ -389,7 +370,7 @@ def check_checkpoint(trial: FinishedTrial) -> None:
     from raycl.data.bucket_paths import is_remote
     from raycl.results.trials import local_checkpoint
 
-    if not is_remote(trial.checkpoint):
+    if not is_remote(trial.checkpoint) and not trial.encoder:  # logged encoder: read instead
         local_checkpoint(trial, Path(trial.checkpoint))  # local: nothing is copied
 
 
@@ -453,14 +434,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m raycl.evaluate``; returns the exit code (2: bad input, one line)."""
     args = parse_args(argv)
     import raycl.methods  # noqa: F401  (fills the schema's method sections)
-    from raycl.config.sweep import DEFAULT_TRACKING_URI, resolve_tracking_uri
+    from raycl.config.sweep import resolve_tracking_uri
     from raycl.results.trials import TrialLookupError, find_trials
 
     if args.top is not None and args.top < 1:
         print(f"error: --top: must be >= 1, got {args.top}", file=sys.stderr)
         return 2
-    tracking_uri = resolve_tracking_uri(
-        args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
+    tracking_uri = resolve_tracking_uri(args.tracking_uri)
     try:
         data, evaluation = split_overrides(args.overrides)
         trials = find_trials(tracking_uri, args.experiment, args.trial, args.top)

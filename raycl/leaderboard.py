@@ -21,7 +21,7 @@ import os
 import sys
 
 from raycl.closed_stdout import CLOSED_EXIT_CODE, stdout_closed
-from raycl.config.sweep import DEFAULT_TRACKING_URI, resolve_tracking_uri
+from raycl.config.sweep import add_tracking_uri_option, resolve_tracking_uri
 from raycl.tracking.retry import RETRY_ENV, TrackingUnavailableError
 from raycl.tracking.runs import ROLE_TAG, mlflow_client
 from raycl.tracking.trial_table import ColumnChoice, print_leaderboard
@@ -57,9 +57,7 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--attributes", action="store_true",
                         help="the per-attribute probe columns too (val/linear/<attribute>, "
                         "test/linear/<attribute>)")
-    parser.add_argument("--tracking-uri",
-                        default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI),
-                        help="MLflow URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    add_tracking_uri_option(parser)
     args = parser.parse_args(argv)
     # A person waiting at a terminal: a store that is away is said within seconds, not after
     # a sweep's five minutes of retries (raycl.tracking.retry); a value the user set is kept.

@@ -15,6 +15,7 @@ from ray.tune.search.optuna import OptunaSearch as _RayOptunaSearch
 
 from raycl.config.schema import CoreConfig, Domain
 from raycl.launch.feasibility import JOINT_PREFIX, JointDomain, joint_domain
+from raycl.warm_start import find_seeds
 from raycl.worker.outcome import FAILED_KEY
 
 if TYPE_CHECKING:
@@ -67,7 +68,10 @@ class OptunaSearch(_RayOptunaSearch):
     whole sweep on the first report without the objective: an epoch without evaluation
     (``eval.every_n_epochs > 1``) or an MCL trial skipped for its budget. Such reports carry
     nothing for Optuna, so they are skipped; completion (``on_trial_complete``) already handles a
-    missing metric by recording the trial as pruned.
+    missing metric by recording the trial as pruned. With several objectives
+    (``tune.objectives``: metric and mode are lists) Optuna takes no intermediate values, and a
+    last report that lacks one objective is recorded as pruned too (Ray would hand Optuna a
+    None among the values).
     """
 
     def suggest(self, trial_id: str) -> dict | None:
@@ -79,7 +83,8 @@ class OptunaSearch(_RayOptunaSearch):
         return config
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        if self.metric in result:
+        # Several objectives: Optuna takes no intermediate values (Ray's method returns).
+        if isinstance(self.metric, str) and self.metric in result:
             super().on_trial_result(trial_id, result)
 
     def on_trial_complete(
@@ -89,6 +94,10 @@ class OptunaSearch(_RayOptunaSearch):
         # a crash to retry); Optuna records it as FAIL, what it is, not PRUNED (stopped early).
         if result and result.get(FAILED_KEY):
             result, error = None, True
+        # Several objectives: a last report without one of them tells Optuna nothing (Ray would
+        # hand it a None among the values, which Optuna refuses): recorded as pruned.
+        if result and isinstance(self.metric, list) and any(m not in result for m in self.metric):
+            result = None
         super().on_trial_complete(trial_id, result, error)
 
 
@@ -110,8 +119,20 @@ def build_searcher(config: CoreConfig) -> OptunaSearch:
         sampler = RandomSampler(seed=config.seed)
     else:
         sampler = TPESampler(seed=config.seed)
-    return OptunaSearch(space=space, metric=config.tune.metric, mode=config.tune.mode,
-                        sampler=sampler)
+    metric, mode = searched_objectives(config)
+    # tune.warm_start: the earlier sweep's best configurations are Optuna's first trials.
+    seeds = [seed.point for seed in find_seeds(config)]
+    return OptunaSearch(space=space, metric=metric, mode=mode, sampler=sampler,
+                        points_to_evaluate=seeds or None)
+
+
+def searched_objectives(config: CoreConfig) -> tuple[str | list[str], str | list[str]]:
+    """The searcher's metric and mode: ``tune.objectives`` as lists (Optuna's multi-objective
+    study), else ``tune.metric`` and ``tune.mode``."""
+    objectives = config.tune.objectives
+    if objectives:
+        return [o.metric for o in objectives], [o.mode for o in objectives]
+    return config.tune.metric, config.tune.mode
 
 
 

@@ -67,6 +67,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "default $MLFLOW_TRACKING_URI, else the YAML's)")
     parser.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, or "
                         "start an embedded local Ray)")
+    parser.add_argument("--warm-start", metavar="EXPERIMENT", help="seed the searcher with an "
+                        "earlier sweep's best configurations (tune.warm_start)")
     parser.add_argument("--fresh", action="store_true",
                         help="start the sweep over instead of resuming a sweep of the same name")
     parser.add_argument("--dry-run", action="store_true",
@@ -84,14 +86,15 @@ def resolve(args: argparse.Namespace, notices: list[str] | None = None) -> CoreC
     overrides = list(args.overrides)
     notices = [] if notices is None else notices
     flags = {"num_samples": args.num_samples, "name": args.name, "storage": args.storage,
-             "tracking_uri": args.tracking_uri}
+             "tracking_uri": args.tracking_uri, "warm_start": args.warm_start}
     if args.tracking_uri is None and os.environ.get("MLFLOW_TRACKING_URI"):
         # MLflow's own variable: it names the server for every tool of a session, so it wins
         # over the YAML (whose sqlite default is for a laptop); --tracking-uri wins over both.
         flags["tracking_uri"] = os.environ["MLFLOW_TRACKING_URI"]
         notices.append(f"mlflow.tracking_uri={flags['tracking_uri']} (from $MLFLOW_TRACKING_URI)")
     for flag, key in (("num_samples", "tune.num_samples"), ("name", "name"),
-                      ("storage", "tune.storage_path"), ("tracking_uri", "mlflow.tracking_uri")):
+                      ("storage", "tune.storage_path"), ("tracking_uri", "mlflow.tracking_uri"),
+                      ("warm_start", "tune.warm_start")):
         if flags[flag] is not None:
             overrides.append(f"{key}={flags[flag]}")
     return load_search(args.search, overrides, notices=notices)
@@ -138,6 +141,10 @@ def tuner_search(config: CoreConfig) -> tuple[dict[str, Any], Any, int, Any]:
         # the end (stopping a repeat early would bias the spread it is there to measure).
         seeds = [config.seed + i for i in range(config.tune.num_samples)]
         return {"seed": tune.grid_search(seeds)}, None, 1, FIFOScheduler()
+    if config.tune.scheduler.type in ("pbt", "pb2"):  # random first values, then mutations
+        from raycl.pbt import population_tuner_parts
+
+        return population_tuner_parts(config)
     # The searcher owns the space (define-by-run, feasible combinations only).
     scheduler: Any = FIFOScheduler()
     if config.tune.scheduler.type == "asha":
@@ -165,6 +172,8 @@ def build_tuner(
     """
     from ray import tune
 
+    from raycl.baseline_run import with_baseline
+    from raycl.results.run_encoder import RunEncoderCallback
     from raycl.sweep_display import ProgressDisplay
     from raycl.tracking.callback import MLflowSweepCallback
     from raycl.tracking.relay import start_relay
@@ -185,7 +194,11 @@ def build_tuner(
     run_config = tune.RunConfig(
         name=config.name,
         storage_path=storage,
-        callbacks=[MLflowSweepCallback(trial_config, search_file), ProgressDisplay(config)],
+        # eval.baseline's one task (raycl.baseline_run) before the tracker: the parent run's
+        # last leaderboard, written by the tracker at the end, then has its row.
+        callbacks=[*with_baseline(trial_config, MLflowSweepCallback(trial_config, search_file)),
+                   # after the tracker, which ends the trial's run first
+                   RunEncoderCallback(trial_config), ProgressDisplay(config)],
         failure_config=tune.FailureConfig(max_failures=config.tune.max_failures),
         # Two, so a corrupt latest checkpoint can fall back to the one before it.
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),

@@ -66,7 +66,8 @@ SHRUNK = {"data.samples_per_combination": 1, "data.resolution": 16, "train.batch
           "model.width": 8, "model.projector_hidden_dim": 32, "model.projector_dim": 16,
           "eval.linear_max_iter": 50, "train.epochs": 2, "eval.every_n_epochs": 2,
           "scaling.num_workers": 1, "scaling.cpus_per_worker": 1,
-          "tune.num_samples": 1}
+          "tune.num_samples": 1, "eval.baseline": False,
+          "mlflow.log_encoder": False}
 # The reference sweep (and its rerun, which must be the same sweep) skips the end-of-trial
 # spectrum and plots, which nothing reads there (the drained and killed trials' are checked):
 # they come after every metric, so its objective is still the one the others must end with.

@@ -36,6 +36,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # Ray Train's controller collects a worker's report when it polls the workers' health (every 2 s
 # by default), and the worker's next report waits for that: a test epoch of 0.1 s would take
@@ -60,6 +61,34 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def moto_s3(monkeypatch: Any) -> Iterator[tuple[Any, int]]:
+    """A local S3 (moto's threaded server on a free port) with test credentials: yields a boto3
+    client of it and its port (``?endpoint_override=127.0.0.1:<port>&scheme=http`` in a URI);
+    skips the test when boto3 or moto is missing.
+
+    Args:
+        monkeypatch: the test's ``monkeypatch`` (the AWS variables are set through it).
+    """
+    import logging
+
+    import pytest
+
+    boto3 = pytest.importorskip("boto3")
+    moto_server = pytest.importorskip("moto.server")
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    port = free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    try:
+        yield boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}"), port
+    finally:
+        server.stop()
 
 
 def short_temp_dir(prefix: str) -> Path:

@@ -184,7 +184,7 @@ def test_schema_documents_every_key() -> None:
         assert f"`{key}`" in table
     # A choice shows its allowed values, never the word Literal.
     assert "Literal" not in table
-    assert "| `tune.scheduler.type` | 'asha' \\| 'none' | 'asha' |" in table
+    assert "| `tune.scheduler.type` | 'asha' \\| 'none' \\| 'pbt' \\| 'pb2' | 'asha' |" in table
     assert "| `data.dataset` | 'trifeature' \\| " in table
 
 

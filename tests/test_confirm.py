@@ -1,14 +1,25 @@
 """Seed confirmation (``tune.confirm``): the pure parts on hand-computed cases, the config's
-refusals, and one real quickstart sweep that confirms its winner over two seeds and resumes."""
+refusals, and one real quickstart sweep that confirms its winner over two seeds, interrupted
+twice in the middle of its confirmation (Ctrl+C, then SIGKILL) and resumed."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from local_servers import spawn
+from mlflow import MlflowClient
 from test_end_to_end import NO_PLOTS, quickstart_args, runs_of
+from test_tracking_faults import wait_until
 
 from raycl.config.schema import ConfigError
 from raycl.confirm import (
@@ -144,35 +155,130 @@ def test_confirm_space_pins_each_seeds_configuration() -> None:
         (11, 0.1, 0.2), (12, 0.1, 0.2), (21, 0.3, 0.4), (22, 0.3, 0.4)]
 
 
-def test_quickstart_confirms_its_winner_over_two_seeds_and_resumes(
-    ray_session, data_cache, tmp_path, capsys
+def confirm_children(uri: str, name: str) -> list:
+    """The confirmation's child runs of sweep ``name`` (none before its experiment exists)."""
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        return []
+    return client.search_runs([experiment.experiment_id],
+                              filter_string=f"tags.`{CONFIRM_TAG}` LIKE '%'")
+
+
+def sigint_once(check: Callable[[], bool], stop: threading.Event) -> threading.Thread:
+    """A thread that sends this process SIGINT (Ctrl+C) once ``check()`` holds: Tune's handler
+    in the main thread, where ``main`` runs the sweep, takes it."""
+    def watch() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(Exception):  # the store being created, or busy
+                if check():
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def signal_handlers_kept() -> Iterator[None]:
+    """The handlers of SIGINT and SIGUSR1 as they were: the in-process sweeps install Tune's,
+    and the test's Ctrl+C sets the stop event of one (read by raycl.tracking.tune_stop)."""
+    before = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGUSR1)}
+    yield
+    for number, handler in before.items():
+        signal.signal(number, handler)
+
+
+def test_quickstart_confirms_its_winner_over_two_seeds_through_sigint_and_sigkill(
+    ray_session, data_cache, tmp_path, capsys, signal_handlers_kept
 ) -> None:
+    """A quickstart sweep confirming its winner over two seeds, stopped twice in the middle of
+    its confirmation and resumed with the same command each time: Ctrl+C once the first
+    confirmation trial runs (exit 130, parent KILLED), then SIGKILL to a second driver (joined
+    to the same Ray) once one seed has finished and the other runs. The third driver
+    finishes (exit 0): one parent run FINISHED, the search's trials not run again, one child
+    run per confirmation seed, each epoch logged once, a confirmation run finished before the
+    SIGKILL left as it was, and confirm.csv over both seeds."""
+    name, uri = "e2e-confirm", f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = quickstart_args(tmp_path)
     args[args.index("train.epochs=2")] = "train.epochs=1"
-    args[args.index("e2e-quick")] = "e2e-confirm"
+    args[args.index("e2e-quick")] = name
     args += ["--set", NO_PLOTS, "--set", "tune.confirm={top_k: 1, seeds: 2}"]
+
+    # 1. Ctrl+C once a confirmation trial has its run: the search is done, a seed is left.
+    stop = threading.Event()
+    watcher = sigint_once(lambda: bool(confirm_children(uri, name)), stop)
+    try:
+        assert main(args) == 130
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+    assert "interrupted; run the same command again" in capsys.readouterr().err
+    client, (parent,), children = runs_of(tmp_path, name)
+    assert parent.info.status == "KILLED" and parent.data.tags["raycl.interrupted"] == "true"
+    search = {c.info.run_id: c for c in children if CONFIRM_TAG not in c.data.tags}
+    assert len(search) == 2
+    first = confirm_children(uri, name)
+    assert 1 <= len(first) <= 2
+    for child in first:  # the one Tune stopped is marked so (a Ctrl+C between two: none is)
+        assert child.info.status in ("FINISHED", "KILLED"), child.data.tags
+        if child.info.status == "KILLED":
+            assert child.data.tags["raycl.ended"] == "interrupted"
+    finished_before = sum(c.info.status == "FINISHED" for c in first)
+
+    # 2. The same command in a driver of its own, SIGKILLed mid-confirmation: once a seed has
+    # finished and the other runs (or has finished since this driver started).
+    def confirming() -> list | None:
+        runs = confirm_children(uri, name)
+        done = [r for r in runs if r.info.status == "FINISHED"]
+        running = any(r.info.status == "RUNNING" for r in runs)
+        return done if done and (running or len(done) > finished_before) else None
+
+    gcs = ray_session.get_runtime_context().gcs_address
+    log = tmp_path / "killed.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": gcs}
+    killed = spawn([sys.executable, "-m", "raycl.tune", *args, "--address", gcs], log=log,
+                   env=env)
+    try:
+        done_at_kill = wait_until(confirming, killed.process, log, timeout_s=300)
+        killed.process.kill()  # the driver alone, outright: the shared Ray stays up
+        killed.process.wait(timeout=30)
+    finally:
+        killed.stop(grace_s=5)
+    assert "resuming the seed confirmation of 'e2e-confirm'" in log.read_text()
+
+    # 3. The same command again: it finishes the confirmation.
     assert main(args) == 0
     printed = capsys.readouterr().out
+    assert "resuming the seed confirmation of 'e2e-confirm'" in printed
     assert "seed confirmation (mean and 95 % interval over seeds):" in printed
-
-    client, parents, children = runs_of(tmp_path, "e2e-confirm")
+    client, parents, children = runs_of(tmp_path, name)
     (parent,) = parents
     assert parent.info.status == "FINISHED"
-    search = [c for c in children if CONFIRM_TAG not in c.data.tags]
+    assert parent.data.tags["raycl.interrupted"] == "false"
     confirm = [c for c in children if CONFIRM_TAG in c.data.tags]
-    assert len(search) == 2 and len(confirm) == 2
-    winner = max(search, key=lambda c: c.data.metrics.get("val/linear/mean", -1.0))
+    # The search's trials were not run again; one run per confirmation seed, each epoch once.
+    assert {c.info.run_id: c.info.end_time for c in children if CONFIRM_TAG not in c.data.tags} \
+        == {run_id: c.info.end_time for run_id, c in search.items()}
+    assert sorted(c.data.params["seed"] for c in confirm) == [str(SEED_STRIDE),
+                                                               str(SEED_STRIDE + 1)]
+    winner = max(search.values(), key=lambda c: c.data.metrics.get("val/linear/mean", -1.0))
     for child in confirm:
+        assert child.info.status == "FINISHED" and child.data.tags["raycl.ended"] == "completed"
         assert child.data.tags[PARENT_TAG] == parent.info.run_id
         assert child.data.tags[CONFIRM_TAG] == "1" and child.info.run_name.startswith("c1 ")
         for key in ("simclr.temperature", "train.lr"):
             assert child.data.params[key] == winner.data.params[key]
         assert "test/linear/mean" in child.data.metrics
-    assert sorted(c.data.params["seed"] for c in confirm) == [str(SEED_STRIDE),
-                                                               str(SEED_STRIDE + 1)]
+        for key in ("train/loss", "val/linear/mean"):
+            assert [m.step for m in client.get_metric_history(child.info.run_id, key)] == [1]
+    for before in done_at_kill:  # finished before the SIGKILL: not run again
+        assert client.get_run(before.info.run_id).info.end_time == before.info.end_time
     # The search's winner record and leaderboard stay the search's.
     assert parent.data.tags["raycl.best_run"] == winner.info.run_id
-    _, rows, _ = leaderboard_rows(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e-confirm")
+    _, rows, _ = leaderboard_rows(uri, name)
     assert len(rows) == 2
 
     local = client.download_artifacts(parent.info.run_id, "confirm.csv", str(tmp_path))
@@ -185,13 +291,6 @@ def test_quickstart_confirms_its_winner_over_two_seeds_and_resumes(
     assert float(row["val/linear/mean ci95_high"]) == pytest.approx(high)
     assert float(row["test/linear/mean ci95_high"]) >= float(row["test/linear/mean mean"])
     assert row["seeds"] == f"{SEED_STRIDE} {SEED_STRIDE + 1}" and row["n"] == "2"
-
-    # The same command again: both phases restored, no seed run again.
-    assert main(args) == 0
-    printed = capsys.readouterr().out
-    assert "resuming the seed confirmation of 'e2e-confirm'" in printed
-    _, parents, children = runs_of(tmp_path, "e2e-confirm")
-    assert len(parents) == 1 and len(children) == 4
 
 
 def test_resumed_confirmation_keeps_its_choice_and_a_stale_one_is_set_aside(tmp_path) -> None:

@@ -16,12 +16,13 @@ from fake_world import run_fake_world
 def _barrier_worker(rank: int, init: str, out: str) -> None:
     from raycl.worker.data_barrier import data_barrier
 
-    # The default group's timeout stands for NCCL's 30 minutes; rank 1's load for a long build.
+    # The default group's timeout stands for NCCL's 30 minutes; rank 1's load for a long build
+    # (twice that timeout: rank 0 waits past it in the barrier).
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
                             timeout=timedelta(seconds=2))
     with data_barrier():
         if rank == 1:
-            time.sleep(6)
+            time.sleep(4)
     total = torch.ones(1)
     dist.all_reduce(total)  # the trial's first collective (DDP's broadcast of the weights)
     Path(out, f"rank{rank}").write_text(str(int(total.item())))

@@ -220,26 +220,26 @@ def _run_evaluate(args: list[str], tmp: Path, monkeypatch: pytest.MonkeyPatch) -
     """``raycl.evaluate`` on a hand-built finished sweep of the command's experiment (in this
     process: ``--no-ray``), the docs' image folder a small one here."""
     from raycl.evaluate import main
-    from tests.test_evaluate_cli import build_sweep
+    from tests.finished_sweep import make_sweep
 
     if not args:  # a mention of the command: its --help
         with pytest.raises(SystemExit) as exit_:
             main(["--help"])
         return int(exit_.value.code or 0)
     experiment = args[args.index("--experiment") + 1]
-    sweep = build_sweep(tmp / "sweep", experiment)
+    sweep = make_sweep(tmp / "sweep", experiment, "small_cnn", log_encoders=False)
     args = [f"data.root={sweep.folder}" if word == "data.root=/path/to/images" else word
             for word in args]
     if "--features-out" in args:
         args = _redirect(args, "--features-out", str(tmp / "features"))
-    return main([*_redirect(args, "--tracking-uri", sweep.tracking_uri), "--no-ray"])
+    return main([*_redirect(args, "--tracking-uri", sweep.uri), "--no-ray"])
 
 
 def _run_export(args: list[str], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> int:
     """``raycl.export`` on a hand-built finished sweep of the command's experiment (a ResNet
     for torchvision/timm, else a small CNN), writing its file under ``tmp``."""
     from raycl.export.__main__ import main
-    from tests.test_export_cli import make_sweep
+    from tests.finished_sweep import make_sweep
 
     if not args:  # a mention of the command: its --help
         with pytest.raises(SystemExit) as exit_:
@@ -247,7 +247,8 @@ def _run_export(args: list[str], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> 
         return int(exit_.value.code or 0)
     experiment = args[args.index("--experiment") + 1]
     resnet = args[args.index("--format") + 1] in ("torchvision", "timm")
-    sweep = make_sweep(tmp / "sweep", experiment, "resnet18" if resnet else "small_cnn")
+    sweep = make_sweep(tmp / "sweep", experiment, "resnet18" if resnet else "small_cnn",
+                       log_encoders=False)
     args = _redirect(args, "--out", str(tmp / Path(args[args.index("--out") + 1]).name))
     return main(_redirect(args, "--tracking-uri", sweep.uri))
 

@@ -27,6 +27,10 @@ TINY = [
     "data.samples_per_combination=1", "data.resolution=16", "train.batch_size=64",
     "model.width=8", "model.projector_hidden_dim=32", "model.projector_dim=16",
     "eval.linear_max_iter=50", "eval.every_n_epochs=1",
+    # The sweep's baseline is one more Ray task (~5 s of a 2-CPU sweep: the first trial waits
+    # for its CPU), and each ended trial's encoder is rebuilt and logged by the driver: both on
+    # where a test reads them (test_quickstart_sweep_lands_in_mlflow).
+    "eval.baseline=false", "mlflow.log_encoder=false",
 ]
 # For the runs that read no end-of-trial plot: the spectrum and its figures take seconds a trial.
 NO_PLOTS = "eval.diagnostics=false"
@@ -58,7 +62,7 @@ def quickstart_args(tmp_path: Path, *extra: str) -> list[str]:
 
 
 def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, capsys) -> None:
-    code = main(quickstart_args(tmp_path, "eval.baseline=true"))
+    code = main(quickstart_args(tmp_path, "eval.baseline=true", "mlflow.log_encoder=true"))
     assert code == 0
     captured = capsys.readouterr()
     printed = captured.out
@@ -71,6 +75,14 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
     parent = parents[0]
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["raycl.version"]
+    # The untrained backbone, scored once for the sweep (eval.baseline, raycl.baseline_run),
+    # is on the parent run with chance on val and its size: what the leaderboard reads first.
+    assert 0.0 <= parent.data.metrics["baseline/val/linear/mean"] <= 1.0
+    assert parent.data.metrics["data/val_size"] > 0
+    assert 0.0 < parent.data.metrics["data/chance/color"] <= 1.0
+    # ... and in the parent's last leaderboard (its description), written after it was logged.
+    assert "Random init (the same backbone untrained, the same probes): " in \
+        parent.data.tags["mlflow.note.content"]
     # Two trials of two knobs: too few for parameter importance, and the parent says so.
     assert parent.data.tags["raycl.importance"] == \
         "importance: needs ≥ 4 finished trials with val/linear/mean, have 2"
@@ -95,16 +107,19 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
                     metrics[f"{split}/linear/{a}"] for a in ("shape", "texture", "color")) / 3)
             # The test split is scored once, at the end; validation at every evaluation.
             assert len(client.get_metric_history(child.info.run_id, "test/linear/mean")) == 1
-            # What the leaderboard reads trials against: the untrained backbone's val probes
-            # (eval.baseline, before epoch 1), chance on val and its size.
-            assert 0.0 <= metrics["baseline/val/linear/mean"] <= 1.0
+            # Chance on val and its size, with every evaluation; the baseline is the sweep's
+            # (on the parent run), not each trial's.
             assert metrics["data/val_size"] > 0 and 0.0 < metrics["data/chance/color"] <= 1.0
+            assert not any(key.startswith("baseline/") for key in metrics)
             # Logged by the trial after its last report (ASHA must not stop it there), through
             # the driver's relay.
             plots = {a.path for a in client.list_artifacts(child.info.run_id, "diagnostics")}
             assert "diagnostics/spectrum.png" in plots
         artifacts = [a.path for a in client.list_artifacts(child.info.run_id)]
         assert "config.yaml" in artifacts
+        if child.info.status == "FINISHED":  # its encoder, logged by the driver (issue 35)
+            assert child.data.tags["raycl.encoder"] == f"runs:/{child.info.run_id}/encoder"
+            assert "encoder" in artifacts
     # Chance is 0.1: even two tiny epochs learn colour.
     best = max(c.data.metrics.get("val/linear/color", 0) for c in children)
     assert best > 0.3
@@ -131,11 +146,15 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
     # below finds unchanged: running the same sweep again resumes it, nothing new is launched.
     assert read_identity(str(tmp_path / "ray" / "e2e-quick"))["data"] == {"data": {
         "dataset": "trifeature", "samples_per_combination": 1, "seed": 0}}
-    again = main(quickstart_args(tmp_path, "eval.baseline=true"))
+    again = main(quickstart_args(tmp_path, "eval.baseline=true", "mlflow.log_encoder=true"))
     assert again == 0
-    assert "resuming sweep 'e2e-quick'" in capsys.readouterr().out
+    resumed = capsys.readouterr().out
+    assert "resuming sweep 'e2e-quick'" in resumed and "at init" in resumed
     _, parents, children = runs_of(tmp_path, "e2e-quick")
     assert len(parents) == 1 and len(children) == 2
+    # The resumed sweep's parent had its baseline: not scored again.
+    assert len(client.get_metric_history(parents[0].info.run_id,
+                                         "baseline/val/linear/mean")) == 1
 
 
 def assert_progress_display(out: str, err: str, names: list[str]) -> None:
@@ -196,16 +215,32 @@ def test_trial_resumes_after_crash_and_logs_each_epoch_once(
 
 
 def test_quickstart_shortened_to_one_epoch(ray_session, data_cache, tmp_path, capsys) -> None:
-    """The README's way to shrink a sweep: ASHA's grace period is clamped, not asserted."""
+    """The README's way to shrink a sweep: ASHA's grace period is clamped, not asserted. The
+    sweep also runs issue 34's recipe (its end to end, on this sweep rather than one more):
+    LARS, BYOL's per-view blur and solarization and eval.linear_sgd={epochs: 2}, through Ray
+    and MLflow; each run holds the protocol's val and test scores and the learning rate each
+    attribute kept."""
     args = quickstart_args(tmp_path)
     args[args.index("train.epochs=2")] = "train.epochs=1"
     args[args.index("e2e-quick")] = "e2e-one-epoch"
-    args += ["--set", NO_PLOTS]
+    for override in (NO_PLOTS, "train.optimizer=lars", "augment.blur_prob=[1.0, 0.1]",
+                     "augment.solarize_prob=[0.0, 0.2]", "eval.linear_sgd={epochs: 2}"):
+        args += ["--set", override]
     assert main(args) == 0
     assert "grace_period=2 exceeds the 1 report(s)" in capsys.readouterr().out
     _, _, children = runs_of(tmp_path, "e2e-one-epoch")
     assert len(children) == 2
-    assert all("test/linear/mean" in child.data.metrics for child in children)
+    for child in children:
+        params, metrics = child.data.params, child.data.metrics
+        assert (params["train.optimizer"], params["augment.blur_prob"],
+                params["augment.solarize_prob"], params["eval.linear_sgd.epochs"]) == (
+            "lars", "[1.0, 0.1]", "[0.0, 0.2]", "2")
+        assert math.isfinite(metrics["train/loss"])
+        for split in ("val", "test"):
+            for attribute in ("shape", "texture", "color", "mean"):
+                assert 0.0 <= metrics[f"{split}/linear_sgd/{attribute}"] <= 1.0
+        assert metrics["diag/linear_sgd_lr/shape"] == 0.1  # the one default rate
+        assert "test/linear/mean" in metrics  # the closed-form probe is reported beside it
 
 
 def test_fgvr_trial_pretrains_its_decoder_then_logs_retrieval_and_pictures(
@@ -242,7 +277,8 @@ def test_clip_mcl_sweep_logs_mmvp_per_stage_and_integrated(
     config = tiny_config(tmp_path, "clip_mcl.yaml", "train.epochs=1", "mcl.stages=2",
                          "mcl.integration=soup", "clip.tiny_width=32", "clip.tiny_layers=2",
                          "eval.mmvp_pairs=4", "tune.num_samples=1", "name=e2e-clip",
-                         "tune.search_space={clip.trainable_blocks: {choice: [1, 2]}}")
+                         "tune.search_space={clip.trainable_blocks: {choice: [1, 2]}}",
+                         NO_PLOTS)
     build_tuner(config, None).fit()
     _, _, children = runs_of(tmp_path, "e2e-clip")
     (child,) = children
@@ -308,6 +344,30 @@ def test_mcl_trial_logs_every_stage_and_ami_under_data_parallelism(
     ami = json.loads(Path(client.download_artifacts(
         child.info.run_id, "diagnostics/ami_matrix.json", str(tmp_path))).read_text())
     assert len(ami) == 2 and ami[0][0] == pytest.approx(1.0)
+    assert_concat_exports_as_evaluated(tmp_path, Path(child.data.tags["raycl.checkpoint"]))
+
+
+def assert_concat_exports_as_evaluated(tmp_path: Path, checkpoint: Path) -> None:
+    """Issue 35: the trial's last checkpoint keeps stage 0's backbone, so the exported concat
+    encoder embeds val as raycl's evaluation integrated it (the stages' stored features)."""
+    import numpy as np
+
+    from raycl.data import load_dataset
+    from raycl.data.augment import to_float
+    from raycl.export.encoder import StageConcat, trained_encoder
+    from raycl.worker.checkpoints import read_checkpoint
+    from raycl.worker.stage_integration import integrate
+
+    (trial,) = find_trials(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e-mcl", "best")
+    encoder = trained_encoder(checkpoint, trial.config)
+    assert isinstance(encoder, StageConcat) and len(encoder.stages) == 2
+    restored = read_checkpoint(checkpoint)  # stage 0's features from the run's storage
+    assert restored.features is not None
+    expected = integrate([restored.inputs.features[0]["val"], restored.features["val"]])
+    val = load_dataset(trial.config.data, trial.config.seed).split("val").images
+    with torch.no_grad():
+        features = encoder(to_float(torch.from_numpy(np.asarray(val)))).numpy()
+    assert np.allclose(features, expected, atol=1e-5)
 
 
 def test_mcl_trial_over_budget_is_skipped_not_crashed(ray_session, data_cache, tmp_path) -> None:

@@ -1,118 +1,43 @@
 """``python -m raycl.export`` and ``raycl.results``: a finished trial found from MLflow, its
-encoder written out, registered, and every bad input refused in one line with nothing written.
+encoder written out, registered, read back from the encoder the sweep logged into its run (once
+``ray_results/`` is gone), and every bad input refused in one line with nothing written.
 
-The "finished sweep" is built by hand (no Ray): an MLflow parent run and trial runs with the
-tags, metrics and ``config.yaml`` artifact raycl's sweep callback writes, and checkpoints
-(``state.pt`` of a freshly built tiny method) where Tune keeps them. The end-to-end sweep's
-runs are checked in tests/test_end_to_end.py::test_quickstart_sweep_lands_in_mlflow.
+The finished sweep is tests/finished_sweep.py's, shared with tests/test_evaluate_cli.py.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import mlflow
 import mlflow.pytorch
 import pytest
 import torch
 import torchvision
-import yaml
 from mlflow import MlflowClient
 from torch import nn
 
-from raycl.config.search_config import SearchConfig
+import raycl
 from raycl.export.__main__ import main
 from raycl.export.encoder import trained_encoder
-from raycl.launch.load import load_search
-from raycl.methods import build_method
+from raycl.export.run_artifact import ENCODER_TAG
 from raycl.results import TrialLookupError, find_trials, local_checkpoint
-from raycl.tracking.runs import (
-    CHECKPOINT_TAG,
-    PARENT_TAG,
-    ROLE_TAG,
-    TRIAL_TAG,
-    checkpoint_location,
-    get_or_create_experiment,
+from raycl.tracking.runs import checkpoint_location
+from tests.finished_sweep import (
+    EXPERIMENT,
+    METRIC,
+    Sweep,
+    shared_sweep,
+    storage_moved_away,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-EXPERIMENT = "exported"
-METRIC = "val/linear/mean"
-# (run name, trial id, validation objective, checkpoint: "tag", "storage" (only in the sweep's
-# storage: a run logged before the tag existed), "gone" (tagged, deleted since) or None)
-TRIALS = [("t01 lr=0.1", "aa001", 0.40, "tag"), ("t02 lr=0.2", "aa002", 0.70, "tag"),
-          ("t03 lr=0.3", "aa003", 0.55, "storage"), ("t04 lr=0.4", "aa004", 0.20, None),
-          ("t05 lr=0.5", "aa005", 0.10, "gone")]
 
-
-@dataclass
-class Sweep:
-    """The hand-made sweep: where it is and what each trial holds."""
-
-    uri: str
-    storage: Path
-    config: SearchConfig
-    run_ids: dict[str, str]  # "t01" -> run id
-    checkpoints: dict[str, Path]  # "t01" -> its checkpoint directory
-
-
-def trial_config(tmp: Path, lr: float, backbone: str) -> SearchConfig:
-    return load_search(REPO / "searches" / "quickstart.yaml", [
-        "data.samples_per_combination=1", "data.resolution=16", "model.width=8",
-        f"model.backbone={backbone}", f"train.lr={lr}", f"tune.storage_path={tmp / 'ray'}",
-        f"mlflow.tracking_uri=sqlite:///{tmp / 'mlflow.db'}"])
-
-
-def make_sweep(tmp: Path, experiment: str = EXPERIMENT, backbone: str = "resnet18") -> Sweep:
-    """A finished sweep of :data:`TRIALS` in ``tmp`` (its trials train ``backbone``; a ResNet
-    with the CIFAR stem at 16 px). Also the docs test's (tests/test_docs_commands.py)."""
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    client = MlflowClient(tracking_uri=uri)
-    experiment_id = get_or_create_experiment(client, experiment, uri)
-    parent = client.create_run(experiment_id, run_name=experiment, tags={
-        ROLE_TAG: "sweep", "raycl.metric": METRIC, "raycl.mode": "max"}).info.run_id
-    run_ids, checkpoints = {}, {}
-    best = max(range(len(TRIALS)), key=lambda i: TRIALS[i][2])
-    for index, (name, trial_id, objective, kept) in enumerate(TRIALS):
-        lr = float(name.split("=")[1])
-        config = trial_config(tmp, lr, backbone)
-        directory = tmp / "ray" / experiment / f"run_trial_{trial_id}_00000" / "checkpoint_000001"
-        directory.mkdir(parents=True)
-        if index == best:  # the only one whose weights are read; the others' are stand-ins
-            torch.manual_seed(0)
-            torch.save({"model": build_method(config, 3).state_dict()}, directory / "state.pt")
-        else:
-            torch.save({}, directory / "state.pt")
-        older = directory.with_name("checkpoint_000000")  # an older checkpoint: never chosen
-        older.mkdir()
-        run = client.create_run(experiment_id, run_name=name, tags={
-            PARENT_TAG: parent, ROLE_TAG: "trial", TRIAL_TAG: trial_id,
-            "raycl.searched": f"train.lr={lr}", "raycl.ended": "completed"})
-        run_id = run.info.run_id
-        client.log_metric(run_id, METRIC, objective)
-        client.log_metric(run_id, "test/linear/mean", objective - 0.05)
-        path = tmp / trial_id / "config.yaml"
-        path.parent.mkdir()
-        path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-        client.log_artifact(run_id, str(path))
-        if kept in ("tag", "gone"):
-            client.set_tag(run_id, CHECKPOINT_TAG, str(directory))
-        if kept in (None, "gone"):
-            for stale in directory.parent.iterdir():
-                (stale / "state.pt").unlink(missing_ok=True)
-                stale.rmdir()
-        client.set_terminated(run_id)
-        run_ids[name.split()[0]] = run_id
-        checkpoints[name.split()[0]] = directory
-    client.set_terminated(parent)
-    return Sweep(uri, tmp / "ray", config, run_ids, checkpoints)
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
-    return make_sweep(tmp_path_factory.mktemp("sweep"))
+    return shared_sweep(tmp_path_factory)
 
 
 def export(sweep: Sweep, *args: str) -> int:
@@ -152,7 +77,7 @@ def test_a_run_without_the_checkpoint_tag_finds_its_newest_checkpoint_in_storage
 
 
 @pytest.mark.parametrize(("experiment", "trial", "expected"), [
-    ("exported-typo", "best", "no MLflow experiment named 'exported-typo'"),
+    ("finished-typo", "best", "no MLflow experiment named 'finished-typo'"),
     (EXPERIMENT, "t09", "has no trial 't09' (it has t01, t02, t03, t04, t05)"),
     (EXPERIMENT, "0" * 32, "no MLflow run 000"),
     (EXPERIMENT, "t04", "trial t04 has no checkpoint"),
@@ -194,7 +119,7 @@ def test_torchvision_export_loads_strictly_and_embeds_as_raycl(sweep: Sweep, tmp
     out = tmp_path / "best.pt"
     assert export(sweep, "--format", "torchvision", "--out", str(out)) == 0
     assert files_in(tmp_path) == {"best.pt", "best.pt.model_card.json"}
-    assert "trial t02 of exported (val/linear/mean 0.7)" in capsys.readouterr().out
+    assert f"trial t02 of {EXPERIMENT} (val/linear/mean 0.7)" in capsys.readouterr().out
     model = torchvision_resnet18_cifar()
     model.load_state_dict(torch.load(out, weights_only=True), strict=True)
     images = torch.rand(4, 3, 16, 16) * 2 - 1
@@ -253,3 +178,112 @@ def test_force_overwrites(sweep: Sweep, tmp_path: Path) -> None:
     out.write_text("old")
     assert export(sweep, "--format", "torchvision", "--out", str(out), "--force") == 0
     assert math.isfinite(float(next(iter(torch.load(out, weights_only=True).values())).sum()))
+
+
+# ---------------------------------------------------------------------------------------------
+# The encoder logged into each trial's run
+
+
+def test_trials_that_ended_with_a_checkpoint_have_their_encoder_in_their_run(
+        sweep: Sweep, tmp_path: Path) -> None:
+    client = MlflowClient(tracking_uri=sweep.uri)
+    # t01, t02 completed, t03 stopped early by ASHA (its checkpoint found in storage: no tag).
+    for name, objective, lr in (("t01", 0.40, 0.1), ("t02", 0.70, 0.2), ("t03", 0.55, 0.3)):
+        run_id = sweep.run_ids[name]
+        assert client.get_run(run_id).data.tags[ENCODER_TAG] == f"runs:/{run_id}/encoder"
+        assert {item.path for item in client.list_artifacts(run_id, "encoder")} == {
+            "encoder/encoder.safetensors", "encoder/encoder.safetensors.model_card.json"}
+        card = json.loads(Path(client.download_artifacts(
+            run_id, "encoder/encoder.safetensors.model_card.json", str(tmp_path))).read_text())
+        assert card["format"] == "safetensors" and card["backbone"] == "resnet18"
+        assert card["validation_objective"] == {"metric": METRIC, "mode": "max",
+                                                "value": objective}
+        assert card["test_scores"] == {"test/linear/mean": pytest.approx(objective - 0.05)}
+        assert card["config"]["train"]["lr"] == lr and card["preprocessing"]["resolution"] == 16
+    # t04 failed; t05's checkpoint was gone before its end: nothing logged, nothing tagged.
+    for name in ("t04", "t05"):
+        run = client.get_run(sweep.run_ids[name])
+        assert ENCODER_TAG not in run.data.tags
+        assert not client.list_artifacts(run.info.run_id, "encoder")
+
+
+def test_a_trial_whose_encoder_cannot_be_logged_is_one_warning(
+        sweep: Sweep, caplog: pytest.LogCaptureFixture) -> None:
+    from raycl.results.run_encoder import log_ended_trial_encoder
+
+    with caplog.at_level("WARNING"):
+        assert log_ended_trial_encoder(sweep.uri, EXPERIMENT, "aa005") is None  # t05: gone
+    warnings = [record for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1 and "aa005" in warnings[0].getMessage()
+    assert "not logged" in warnings[0].getMessage()
+
+
+def test_the_logged_encoder_outlives_ray_results(
+        sweep: Sweep, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    (best,) = find_trials(sweep.uri, EXPERIMENT, "best")
+    images = torch.rand(4, 3, 16, 16) * 2 - 1
+    with torch.no_grad():
+        expected = trained_encoder(sweep.checkpoints["t02"], best.config)(images)
+    uri = f"runs:/{sweep.run_ids['t02']}/encoder"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sweep.uri)
+    with storage_moved_away(sweep):
+        encoder, pre = raycl.load_encoder(uri)
+        with torch.no_grad():
+            assert torch.allclose(encoder(images), expected, atol=1e-6)
+        assert (pre.resolution, pre.channels, pre.mean, pre.std) == (16, 3, (0.5,) * 3,
+                                                                    (0.5,) * 3)
+        # A downloaded copy of the artifact folder loads the same.
+        folder = mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path))
+        with torch.no_grad():
+            assert torch.allclose(raycl.load_encoder(folder)[0](images), expected, atol=1e-6)
+        # The export command finds the trial's checkpoint gone and exports from its run.
+        out = tmp_path / "from_run.pt"
+        assert export(sweep, "--format", "torchvision", "--out", str(out)) == 0
+        assert f"from its run's {uri} (its checkpoint is gone)" in capsys.readouterr().out
+        model = torchvision_resnet18_cifar()
+        model.load_state_dict(torch.load(out, weights_only=True), strict=True)
+        with torch.no_grad():
+            assert torch.allclose(model.eval()(images), expected, atol=1e-5)
+        # A trial without a logged encoder is still one line.
+        assert export(sweep, "--trial", "t05", "--format", "torchvision",
+                      "--out", str(tmp_path / "t05.pt")) == 2
+        assert "trial t05 has no checkpoint" in capsys.readouterr().err
+
+
+def test_log_encoder_false_logs_no_encoder(sweep: Sweep, tmp_path: Path) -> None:
+    from raycl.config.search_config import apply_overrides
+    from raycl.results.run_encoder import RunEncoderCallback
+    from tests.finished_sweep import trial_config
+
+    config = apply_overrides(trial_config(tmp_path, 0.1, "resnet18", EXPERIMENT),
+                             {"mlflow.tracking_uri": sweep.uri})
+    on = RunEncoderCallback(config)
+    off = RunEncoderCallback(apply_overrides(config, {"mlflow.log_encoder": False}))
+    for callback in (on, off):
+        callback.on_trial_complete(0, [], SimpleNamespace(trial_id="aa004"))  # t04: failed
+    assert len(on._pending) == 1 and not off._pending  # nothing started when turned off
+    assert on.wait(60) == 0  # t04 failed: nothing to log, and nothing logged
+    assert ENCODER_TAG not in MlflowClient(sweep.uri).get_run(sweep.run_ids["t04"]).data.tags
+
+
+def test_a_bucket_checkpoint_is_downloaded_whole_or_only_what_the_encoder_needs(
+        sweep: Sweep, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from raycl.results.run_encoder import ENCODER_INPUTS
+    from tests.local_servers import moto_s3
+
+    with moto_s3(monkeypatch) as (client, port):
+        client.create_bucket(Bucket="raycl-checkpoints")
+        for name in ("state.pt", "features.npz", "progress.json"):
+            client.put_object(Bucket="raycl-checkpoints", Key=f"q/t/checkpoint_000002/{name}",
+                              Body=b"stand-in")
+        (best,) = find_trials(sweep.uri, EXPERIMENT, "best")
+        trial = replace(best, checkpoint="s3://raycl-checkpoints/q/t/checkpoint_000002"
+                        f"?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1")
+        # Into folders that do not exist yet: they are made.
+        only = local_checkpoint(trial, tmp_path / "encoder", ENCODER_INPUTS)
+        assert only == tmp_path / "encoder" / "checkpoint_000002"
+        assert files_in(only) == {"state.pt", "progress.json"}  # no features, no stage weights
+        assert files_in(local_checkpoint(trial, tmp_path / "whole")) == {
+            "state.pt", "features.npz", "progress.json"}

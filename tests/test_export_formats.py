@@ -8,27 +8,27 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import torchvision
+from safetensors.torch import load_file
 from torch import nn
 
 import raycl
 from raycl.data.augment import to_float
-from raycl.export.encoder import (
-    concat_encoder,
-    load_encoder,
-    trained_encoder,
-)
+from raycl.export.encoder import StageConcat, load_encoder, trained_encoder
 from raycl.export.formats import format_problem, planned_files, write_encoder
 from raycl.export.model_card import card_path
 from raycl.methods import SearchConfig, build_method
 from raycl.methods.base import Method
+from raycl.worker.checkpoints import read_checkpoint, write_checkpoint
 from raycl.worker.embed import integrate_stages
-from raycl.worker.stage_integration import StageInputs, integrate, soup_weights
+from raycl.worker.perf import Clock
+from raycl.worker.stage_integration import StageInputs, kept_weights, soup_weights
 
 RESOLUTION = 16
 
@@ -138,8 +138,6 @@ def test_timm_export_loads_strictly_into_timm(tmp_path: Path) -> None:
 
 
 def test_safetensors_round_trip(tmp_path: Path) -> None:
-    from safetensors.torch import load_file
-
     config, method, checkpoint = resnet_trial(tmp_path, "cifar")
     out = tmp_path / "encoder.safetensors"
     write_encoder(trained_encoder(checkpoint, config), config, "safetensors", out, channels=3)
@@ -196,7 +194,8 @@ def test_mcl_soup_exports_one_backbone_as_raycl_evaluates(tmp_path: Path) -> Non
     config = tiny_config(method="mcl", mcl={"base": "simclr", "stages": 2,
                                             "integration": "soup"})
     stage0, stage1 = trained(config, seed=0), trained(config, seed=1)
-    checkpoint = save_checkpoint(stage1, tmp_path / "checkpoint", [soup_weights(stage0)])
+    # What the worker keeps of a finished soup stage: its soup share, as before concat's.
+    checkpoint = save_checkpoint(stage1, tmp_path / "checkpoint", [kept_weights(config, stage0)])
     batch = images()
     # raycl's own evaluation of the trial's representation after its last stage.
     expected, _ = integrate_stages(
@@ -214,27 +213,140 @@ def test_mcl_soup_exports_one_backbone_as_raycl_evaluates(tmp_path: Path) -> Non
         assert np.allclose(module(batch).numpy(), expected["x"], atol=1e-6)
 
 
-def test_mcl_concat_needs_every_stage(tmp_path: Path) -> None:
-    config = tiny_config(method="mcl", mcl={"base": "simclr", "stages": 2,
-                                            "integration": "concat"})
+def concat_config(backbone: str = "small_cnn") -> Any:
+    return tiny_config(method="mcl", model={"backbone": backbone, "stem": "cifar"},
+                       mcl={"base": "simclr", "stages": 2, "integration": "concat",
+                            "clusters": 2})
+
+
+def worker_checkpoint(directory: Path, config: Any, method: Method, inputs: StageInputs,
+                      features: dict[str, np.ndarray] | None) -> Path:
+    """A checkpoint of stage ``inputs.stage`` as the worker writes it (write_checkpoint): at
+    the stage's end (``features`` given) with the stage's kept weights, else mid-stage."""
+    directory.mkdir(parents=True)
+    progress = {"stage": inputs.stage, "phase": "train", "epoch": 1,
+                "stage_complete": features is not None}
+    write_checkpoint(directory, method, torch.optim.SGD(method.parameters(), lr=0.1),
+                     torch.amp.GradScaler("cpu", enabled=False), progress, inputs, features,
+                     {}, soup=kept_weights(config, method) if features is not None else None)
+    return directory
+
+
+def integrated_features(config: Any, stages: list[Method], batch: torch.Tensor) -> np.ndarray:
+    """raycl's evaluation of a 2-stage concat trial on ``batch``: integrate_stages over stage
+    0's frozen features and stage 1's."""
+    inputs = StageInputs(stage=1, features=[{"x": raycl_embedding(stages[0], batch).numpy()}])
+    expected, _ = integrate_stages(config, inputs, stages[1],
+                                   {"x": raycl_embedding(stages[1], batch).numpy()},
+                                   lambda _: pytest.fail("concat embeds no soup"))
+    return expected["x"]
+
+
+@pytest.mark.parametrize(("backbone", "export_format", "file"), [
+    ("resnet18", "torchvision", "concat.pt"),
+    ("resnet18", "safetensors", "concat.safetensors"),
+    ("small_cnn", "small_cnn", "concat.pt2"),
+])
+def test_mcl_concat_exports_every_stage_as_raycl_evaluates(
+    tmp_path: Path, backbone: str, export_format: str, file: str
+) -> None:
+    config = concat_config(backbone)
     stages = [trained(config, seed=seed) for seed in (0, 1)]
-    checkpoint = save_checkpoint(stages[1], tmp_path / "checkpoint")
-    with pytest.raises(ValueError, match="keeps only its last stage's weights"):
-        trained_encoder(checkpoint, config)
-    # With every stage's encoder at hand: the stages' files and the integrating program.
+    inputs = StageInputs(stage=1, features=[{}], weights=[kept_weights(config, stages[0])])
+    checkpoint = worker_checkpoint(tmp_path / "checkpoint", config, stages[1], inputs,
+                                   {"train": np.zeros((2, 4), np.float32)})
     batch = images()
-    expected = integrate([raycl_embedding(stage, batch).numpy() for stage in stages])
-    encoder = concat_encoder([stage.backbone for stage in stages])
+    expected = integrated_features(config, stages, batch)
+    assert expected.shape[1] == 2 * raycl_embedding(stages[0], batch).shape[1]
+    encoder = trained_encoder(checkpoint, config)
+    assert isinstance(encoder, StageConcat) and len(encoder.stages) == 2
     with torch.no_grad():
         assert np.allclose(encoder(batch).numpy(), expected, atol=1e-6)
-    out = tmp_path / "concat.pt2"
-    files = write_encoder(encoder, config, "small_cnn", out, channels=3)
-    assert [path.name for path in files] == ["concat.pt2", "concat.stage0.pt2",
-                                             "concat.stage1.pt2", "concat.pt2.model_card.json"]
-    module, _ = load_encoder(str(out))
-    assert np.allclose(module(batch).detach().numpy(), expected, atol=1e-6)
-    stage1 = torch.export.load(str(tmp_path / "concat.stage1.pt2")).module()
-    assert torch.allclose(stage1(batch), raycl_embedding(stages[1], batch), atol=1e-6)
+    out = tmp_path / file
+    files = write_encoder(encoder, config, export_format, out, channels=3)
+    assert files == planned_files(config, export_format, out) == [out, card_path(out)]
+    card = json.loads(card_path(out).read_text())
+    assert (card["concat"], card["stages"]) == (True, 2)
+    module, _ = raycl.load_encoder(str(out))
+    with torch.no_grad():
+        assert np.allclose(module(batch).numpy(), expected, atol=1e-6)
+    if export_format == "small_cnn":  # the whole concatenation, one program for plain torch
+        program = torch.export.load(str(out)).module()
+        assert np.allclose(program(batch).detach().numpy(), expected, atol=1e-6)
+        return
+    # One file, stage j's torchvision keys under stage<j>.; the card's lines (torchvision
+    # alone) build both networks, load each strictly and concatenate as raycl does.
+    state = (torch.load(out, weights_only=True) if export_format == "torchvision"
+             else load_file(str(out)))
+    assert set(state) == {f"stage{j}.{key}" for j in (0, 1)
+                          for key in stages[0].backbone.state_dict()}
+    namespace: dict[str, Any] = {}
+    exec(card["how_to_load"].replace(repr(file), repr(str(out))), namespace)
+    with torch.no_grad():
+        assert np.allclose(namespace["model"](batch).numpy(), expected, atol=1e-6)
+
+
+def test_a_concat_trial_resumed_keeps_every_stage_encoder(tmp_path: Path) -> None:
+    """Stage 0's encoder goes into its last checkpoint; a trial resumed there (and again inside
+    stage 1) carries it on, so stage 1's last checkpoint exports the whole concatenation."""
+    from raycl.worker.loop import _resume_point
+
+    config = concat_config()
+    stages = [trained(config, seed=seed) for seed in (0, 1)]
+    train = np.random.default_rng(0).standard_normal((20, 8)).astype(np.float32)
+    boundary = worker_checkpoint(tmp_path / "stage0_end", config, stages[0], StageInputs(),
+                                 {"train": train})
+    session = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"))
+    inputs, resume = _resume_point(config, read_checkpoint(boundary), session,  # type: ignore[arg-type]
+                                   Clock(None))
+    assert resume is None and inputs.stage == 1
+    inside = worker_checkpoint(tmp_path / "stage1_mid", config, stages[1], inputs, None)
+    restored = read_checkpoint(inside)
+    (kept,) = restored.inputs.weights
+    expected = stages[0].backbone.state_dict()
+    assert set(kept) == set(expected)  # the backbone alone: no projector, no optimizer state
+    assert all(torch.equal(kept[key], expected[key]) for key in expected)
+    inputs, _ = _resume_point(config, restored, session, Clock(None))  # type: ignore[arg-type]
+    end = worker_checkpoint(tmp_path / "stage1_end", config, stages[1], inputs,
+                            {"train": train})
+    batch = images()
+    with torch.no_grad():
+        features = trained_encoder(end, config)(batch).numpy()
+    assert np.allclose(features, integrated_features(config, stages, batch), atol=1e-6)
+
+
+def test_a_concat_checkpoint_from_before_kept_weights_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A concat checkpoint of raycl before each stage's encoder was kept (state.pt alone):
+    one line, exit 2 from the CLI, nothing written."""
+    import raycl.export.__main__ as export_cli
+    from raycl.results.trials import FinishedTrial
+
+    config = concat_config()
+    checkpoint = save_checkpoint(trained(config, seed=1), tmp_path / "checkpoint")
+    with pytest.raises(ValueError, match="trained before raycl kept each stage's weights: "
+                                         "re-run the trial"):
+        trained_encoder(checkpoint, config)
+    trial = FinishedTrial(run_id="0" * 32, run_name="t00", experiment="old",
+                          config=config, checkpoint=str(checkpoint))
+    monkeypatch.setattr(export_cli, "_trial", lambda _: trial)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    code = export_cli.main(["--experiment", "old", "--format", "small_cnn",
+                            "--out", str(out_dir / "encoder.pt2")])
+    error = capsys.readouterr().err
+    assert code == 2 and error.count("\n") == 1
+    assert "trained before raycl kept each stage's weights: re-run the trial" in error
+    assert not any(out_dir.iterdir())
+
+
+def test_open_clip_does_not_fit_a_concat_trial() -> None:
+    config = tiny_config(method="mcl", mcl={"base": "clip", "stages": 2,
+                                            "integration": "concat"},
+                         data={"captions": {"color": 1.0}}, clip={"tiny_width": 32})
+    assert "does not fit an MCL concat trial" in (format_problem(config, "open_clip") or "")
+    assert format_problem(config, "safetensors") is None
 
 
 def clip_config() -> Any:

@@ -36,7 +36,8 @@ JOB_TIMEOUT_S = 420
 SHRUNK = ["data.samples_per_combination=1", "data.resolution=16", "train.batch_size=64",
           "model.width=8", "model.projector_hidden_dim=32", "model.projector_dim=16",
           "eval.linear_max_iter=50", "train.epochs=2", "eval.every_n_epochs=2",
-          "scaling.cpus_per_worker=1"]
+          "scaling.cpus_per_worker=1", "eval.baseline=false",
+          "mlflow.log_encoder=false"]
 
 
 def clean_copy(destination: Path) -> Path:

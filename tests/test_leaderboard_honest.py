@@ -1,4 +1,5 @@
-"""A leaderboard that does not mislead: chance, the untrained backbone's row, a stopped trial
+"""A leaderboard that does not mislead: chance, the untrained backbone's row (the parent run's
+first, a trial's for older sweeps), a stopped trial
 beside the winner at the same epoch, searched keys kept on a narrow terminal, --columns and
 --wide, per-attribute columns one flag away, and the val split's resolution.
 
@@ -19,6 +20,7 @@ from raycl.config.metric_names import baseline_metric, maybe_metric
 from raycl.config.schema import CoreConfig
 from raycl.leaderboard import main as leaderboard_main
 from raycl.tracking.reference_points import (
+    BASELINE_SCOPE_TAG,
     noise_level,
     resolution_line,
     stopped_note,
@@ -210,11 +212,57 @@ def _header(capsys: pytest.CaptureFixture[str]) -> list[str]:
     return next(line for line in lines if line.startswith("#  ")).split()
 
 
-def test_eval_baseline_is_a_documented_key() -> None:
-    config = CoreConfig.model_validate({"name": "x", "eval": {"baseline": False}})
-    assert config.eval.baseline is False
-    assert "score the trial's freshly initialised backbone" in (
-        type(config.eval).model_fields["baseline"].description or "")
+def test_eval_baseline_is_on_by_default_and_says_what_it_costs() -> None:
+    config = CoreConfig.model_validate({"name": "x"})
+    assert config.eval.baseline is True
+    description = type(config.eval).model_fields["baseline"].description or ""
+    assert "Once per sweep" in description and "one Ray task per sweep" in description
+    assert CoreConfig.model_validate({"name": "x", "eval": {"baseline": False}}).eval.baseline \
+        is False
+
+
+@pytest.fixture(scope="module")
+def parent_sweep(sweep_uri: str) -> str:
+    """Experiment ``honest-parent`` in the same store: a sweep whose baseline is on its parent
+    run (raycl.baseline_run: 0.3, with chance and the val size, and model.width searched), and
+    one trial that also reported a baseline of its own (0.41, as an older raycl's did) but no
+    chance; returns the tracking URI."""
+    client = mlflow_client(sweep_uri)
+    experiment = client.create_experiment("honest-parent")
+    parent = client.create_run(experiment, tags={
+        ROLE_TAG: "sweep", "raycl.metric": OBJECTIVE, "raycl.mode": "max",
+        BASELINE_SCOPE_TAG: "model.width=32"}).info.run_id
+    for key, value in {baseline_metric(OBJECTIVE): 0.3, "data/chance/shape": 0.5,
+                       "data/val_size": 200.0}.items():
+        client.log_metric(parent, key, value)
+    run_id = client.create_run(experiment, run_name="t01 width=64", tags={
+        ROLE_TAG: "trial", PARENT_TAG: parent, TRIAL_TAG: "t01", ENDED_TAG: "completed",
+        "raycl.searched": "model.width=64"}).info.run_id
+    for key, value in {OBJECTIVE: 0.7, baseline_metric(OBJECTIVE): 0.41}.items():
+        client.log_metric(run_id, key, value, step=2)
+    return sweep_uri
+
+
+def test_the_parent_runs_baseline_is_read_before_the_trials(parent_sweep: str) -> None:
+    board = build_leaderboard(parent_sweep, "honest-parent")
+    assert board.baseline is not None
+    by_column = dict(zip(board.header, board.baseline, strict=True))
+    assert by_column["trial"] == "at init" and by_column[OBJECTIVE] == "0.3"
+    # A searched model.* key: the row is the base configuration's network, and it says so.
+    assert board.notes[0] == ("at init: the base configuration's backbone (model.width=32), "
+                              "untrained; those keys are searched, so a trial of other values "
+                              "started from another network")
+    assert board.notes[1].startswith("chance (majority class on val): shape 0.5;")
+    assert board.notes[2].startswith("val has 200 images:")
+    client = mlflow_client(parent_sweep)
+    experiment = client.get_experiment_by_name("honest-parent").experiment_id
+    (parent,) = client.search_runs([experiment], f"tags.`{ROLE_TAG}` = 'sweep'")
+    children = trial_runs(client, experiment, parent.info.run_id)
+    note = markdown_summary(trial_table(children, OBJECTIVE, "max", parent=parent), "p")
+    assert "Random init (the same backbone untrained, the same probes): 0.3." in note
+    assert "At init: the base configuration's backbone (model.width=32)" in note
+    # Without the parent (an older raycl's sweep): the trials' own reports.
+    assert trial_table(children, OBJECTIVE, "max").baseline == {OBJECTIVE: 0.41}
 
 
 def test_the_plot_draws_chance_and_the_untrained_backbone(sweep_uri: str) -> None:

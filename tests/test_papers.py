@@ -64,9 +64,10 @@ SHRINK = [
     "model.backbone=small_cnn", "model.width=8", "model.projector_hidden_dim=32",
     "model.projector_dim=16", "model.pretrained=null", "data.resolution=16",
     "eval.every_n_epochs=1", "eval.linear_max_iter=20", "eval.linear_backend=sklearn",
-    "eval.diagnostics=false", "scaling.num_workers=0", "scaling.use_gpu=false",
-    "scaling.cpus_per_worker=1", "tune.num_samples=1", "tune.search_space={}",
-    "tune.searcher=random", "tune.max_concurrent_trials=1",
+    "eval.diagnostics=false", "eval.baseline=false", "mlflow.log_encoder=false",
+    "scaling.num_workers=0", "scaling.use_gpu=false", "scaling.cpus_per_worker=1",
+    "tune.num_samples=1", "tune.search_space={}", "tune.searcher=random",
+    "tune.max_concurrent_trials=1",
 ]
 # Each method's sizes, shrunk to the fixture (queues, ψ, decoder, stages).
 METHOD_SHRINK = {

@@ -225,19 +225,9 @@ def test_readers_check_split_and_refuse_memory_mode(tmp_path: Path) -> None:
 
 def test_shards_in_an_s3_bucket_are_listed_and_read(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    boto3 = pytest.importorskip("boto3")
-    moto_server = pytest.importorskip("moto.server")
-    from tests.cloud_local import free_port
+    from tests.local_servers import moto_s3
 
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                        ("AWS_DEFAULT_REGION", "us-east-1")):
-        monkeypatch.setenv(name, value)
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    try:
-        client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}")
+    with moto_s3(monkeypatch) as (client, port):
         client.create_bucket(Bucket="raycl-shards")
         paths = write_webdataset(tmp_path, 3, 4, bad={1: [3]})
         for path in [*paths, tmp_path / "sizes.json"]:
@@ -262,5 +252,3 @@ def test_shards_in_an_s3_bucket_are_listed_and_read(tmp_path: Path,
             with pytest.raises(ValueError, match=r"^data\.root: ") as error:
                 list_shards(data_cfg(root), "webdataset")
             assert "\n" not in str(error.value) and root in str(error.value)
-    finally:
-        server.stop()

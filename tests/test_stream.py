@@ -12,7 +12,7 @@ import pytest
 import torch
 from faults import injected_fault
 from PIL import Image
-from test_end_to_end import assert_each_epoch_logged_once, runs_of, tiny_config
+from test_end_to_end import NO_PLOTS, assert_each_epoch_logged_once, runs_of, tiny_config
 
 from raycl.config.search_config import apply_overrides
 from raycl.data import load_dataset
@@ -187,7 +187,9 @@ def test_streaming_sweep_survives_a_worker_killed_mid_epoch(
         "train.batch_size=16", "train.epochs=2", "mcl.clusters=2", "tune.searcher=grid",
         "tune.num_samples=2", "tune.search_space={mcl.stages: {choice: [1, 2]}}",
         "eval.every_n_epochs=1", "scaling.num_workers=1", "scaling.cpus_per_worker=0.25",
-        "data.skip_unreadable=true", "name=stream-sweep")
+        "data.skip_unreadable=true", "name=stream-sweep", "eval.baseline=false",
+        "mlflow.log_encoder=false",
+        NO_PLOTS)  # nothing here reads the end-of-trial plots
     marker = tmp_path / "killed"
     with injected_fault(after_epoch=1, mid_epoch=True, marker=marker, settle_seconds=2):
         results = build_tuner(config, None).fit()

@@ -165,11 +165,14 @@ class EvalConfig(Section):
         "held-out share. Reported, never optimised."
     )
     baseline: bool = Field(
-        False, description="Before training, score the trial's freshly initialised backbone "
-        "with the same val probes (stage 0 only; the starting weights when model.pretrained is "
-        "set), reported as baseline/val/...: the leaderboard's 'at init' row, which a trained "
-        "trial must beat. Costs one more val evaluation per trial (an embedding of the probe's "
-        "training rows and of val), hence off by default."
+        True, description="Once per sweep, score the base configuration's freshly initialised "
+        "backbone (trial 0's seed; the starting weights when model.pretrained is set) with the "
+        "trials' val probes, logged on the sweep's parent run as baseline/val/... with chance "
+        "(data/chance/...): the leaderboard's 'at init' row, which a trained trial must beat. "
+        "Costs one Ray task per sweep (1 CPU, and 1 GPU when the trials use GPUs) running one "
+        "val evaluation (an embedding of the probe's training rows and of val) beside the "
+        "trials; a resumed sweep whose parent run has it does not repeat it. Searched model.* "
+        "keys: the row is the base configuration's network (the leaderboard says so)."
     )
     diagnostics: bool = Field(
         True, description="End of trial: singular value spectrum and effective rank of the "

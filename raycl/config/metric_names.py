@@ -68,9 +68,9 @@ FRACTION_FAMILIES: tuple[str, ...] = (LINEAR, LINEAR_SGD)
 TRANSFER_FAMILIES: tuple[str, ...] = (LINEAR, KNN, RETRIEVAL, LINEAR_SGD)
 # The mean over a family's attributes: ``val/linear/mean``.
 MEAN = "mean"
-# The trial's backbone at random initialisation, scored by the same probes before training
-# (eval.baseline): a reported name behind this prefix (``baseline/val/linear/mean``); no
-# objective, no column: the leaderboard's "random init" row.
+# The sweep's backbone at initialisation, scored once by the trials' val probes (eval.baseline;
+# on the parent run, raycl.baseline_run): a name behind this prefix (``baseline/val/linear/
+# mean``); no objective, no column: the leaderboard's "at init" row.
 BASELINE_PREFIX = "baseline/"
 
 _STAGE = re.compile(r"stage(0|[1-9]\d*)")

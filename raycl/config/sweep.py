@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -91,7 +93,14 @@ class Domain(Section):
 
 
 class SchedulerConfig(Section):
-    type: Literal["asha", "none"] = Field("asha", description="Early stopping scheduler.")
+    type: Literal["asha", "none", "pbt", "pb2"] = Field(
+        "asha", description="asha: stop weak trials early; none: run every trial to the end; "
+        "pbt / pb2: population-based training (raycl.pbt, docs/searches.md): every "
+        "perturbation_interval epochs the worse trials copy a better trial's whole checkpoint "
+        "and train on with its values of the search space's keys perturbed (pbt) or chosen "
+        "by a GP bandit (pb2: loguniform/uniform keys only). Every search_space key is mutable "
+        "under pbt/pb2: keys that change the model's shape or MCL's stage plan are refused."
+    )
     grace_period: int = Field(
         2, ge=1, description="ASHA: reports before a trial can be stopped (clamped to max_t)."
     )
@@ -99,6 +108,34 @@ class SchedulerConfig(Section):
     max_t: int | None = Field(
         None, ge=1, description="ASHA: max reports per trial (None: epochs x stages)."
     )
+    perturbation_interval: int = Field(
+        1, ge=1, description="PBT/PB2: epochs between perturbations (exploit and explore); a "
+        "multiple of eval.every_n_epochs and train.checkpoint_every (a perturbation needs the "
+        "objective and a checkpoint of the same epoch)."
+    )
+    burn_in_period: int = Field(
+        0, ge=0, description="PBT/PB2: epochs before the first perturbation."
+    )
+    quantile_fraction: float = Field(
+        0.25, gt=0.0, le=0.5, description="PBT/PB2: the bottom fraction of trials copies the "
+        "top fraction at each perturbation (0.5 with 2 trials: one exploit every time)."
+    )
+    resample_probability: float = Field(
+        0.25, ge=0.0, le=1.0, description="PBT: chance that an explored value is drawn afresh "
+        "from its search_space domain instead of perturbed."
+    )
+    perturbation_factors: tuple[float, float] = Field(
+        (1.2, 0.8), description="PBT: a loguniform/uniform/randint value is multiplied by one "
+        "of these (a choice value moves to a neighbour in its list)."
+    )
+
+    @field_validator("perturbation_factors")
+    @classmethod
+    def _positive_factors(cls, factors: tuple[float, float]) -> tuple[float, float]:
+        if min(factors) <= 0:
+            raise ValueError("perturbation factors must be above 0 (a value times 0 or less "
+                             "leaves its domain)")
+        return factors
 
 
 class ConfirmConfig(Section):
@@ -114,6 +151,22 @@ class ConfirmConfig(Section):
     )
 
 
+class Objective(Section):
+    """One objective of a multi-objective sweep (``tune.objectives``)."""
+
+    metric: str = Field(
+        description="A metric every trial reports, as tune.metric: a validation metric "
+        "(val/linear/shape), a train/ metric, or the trial's cost perf/device_hours (wall "
+        "seconds x the trial's devices / 3600, cumulative)."
+    )
+    mode: Literal["max", "min"] = Field(description="Maximise or minimise it.")
+
+    @field_validator("metric")
+    @classmethod
+    def _selects_on_validation(cls, metric: str) -> str:
+        return selectable_metric(metric)
+
+
 class TuneSection(Section):
     num_samples: int = Field(
         4, ge=1, description="Trials to run. With an empty search space the trials differ only "
@@ -125,6 +178,25 @@ class TuneSection(Section):
         "stage<j>/val/...) or a train/ metric; test/ metrics are never optimised."
     )
     mode: Literal["max", "min"] = Field("max", description="Maximise or minimise the metric.")
+    objectives: list[Objective] | None = Field(
+        None, description="Several objectives instead of metric/mode, e.g. "
+        "[{metric: val/linear/shape, mode: max}, {metric: val/linear/texture, mode: max}] (at "
+        "least 2, distinct; metric as tune.metric, or the cost perf/device_hours = wall seconds "
+        "x the trial's devices / 3600, cumulative; mode max or min): Optuna's multi-objective "
+        "sampler proposes the trials and the sweep ends with the Pareto-optimal trials (marked "
+        "in the leaderboard, pareto.csv and pareto.png on the parent run, tag "
+        "raycl.pareto=true on their runs). The first "
+        "objective stands in for tune.metric/mode wherever one number ranks trials "
+        "(the leaderboard within the front, confirm, importance, --trial best). No early "
+        "stopping: ASHA compares one number, so scheduler.type is none (asha is refused)."
+    )
+    warm_start: str | None = Field(
+        None, description="An earlier sweep's MLflow experiment (same tracking_uri) whose best "
+        "configurations (the top half of num_samples, at least 1) are the searcher's first "
+        "trials; only the searched keys whose values lie inside this search space's domains are "
+        "kept (others dropped, with a line). The parent run's tag raycl.warm_start lists them. "
+        "Also --warm-start NAME."
+    )
     search_space: dict[str, Domain] = Field(
         default_factory=dict, description="Dotted config key -> domain, e.g. "
         "{'simclr.temperature': {'loguniform': [0.1, 0.5]}}."
@@ -167,27 +239,78 @@ class TuneSection(Section):
     @field_validator("metric")
     @classmethod
     def _selects_on_validation(cls, metric: str) -> str:
-        # The first part after an MCL stage prefix says what kind of metric it is.
-        head = split_stage(metric)[1].split("/")[0]
-        if head == "eval":
-            renamed = metric.replace("eval/", f"{VAL}/", 1)
-            raise ValueError(f"{metric!r} was renamed to {renamed!r} (probes are scored on the "
-                             f"validation split during a sweep, on test once per trial)")
-        if head == TEST:
-            raise ValueError(f"{metric!r} is a test metric: it is reported once at the end of a "
-                             f"trial and never optimised; select on its val/ counterpart")
-        if head == TRANSFER:
-            raise ValueError(f"{metric!r} is a transfer metric: scored on the transfer set's "
-                             f"held-out share once per trial, reported and never optimised; "
-                             f"select on val/ of the pretraining set")
-        # Only a name the worker reports can be selected on (Tune would fail at the first
-        # report, after the launch).
-        try:
-            parse_metric(metric)
-        except MetricNameError as exc:
-            raise ValueError(f"{exc} (e.g. val/linear/mean, val/knn/<attribute>, "
-                             f"stage<j>/val/..., train/loss)") from None
-        return metric
+        return selectable_metric(metric)
+
+    @field_validator("objectives")
+    @classmethod
+    def _distinct_objectives(cls, objectives: list[Objective] | None) -> list[Objective] | None:
+        if objectives is None:
+            return None
+        if len(objectives) < 2:
+            raise ValueError("one objective only: give it as tune.metric and tune.mode "
+                             "(objectives are for at least 2)")
+        metrics = [objective.metric for objective in objectives]
+        twice = sorted({metric for metric in metrics if metrics.count(metric) > 1})
+        if twice:
+            raise ValueError(f"{', '.join(twice)} given twice: objectives must differ")
+        return objectives
+
+    @model_validator(mode="after")
+    def _objectives_replace_metric(self) -> TuneSection:
+        if self.objectives is None:
+            return self
+        first = self.objectives[0]
+        given = self.model_fields_set & {"metric", "mode"}
+        if given and (self.metric, self.mode) != (first.metric, first.mode):
+            raise ValueError(f"give tune.objectives or tune.{'/'.join(sorted(given))}, not "
+                             f"both (the first objective, {first.metric} {first.mode}, is what "
+                             f"the leaderboard, confirm and importance rank on)")
+        scheduler = self.scheduler
+        if scheduler.type != "none" and "type" in scheduler.model_fields_set:
+            raise ValueError(f"scheduler.type {scheduler.type!r} compares one number per trial; "
+                             f"a sweep with tune.objectives runs every trial to the end "
+                             f"(scheduler.type: none, the default with objectives)")
+        # Plain assignment would validate the section again (validate_assignment): recursion.
+        object.__setattr__(self, "metric", first.metric)
+        object.__setattr__(self, "mode", first.mode)
+        if scheduler.type != "none":
+            object.__setattr__(self, "scheduler", scheduler.model_copy(update={"type": "none"}))
+        return self
+
+
+def selectable_metric(metric: str) -> str:
+    """``metric`` when a sweep may select on it (``tune.metric``, an objective's ``metric``).
+
+    Args:
+        metric: a reported metric's name.
+
+    Returns:
+        ``metric`` unchanged.
+
+    Raises:
+        ValueError: a renamed, test or transfer metric, or a name the worker never reports.
+    """
+    # The first part after an MCL stage prefix says what kind of metric it is.
+    head = split_stage(metric)[1].split("/")[0]
+    if head == "eval":
+        renamed = metric.replace("eval/", f"{VAL}/", 1)
+        raise ValueError(f"{metric!r} was renamed to {renamed!r} (probes are scored on the "
+                         f"validation split during a sweep, on test once per trial)")
+    if head == TEST:
+        raise ValueError(f"{metric!r} is a test metric: it is reported once at the end of a "
+                         f"trial and never optimised; select on its val/ counterpart")
+    if head == TRANSFER:
+        raise ValueError(f"{metric!r} is a transfer metric: scored on the transfer set's "
+                         f"held-out share once per trial, reported and never optimised; "
+                         f"select on val/ of the pretraining set")
+    # Only a name the worker reports can be selected on (Tune would fail at the first
+    # report, after the launch).
+    try:
+        parse_metric(metric)
+    except MetricNameError as exc:
+        raise ValueError(f"{exc} (e.g. val/linear/mean, val/knn/<attribute>, "
+                         f"stage<j>/val/..., train/loss, perf/device_hours)") from None
+    return metric
 
 
 def reported_test_metric(metric: str) -> str | None:
@@ -205,6 +328,21 @@ class MLflowSection(Section):
         DEFAULT_TRACKING_URI, description="MLflow tracking URI; sqlite locally, http on clusters."
     )
     experiment: str | None = Field(None, description="Experiment name (None: the sweep name).")
+    log_encoder: bool = Field(
+        True, description="Log each trial's trained encoder (safetensors weights and model "
+        "card) into its run as the artifact encoder/ when it ends with a checkpoint (finished "
+        "or stopped early), so raycl.load_encoder('runs:/<run_id>/encoder'), raycl.export and "
+        "raycl.evaluate work once ray_results/ is gone; false: the checkpoint tag only.")
+
+
+def add_tracking_uri_option(parser: argparse.ArgumentParser) -> None:
+    """``--tracking-uri``, as every command that reads a sweep back from MLflow takes it
+    (leaderboard, export, evaluate): default ``$MLFLOW_TRACKING_URI``, else
+    :data:`DEFAULT_TRACKING_URI`."""
+    parser.add_argument("--tracking-uri",
+                        default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI),
+                        help=f"MLflow URI (default $MLFLOW_TRACKING_URI, else "
+                             f"{DEFAULT_TRACKING_URI})")
 
 
 def resolve_tracking_uri(uri: str) -> str:
@@ -215,5 +353,6 @@ def resolve_tracking_uri(uri: str) -> str:
     return uri
 
 
-__all__ = ["DEFAULT_TRACKING_URI", "ConfirmConfig", "Domain", "MLflowSection", "ScalingSection",
-           "SchedulerConfig", "TuneSection", "reported_test_metric", "resolve_tracking_uri"]
+__all__ = ["DEFAULT_TRACKING_URI", "ConfirmConfig", "Domain", "MLflowSection", "Objective",
+           "ScalingSection", "SchedulerConfig", "TuneSection", "add_tracking_uri_option",
+           "reported_test_metric", "resolve_tracking_uri", "selectable_metric"]

@@ -47,6 +47,7 @@ from raycl.config.metric_names import (
 from raycl.config.training import AugmentConfig
 from raycl.data.augment import BatchAugment, to_float
 from raycl.distributed import all_reduce_sum, rank, world_size
+from raycl.eval.features import batch_features
 from raycl.eval.label_fractions import label_fraction_subset
 
 # MoCo's lincls.py initialises the head as N(0, 0.01) weights and zero biases.
@@ -240,12 +241,6 @@ def frozen(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-def _features(encoder: FrozenEncoder, images: Tensor) -> Tensor:
-    """float32 features of a normalised float batch, without gradients."""
-    with torch.no_grad(), encoder.autocast():
-        return encoder.embed(images).float()
-
-
 def _label_tensors(split: LabelledImages, attributes: Sequence[str], rows: np.ndarray,
                    device: torch.device) -> dict[str, Tensor]:
     return {attribute: torch.from_numpy(np.asarray(split.labels[attribute])[rows]).long()
@@ -299,7 +294,8 @@ def train_heads(
     if rows.size == 0:
         raise ValueError("eval.linear_sgd: no training rows")
     with frozen(encoder.model):
-        dim = _features(encoder, to_float(read_rows(train.images, rows[:1], device))).shape[1]
+        dim = batch_features(encoder.embed, to_float(read_rows(train.images, rows[:1], device)),
+                             encoder.autocast).shape[1]
         heads = StackedHeads(dim, num_classes, len(settings.lrs), seed).to(device)
         optimizer = torch.optim.SGD(
             [{"params": layer.parameters(), "lr": lr}
@@ -331,7 +327,7 @@ def _train_epochs(
             if local.size:
                 images = read_rows(train.images, local, device)
                 inputs = augment(images, generator) if augment is not None else to_float(images)
-                logits = heads(_features(encoder, inputs))
+                logits = heads(batch_features(encoder.embed, inputs, encoder.autocast))
                 # Divided by the global batch: the sum over ranks is the global mean's gradient.
                 loss = heads.loss_sum(logits, _label_tensors(train, attributes, local, device))
                 (loss / len(batch)).backward()
@@ -360,7 +356,8 @@ def score_heads(
     with frozen(encoder.model):
         for begin in range(start, stop, batch_size):
             rows = np.arange(begin, min(stop, begin + batch_size))
-            logits = heads(_features(encoder, to_float(read_rows(split.images, rows, device))))
+            images = to_float(read_rows(split.images, rows, device))
+            logits = heads(batch_features(encoder.embed, images, encoder.autocast))
             right += heads.correct(logits, _label_tensors(split, heads.attributes, rows, device))
     return (all_reduce_sum(right) / total).cpu().numpy()
 

@@ -5,7 +5,8 @@ file that plain PyTorch, torchvision, timm, safetensors or open_clip code loads.
         --out best.pt2 [--register quickstart-encoder]
 
 The trial is found from what its MLflow run records (:func:`raycl.results.find_trials`: its
-config, and its last checkpoint, local or in a bucket); the file and its model card
+config, and its last checkpoint, local or in a bucket; once the checkpoint is gone, the encoder
+the sweep logged into the run, :mod:`raycl.results.run_encoder`); the file and its model card
 (``<file>.model_card.json``) are written by :mod:`raycl.export.formats`. ``--register NAME``
 also logs the encoder as an MLflow PyTorch model on the trial's run and registers it, so that
 ``mlflow.pytorch.load_model("models:/NAME/<version>")`` embeds images.
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raycl.config.sweep import DEFAULT_TRACKING_URI
+from raycl.config.sweep import add_tracking_uri_option
 from raycl.export.formats import FORMATS
 from raycl.export.model_card import card_path
 
@@ -39,18 +40,21 @@ if TYPE_CHECKING:
 
 # Exit code of bad input, as raycl.tune's and raycl.leaderboard's.
 BAD_INPUT = 2
-# The artifact path of the encoder logged on the trial's run by --register.
-REGISTERED_ARTIFACT = "encoder"
+# The name of the MLflow model --register logs on the trial's run: not ``encoder``, the
+# artifact the sweep logs the encoder under (MLflow would merge the two into one download).
+REGISTERED_ARTIFACT = "model"
 
 
 @dataclass(frozen=True)
 class Exported:
     """What one export wrote: the files (main file first, model card last), the encoder and
-    its image channels (for ``--register``)."""
+    its image channels (for ``--register``), and whether it came from the encoder logged into
+    the trial's run (its checkpoint gone)."""
 
     files: list[Path]
     encoder: nn.Module
     channels: int
+    from_run: bool = False
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,9 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trial", default="best",
                         help="best (by the sweep's validation objective), a trial name (t07) "
                              "or an MLflow run id (default: best)")
-    parser.add_argument("--tracking-uri",
-                        default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI),
-                        help="MLflow URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    add_tracking_uri_option(parser)
     parser.add_argument("--format", dest="export_format", required=True, choices=FORMATS,
                         help="the file's format")
     parser.add_argument("--out", required=True, type=Path, help="the file to write")
@@ -91,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     except TrackingUnavailableError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    source = f" from its run's {trial.encoder} (its checkpoint is gone)" if exported.from_run \
+        else ""
     print(f"raycl: trial {trial.label} of {trial.experiment} ({_objective_text(trial)}) "
-          f"exported as {args.export_format}: {', '.join(map(str, exported.files))}")
+          f"exported as {args.export_format}{source}: {', '.join(map(str, exported.files))}")
     if args.register:
         version, existed = register_encoder(trial, exported, args.register)
         again = "exists; added as" if existed else "registered as"
@@ -139,43 +143,42 @@ def export_trial(trial: FinishedTrial, export_format: str, out: Path,
 
     Raises:
         ValueError: the format does not fit the trial's backbone, or its encoder cannot be
-            rebuilt (an MCL concat trial).
+            rebuilt (an MCL concat checkpoint of an older raycl; from the run's logged encoder,
+            a CLIP trial).
         FileExistsError: an output file exists and ``force`` is off.
-        TrialLookupError: its checkpoint is gone.
+        TrialLookupError: its checkpoint is gone and no encoder was logged into its run.
     """
-    from raycl.export.encoder import (
-        base_method_name,
-        checkpoint_channels,
-        read_state,
-        trained_encoder,
-    )
     from raycl.export.formats import check_format, write_encoder
-    from raycl.results.trials import local_checkpoint
+    from raycl.results.run_encoder import card_objective, card_test_scores, trial_encoder
 
     check_format(trial.config, export_format)
     out = Path(out)
     with tempfile.TemporaryDirectory(prefix=".raycl-export-", dir=out.parent) as scratch:
-        directory = local_checkpoint(trial, Path(scratch) / "checkpoint")
-        encoder = trained_encoder(directory, trial.config)
-        channels = checkpoint_channels(read_state(directory)["model"],
-                                       base_method_name(trial.config))
+        encoder, preprocessing, from_run = trial_encoder(trial, Path(scratch) / "checkpoint")
+        if from_run:
+            _check_reexportable(trial)
+        channels = preprocessing.channels
         staged = Path(scratch) / "out"
         staged.mkdir()
         written = write_encoder(encoder, trial.config, export_format, staged / out.name,
-                                channels, objective=_objective(trial),
-                                test_scores=_test_scores(trial))
+                                channels, objective=card_objective(trial),
+                                test_scores=card_test_scores(trial))
         targets = [out.parent / path.name for path in written]
         _refuse_existing(targets, force)
         for path, target in zip(written, targets, strict=True):
             shutil.move(str(path), str(target))
-    return Exported(files=targets, encoder=encoder, channels=channels)
+    return Exported(files=targets, encoder=encoder, channels=channels, from_run=from_run)
 
 
-def _objective(trial: FinishedTrial) -> dict[str, object] | None:
-    """The trial's validation objective for its model card, None when it reported none."""
-    metric, mode = trial.config.tune.metric, trial.config.tune.mode
-    value = trial.metrics.get(metric)
-    return None if value is None else {"metric": metric, "mode": mode, "value": value}
+def _check_reexportable(trial: FinishedTrial) -> None:
+    """A ValueError (one line) for a trial whose run's logged encoder cannot be written in
+    another format: a CLIP trial's (an open_clip model, not the method raycl wraps it in)."""
+    from raycl.export.formats import encoder_kind
+
+    if encoder_kind(trial.config).kind == "clip":
+        raise ValueError(f"trial {trial.label}'s checkpoint is gone and a CLIP trial's logged "
+                         f"encoder is not written again in another format; download it as it "
+                         f"is: raycl.load_encoder({trial.encoder!r})")
 
 
 def _objective_text(trial: FinishedTrial) -> str:
@@ -183,12 +186,6 @@ def _objective_text(trial: FinishedTrial) -> str:
     metric = trial.config.tune.metric
     value = trial.metrics.get(metric)
     return f"no {metric}" if value is None else f"{metric} {value:.4g}"
-
-
-def _test_scores(trial: FinishedTrial) -> dict[str, float]:
-    """The trial's test metrics (``test/...``), reported in the model card."""
-    return {key: value for key, value in sorted(trial.metrics.items())
-            if key.startswith("test/")}
 
 
 def register_encoder(trial: FinishedTrial, exported: Exported, name: str) -> tuple[int, bool]:

@@ -11,10 +11,11 @@ weights), its ``state.pt`` loaded to the CPU, and
   a :class:`MethodEmbedding` around the whole method;
 - MCL ``integration: soup`` gives the soup (the mean of every stage's weights, as
   :func:`raycl.worker.embed.integrate_stages` evaluates it): one backbone;
-- MCL ``integration: concat`` needs every stage's encoder, and a checkpoint keeps only its own
-  stage's weights (earlier stages live on as their frozen *features*, not their weights): it
-  raises a ValueError saying so. :class:`StageConcat` is the module that integrates encoders
-  when they are at hand (:func:`concat_encoder`).
+- MCL ``integration: concat`` gives a :class:`StageConcat` of every stage's encoder (each
+  stage's features L2-normalised, concatenated, normalised again: what
+  :func:`raycl.worker.embed.integrate_stages` scores): the checkpointed stage's from
+  ``state.pt``, the earlier stages' from ``stage_weights.pt`` (each finished stage's backbone,
+  kept since raycl keeps them; a checkpoint of an older raycl has none: a one-line ValueError).
 
 :func:`load_encoder` reads back what :mod:`raycl.export.formats` wrote (the file and its model
 card) or a checkpoint directory with a config beside it.
@@ -22,6 +23,7 @@ card) or a checkpoint directory with a config beside it.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,7 +46,8 @@ if TYPE_CHECKING:
     from raycl.methods.base import Method
 
 STATE_FILE = "state.pt"  # raycl.worker.stage_integration.STATE_FILE (no Ray import here)
-STAGE_WEIGHTS_FILE = "stage_weights.pt"  # ... .STAGE_WEIGHTS_FILE: the earlier stages' soup
+STAGE_WEIGHTS_FILE = "stage_weights.pt"  # ... .STAGE_WEIGHTS_FILE: earlier stages' kept weights
+PROGRESS_FILE = "progress.json"  # ... .PROGRESS_FILE: the checkpoint's stage
 # Files beside a checkpoint's state.pt that hold the trial's config (first found wins).
 CONFIG_FILES: tuple[str, ...] = ("model_card.json", "config.json")
 
@@ -121,42 +124,68 @@ def _embedding_module(method: Method) -> nn.Module:
     return MethodEmbedding(method)
 
 
+def checkpoint_stage(checkpoint_dir: Path, config: CoreConfig) -> int:
+    """The MCL stage a checkpoint was written in (its ``progress.json``; without one, the
+    trial's last stage)."""
+    path = Path(checkpoint_dir) / PROGRESS_FILE
+    if path.is_file():
+        return int(json.loads(path.read_text())["stage"])
+    return config.num_stages - 1
+
+
+def _earlier_weights(checkpoint_dir: Path) -> list[dict[str, Tensor]]:
+    """The earlier stages' kept weights beside a checkpoint's ``state.pt`` (none: ``[]``)."""
+    path = Path(checkpoint_dir) / STAGE_WEIGHTS_FILE
+    return torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else []
+
+
+def _stage_embedding(method: Method, backbone_state: dict[str, Tensor]) -> nn.Module:
+    """The embedding of an earlier stage: a copy of ``method`` with that stage's backbone."""
+    stage = copy.deepcopy(method)
+    stage.backbone.load_state_dict(backbone_state, strict=True)
+    return _embedding_module(stage.eval())
+
+
 def trained_encoder(
     checkpoint_dir: Path, config: CoreConfig, device: str | torch.device = "cpu"
 ) -> nn.Module:
     """Return the trial's encoder: normalised float images -> evaluation features.
 
     Args:
-        checkpoint_dir: directory holding the trial's ``state.pt`` (and, for an MCL soup,
-            ``stage_weights.pt``).
+        checkpoint_dir: directory holding the trial's ``state.pt`` (and, for an MCL trial past
+            its first stage, ``stage_weights.pt``).
         config: the trial's config.
         device: where the returned module lives.
 
     Returns:
         A module in eval mode embedding images (normalised as
-        :func:`raycl.data.augment.to_float`) exactly as raycl's evaluation does.
+        :func:`raycl.data.augment.to_float`) exactly as raycl's evaluation does: for MCL
+        ``concat`` a :class:`StageConcat` of every stage so far.
 
     Raises:
         FileNotFoundError: no ``state.pt``.
-        ValueError: an MCL ``concat`` trial (its checkpoint keeps one stage's weights only).
+        ValueError: an MCL ``concat`` checkpoint of a raycl that did not keep each stage's
+            weights yet.
     """
     from raycl.worker.embed import soup_method
     from raycl.worker.stage_integration import soup_weights
 
     directory = Path(checkpoint_dir)
     method, _ = trained_method(directory, config)
-    if config.num_stages > 1:
-        if config.mcl.integration != "soup":
+    earlier = _earlier_weights(directory) if config.num_stages > 1 else []
+    if config.num_stages > 1 and config.mcl.integration == "concat":
+        stage = checkpoint_stage(directory, config)
+        if len(earlier) != stage:  # written by a raycl that kept the stages' features only
             raise ValueError(
-                f"{directory}: an MCL concat trial's checkpoint keeps only its last stage's "
-                f"weights (earlier stages are kept as features), so its {config.num_stages}-"
-                f"stage encoder cannot be rebuilt; export an integration: soup trial or a "
-                f"single stage")
-        weights_file = directory / STAGE_WEIGHTS_FILE
-        earlier = (torch.load(weights_file, map_location="cpu", weights_only=True)
-                   if weights_file.is_file() else [])
-        if earlier:  # as integrate_stages: the earlier stages' soup shares and this stage's
-            method = soup_method(method, [*earlier, soup_weights(method)]).eval()
+                f"{directory}: trained before raycl kept each stage's weights: re-run the trial "
+                f"to export its MCL concat encoder (the checkpoint of stage {stage} holds "
+                f"{len(earlier)} earlier stage encoder(s), not {stage})")
+        if earlier:  # as integrate_stages: the stages in order, this one last
+            stages = [*(_stage_embedding(method, weights) for weights in earlier),
+                      _embedding_module(method)]
+            return concat_encoder(stages).to(device).eval()
+    elif earlier:  # the soup, as integrate_stages: the earlier stages' shares and this stage's
+        method = soup_method(method, [*earlier, soup_weights(method)]).eval()
     return _embedding_module(method).to(device).eval()
 
 
@@ -178,17 +207,23 @@ def load_encoder(path_or_uri: str) -> tuple[nn.Module, Preprocessing]:
     Args:
         path_or_uri: a file written by ``python -m raycl.export`` (its model card beside it),
             or a directory holding ``state.pt`` and the trial's config
-            (``model_card.json`` or ``config.json``); a ``file://`` URI is read as its path.
+            (``model_card.json`` or ``config.json``); a ``file://`` URI is read as its path;
+            a trial run's logged encoder, ``runs:/<run_id>/encoder`` (from MLflow's tracking
+            URI, else ``sqlite:///mlflow.db``), or a local folder of that artifact.
 
     Returns:
         (module in eval mode on the CPU, its Preprocessing).
 
     Raises:
-        FileNotFoundError: nothing at that path.
+        FileNotFoundError: nothing at that path (or that run has no such artifact).
         ValueError: a file without its model card, or another URI scheme.
     """
     from raycl.export.formats import load_exported
+    from raycl.export.run_artifact import load_run_encoder
 
+    logged = load_run_encoder(path_or_uri)  # runs:/<id>/encoder, or a folder of that artifact
+    if logged is not None:
+        return logged
     path = _local_path(path_or_uri)
     if path.is_dir():
         config = _checkpoint_config(path)
@@ -212,5 +247,6 @@ def _local_path(path_or_uri: str) -> Path:
 
 
 __all__ = ["MethodEmbedding", "Preprocessing", "StageConcat", "base_method_name",
-           "checkpoint_channels", "concat_encoder", "load_encoder", "raycl_preprocessing",
-           "read_config", "read_state", "trained_encoder", "trained_method"]
+           "checkpoint_channels", "checkpoint_stage", "concat_encoder", "load_encoder",
+           "raycl_preprocessing", "read_config", "read_state", "trained_encoder",
+           "trained_method"]

@@ -14,9 +14,12 @@
   ``open_clip.create_model(name, pretrained=FILE)``; the model config is written beside it
   (``<stem>-open_clip.json``, registered with ``open_clip.add_model_config``).
 
-MCL concat (:class:`~raycl.export.encoder.StageConcat`): every stage's encoder in the format
-(``<stem>.stage<j><suffix>``) and the integrating module as a ``torch.export`` program at the
-output path. A format that does not fit the encoder is a one-line ValueError.
+MCL concat (:class:`~raycl.export.encoder.StageConcat`): ``small_cnn`` writes the whole
+integrating module (every stage, L2 norms and concatenation) as one ``torch.export`` program;
+``torchvision`` / ``timm`` / ``safetensors`` write one file holding every stage's backbone, its
+keys prefixed ``stage<j>.`` (the model card's ``how_to_load`` builds the N networks and the
+concatenation); ``open_clip`` holds one model and does not fit. A format that does not fit the
+encoder is a one-line ValueError.
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ from torch import Tensor, nn
 
 from raycl.export.model_card import build_model_card, read_model_card, write_model_card
 from raycl.export.modules import (
+    STAGE_PREFIX,
     MethodEmbedding,
     Preprocessing,
     StageConcat,
     base_method_name,
+    concat_trial,
     raycl_preprocessing,
     read_config,
+    split_stages,
 )
 
 if TYPE_CHECKING:
@@ -96,10 +102,14 @@ def format_problem(config: CoreConfig, export_format: str) -> str | None:
         return f"unknown format {export_format!r}; formats: {', '.join(FORMATS)}"
     kind = encoder_kind(config)
     fitting = _FITTING[kind.kind]
+    if concat_trial(config):  # one file of N stages: no open_clip model holds that
+        fitting = tuple(name for name in fitting if name != "open_clip")
     if export_format in fitting:
         return None
     what = ("a CLIP trial (an open_clip ViT)" if kind.kind == "clip"
             else f"a {kind.backbone} trial")
+    if concat_trial(config) and export_format == "open_clip":
+        what = f"an MCL concat trial ({config.num_stages} open_clip models)"
     return (f"--format {export_format} does not fit {what}; use "
             f"{' or '.join(fitting)}")
 
@@ -158,9 +168,30 @@ def open_clip_config(config: CoreConfig) -> dict[str, Any]:
     return model_config
 
 
+def _weights_module(encoder: nn.Module, config: CoreConfig) -> nn.Module:
+    """The module whose state dict a state-dict format holds: the backbone, or a CLIP trial's
+    open_clip model."""
+    return _clip_model(encoder) if encoder_kind(config).kind == "clip" else encoder
+
+
+def concat_state(encoder: StageConcat, config: CoreConfig) -> dict[str, Tensor]:
+    """Every stage's tensors in one state dict, stage j's keys prefixed ``stage<j>.``.
+
+    Args:
+        encoder: the trial's :class:`~raycl.export.encoder.StageConcat`.
+        config: the trial's config.
+
+    Returns:
+        The state dict (contiguous CPU tensors sharing no storage).
+    """
+    return {STAGE_PREFIX.format(j) + key: value
+            for j, stage in enumerate(encoder.stages)
+            for key, value in _tensors(_weights_module(stage, config)).items()}
+
+
 def _write_one(encoder: nn.Module, config: CoreConfig, export_format: str, out: Path,
                example: Tensor) -> list[Path]:
-    """One stage's (or the whole single-stage) encoder in ``export_format`` at ``out``."""
+    """The (single-stage, or soup) encoder in ``export_format`` at ``out``."""
     kind = encoder_kind(config)
     if kind.kind == "clip":
         model = _clip_model(encoder)
@@ -179,8 +210,8 @@ def _write_one(encoder: nn.Module, config: CoreConfig, export_format: str, out: 
 
 def planned_files(config: CoreConfig, export_format: str, out: Path) -> list[Path]:
     """The files :func:`write_encoder` writes for a trial's encoder from
-    :func:`~raycl.export.encoder.trained_encoder` (never a concat), model card last: what a
-    caller checks for existing files before writing anything.
+    :func:`~raycl.export.encoder.trained_encoder`, model card last: what a caller checks for
+    existing files before writing anything (an MCL concat: one file too).
 
     Args:
         config: the trial's config.
@@ -232,14 +263,14 @@ def write_encoder(
     encoder = encoder.cpu().eval()
     preprocessing = export_preprocessing(config, channels, export_format)
     example = torch.zeros(2, channels, config.data.resolution, config.data.resolution)
-    if isinstance(encoder, StageConcat):
-        suffix = out.suffix or ".pt"
-        files: list[Path] = []
-        for j, stage in enumerate(encoder.stages):
-            files += _write_one(stage, config, export_format,
-                                out.with_name(f"{out.stem}.stage{j}{suffix}"), example)
-        _save_program(encoder, out, example)
-        files.insert(0, out)
+    stages = len(encoder.stages) if isinstance(encoder, StageConcat) else 1
+    concat = isinstance(encoder, StageConcat)
+    if isinstance(encoder, StageConcat) and export_format == "small_cnn":
+        _save_program(encoder, out, example)  # the whole integration, as one program
+        files = [out]
+    elif isinstance(encoder, StageConcat):
+        _save_state(concat_state(encoder, config), out, export_format)
+        files = [out]
     else:
         files = _write_one(encoder, config, export_format, out, example)
     kind = encoder_kind(config)
@@ -248,10 +279,11 @@ def write_encoder(
         method=method, config=config.to_dict(), export_format=export_format,
         files=[path.name for path in files], preprocessing=preprocessing.to_dict(),
         backbone=kind.backbone, stem=kind.stem,
-        how_to_load=how_to_load(config, export_format, out.name, channels,
-                                concat=isinstance(encoder, StageConcat)),
+        how_to_load=how_to_load(config, export_format, out.name, channels, concat=concat,
+                                stages=stages),
         objective=objective, test_scores=test_scores,
-        extra={"concat": isinstance(encoder, StageConcat),
+        extra={"concat": concat,
+               "stages": stages,
                "mcl": ({"stages": config.num_stages, "integration": config.mcl.integration}
                        if config.num_stages > 1 else None),
                "width": config.model.width if kind.kind == "small_cnn" else None})
@@ -296,15 +328,13 @@ def resnet_lines(backbone: str, stem: str, channels: int, library: str) -> list[
 
 
 def how_to_load(config: CoreConfig, export_format: str, file: str, channels: int,
-                concat: bool = False) -> str:
-    """The Python lines that load the exported ``file`` without raycl (for the model card)."""
+                concat: bool = False, stages: int | None = None) -> str:
+    """The Python lines that load the exported ``file`` without raycl (for the model card);
+    ``concat``: an MCL concat export of ``stages`` stages (by default the trial's count)."""
     kind = encoder_kind(config)
     if concat:
-        return "\n".join(["import torch",
-                          f"model = torch.export.load({file!r}).module()  # images -> "
-                          "L2-normalised concatenation of the stages' features",
-                          "# each stage alone: the <stem>.stage<j> files, loaded as below "
-                          f"for format {export_format}"])
+        return concat_how_to_load(config, export_format, file, channels,
+                                  stages or config.num_stages)
     if kind.kind == "clip":
         if export_format == "safetensors":
             return "\n".join(["import open_clip, safetensors.torch",
@@ -336,6 +366,53 @@ def how_to_load(config: CoreConfig, export_format: str, file: str, channels: int
     return "\n".join([*lines, f"model.load_state_dict({load}, strict=True)", "model.eval()"])
 
 
+def concat_how_to_load(config: CoreConfig, export_format: str, file: str, channels: int,
+                       stages: int) -> str:
+    """The Python lines that load an MCL concat export and give the model raycl evaluates
+    (``model(images)``: each stage's features L2-normalised, concatenated, normalised again).
+
+    Args:
+        config: the trial's config.
+        export_format: the format written.
+        file: the exported file's name.
+        channels: image channels.
+        stages: how many stages it holds.
+
+    Returns:
+        The lines.
+    """
+    kind = encoder_kind(config)
+    if export_format == "small_cnn":
+        return "\n".join(["import torch",
+                          f"model = torch.export.load({file!r}).module()  # images -> the "
+                          f"L2-normalised concatenation of the {stages} stages' features"])
+    load = (f"safetensors.torch.load_file({file!r})" if export_format == "safetensors"
+            else f"torch.load({file!r}, weights_only=True)")
+    state = f"state = {load}  # stage j's tensors under 'stage<j>.', j = 0..{stages - 1}"
+    if kind.kind != "resnet":
+        what = ("an open_clip CLIP (the model card's clip section)" if kind.kind == "clip"
+                else f"raycl's small_cnn (width {config.model.width})")
+        return "\n".join(["import safetensors.torch", state,
+                          f"# each stage's keys, the prefix taken off, are those of {what}"])
+    assert kind.stem is not None
+    build = resnet_lines(kind.backbone, kind.stem, channels,
+                         "timm" if export_format == "timm" else "torchvision")
+    return "\n".join([
+        build[0], *(["import safetensors.torch"] if export_format == "safetensors" else []),
+        state,
+        "def stage_model(j):",
+        *(f"    {line}" for line in build[1:]),
+        "    prefix = f'stage{j}.'",
+        "    model.load_state_dict({key[len(prefix):]: value for key, value in state.items()",
+        "                           if key.startswith(prefix)}, strict=True)",
+        "    return model.eval()",
+        f"stages = [stage_model(j) for j in range({stages})]",
+        "def model(images):  # as raycl evaluates MCL concat",
+        "    normalize = torch.nn.functional.normalize",
+        "    features = [normalize(stage(images), dim=1) for stage in stages]",
+        "    return normalize(torch.cat(features, dim=1), dim=1)"])
+
+
 # ---------------------------------------------------------------------------------------------
 # Reading an export back (raycl.load_encoder)
 
@@ -360,23 +437,35 @@ def _read_state(path: Path, export_format: str) -> dict[str, Tensor]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def _load_one(path: Path, card: dict[str, Any], config: CoreConfig) -> nn.Module:
-    """One exported encoder file (not a concat program) as a module."""
-    export_format, kind = card["format"], encoder_kind(config)
+def _module_from_state(state: dict[str, Tensor], card: dict[str, Any],
+                       config: CoreConfig) -> nn.Module:
+    """One encoder's state dict (a backbone's, or a CLIP trial's open_clip model's) as the
+    module raycl embeds with."""
+    kind = encoder_kind(config)
     if kind.kind == "clip":
         import open_clip
 
         model = open_clip.CLIP(**open_clip_config(config))
-        model.load_state_dict(_read_state(path, export_format), strict=True)
+        model.load_state_dict(state, strict=True)
         return OpenClipImageEncoder(model).eval()
-    if export_format == "small_cnn":  # exported in eval mode
-        return torch.export.load(str(path)).module()
     from raycl.models import build_backbone
 
     backbone, _ = build_backbone(kind.backbone, int(card["channels"]), config.model.width,
                                  stem=kind.stem or "cifar")
-    backbone.load_state_dict(_read_state(path, export_format), strict=True)
+    backbone.load_state_dict(state, strict=True)
     return backbone.eval()
+
+
+def _load_one(path: Path, card: dict[str, Any], config: CoreConfig) -> nn.Module:
+    """One exported encoder file as a module (a concat file: its stages' concatenation)."""
+    export_format = card["format"]
+    if export_format == "small_cnn":  # a program (a concat one too), exported in eval mode
+        return torch.export.load(str(path)).module()
+    state = _read_state(path, export_format)
+    if card.get("concat"):
+        return StageConcat([_module_from_state(stage, card, config)
+                            for stage in split_stages(state)]).eval()
+    return _module_from_state(state, card, config)
 
 
 def load_exported(path: Path) -> tuple[nn.Module, Preprocessing]:
@@ -388,11 +477,10 @@ def load_exported(path: Path) -> tuple[nn.Module, Preprocessing]:
     card = read_model_card(path)
     config = read_config(card["config"])
     preprocessing = Preprocessing.from_dict(card["preprocessing"])
-    if card.get("concat"):  # the integrating program (exported in eval mode)
-        return torch.export.load(str(path)).module(), preprocessing
     return _load_one(path, card, config), preprocessing
 
 
-__all__ = ["FORMATS", "EncoderKind", "OpenClipImageEncoder", "check_format", "encoder_kind",
-           "export_preprocessing", "format_problem", "how_to_load", "load_exported",
-           "open_clip_config", "planned_files", "resnet_lines", "write_encoder"]
+__all__ = ["FORMATS", "EncoderKind", "OpenClipImageEncoder", "check_format",
+           "concat_how_to_load", "concat_state", "encoder_kind", "export_preprocessing",
+           "format_problem", "how_to_load", "load_exported", "open_clip_config", "planned_files",
+           "resnet_lines", "write_encoder"]

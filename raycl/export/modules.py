@@ -1,5 +1,6 @@
 """The modules and values an exported encoder is made of: its :class:`Preprocessing`, the
-wrappers :class:`MethodEmbedding` and :class:`StageConcat`, and reading a trial's config.
+wrappers :class:`MethodEmbedding` and :class:`StageConcat` (and how a concat export names each
+stage's tensors: :data:`STAGE_PREFIX`), and reading a trial's config.
 
 The ground floor of :mod:`raycl.export` (both :mod:`raycl.export.encoder` and
 :mod:`raycl.export.formats` build on it).
@@ -7,7 +8,7 @@ The ground floor of :mod:`raycl.export` (both :mod:`raycl.export.encoder` and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -126,6 +127,33 @@ def concat_encoder(stages: Sequence[nn.Module]) -> StageConcat:
     return StageConcat(stages).eval()
 
 
+# The key prefix of stage j's tensors in a concat export's state dict.
+STAGE_PREFIX = "stage{}."
+
+
+def concat_trial(config: CoreConfig) -> bool:
+    """Whether ``config``'s trial integrates several MCL stages by concatenation."""
+    return config.num_stages > 1 and config.mcl.integration == "concat"
+
+
+def split_stages(state: Mapping[str, Tensor]) -> list[dict[str, Tensor]]:
+    """The inverse of :func:`raycl.export.formats.concat_state`: the stages' state dicts, in
+    stage order.
+
+    Raises:
+        ValueError: a key without a ``stage<j>.`` prefix, or stages missing in between.
+    """
+    stages: dict[int, dict[str, Tensor]] = {}
+    for key, value in state.items():
+        head, _, rest = key.partition(".")
+        if not (head.startswith("stage") and head[5:].isdigit() and rest):
+            raise ValueError(f"{key!r} is not a concat export's key (stage<j>.<key>)")
+        stages.setdefault(int(head[5:]), {})[rest] = value
+    if sorted(stages) != list(range(len(stages))):
+        raise ValueError(f"a concat export's stages must be 0..N-1, not {sorted(stages)}")
+    return [stages[j] for j in range(len(stages))]
+
+
 def base_method_name(config: CoreConfig) -> str:
     """The method a trial trains (MCL: its base method)."""
     return config.mcl.base if config.method == "mcl" else config.method
@@ -138,5 +166,6 @@ def read_config(raw: dict[str, Any]) -> CoreConfig:
     return search_config_class().model_validate(raw)
 
 
-__all__ = ["RAYCL_CROP", "MethodEmbedding", "Preprocessing", "StageConcat", "base_method_name",
-           "concat_encoder", "raycl_preprocessing", "read_config"]
+__all__ = ["RAYCL_CROP", "STAGE_PREFIX", "MethodEmbedding", "Preprocessing", "StageConcat",
+           "base_method_name", "concat_encoder", "concat_trial", "raycl_preprocessing",
+           "read_config", "split_stages"]

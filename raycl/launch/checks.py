@@ -29,16 +29,6 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ValidationError
 
-from raycl.config.metric_names import (
-    KNN,
-    LABEL_FAMILIES,
-    LINEAR,
-    LINEAR_SGD,
-    MEAN,
-    MMVP,
-    VAL,
-    maybe_metric,
-)
 from raycl.config.problems import all_problems
 from raycl.config.schema import ConfigErrors, CoreConfig, Problem, resolve_tracking_uri
 from raycl.config.search_config import (
@@ -53,9 +43,12 @@ from raycl.config.search_config import (
 from raycl.config.training import DataConfig
 from raycl.launch.feasibility import CONSTRAINED_KEYS, joint_domain, trial_problem
 from raycl.launch.linear_sgd_check import check_linear_sgd
+from raycl.launch.objectives_check import check_metric, check_objectives
 from raycl.launch.optimizer_check import check_optimizer
 from raycl.launch.paper_check import check_paper
+from raycl.launch.pbt_check import check_pbt
 from raycl.launch.placement import check_gpu_sharing
+from raycl.warm_start import check_warm_start
 
 Check = Callable[[CoreConfig], Iterator[Problem]]
 
@@ -279,28 +272,6 @@ def check_cache_disk(config: CoreConfig) -> Iterator[Problem]:
             return
 
 
-def check_metric(config: CoreConfig) -> Iterator[Problem]:
-    """A probe metric must name an attribute the dataset has."""
-    from raycl.data import ATTRIBUTES
-
-    dataset, metric = config.data.dataset, config.tune.metric
-    name = maybe_metric(metric)  # the schema let only reported names through
-    if name is None or name.split != VAL:
-        return
-    known = ATTRIBUTES.get(dataset)
-    if name.family in (LINEAR, KNN, LINEAR_SGD) and known and name.name not in (*known, MEAN):
-        yield Problem("tune.metric", f"{dataset} has no attribute {name.name!r} "
-                                     f"(attributes: {', '.join(known)}, or mean)")
-    unlabelled = dataset in ATTRIBUTES and not ATTRIBUTES[dataset]
-    if unlabelled and name.family in LABEL_FAMILIES:
-        yield Problem("tune.metric", f"{dataset} has no labels to probe or classify; select on "
-                                     f"caption retrieval (val/i2t/r1, val/t2i/r1) or "
-                                     f"val/mmvp/mean with eval.mmvp: synthetic")
-    if name.family == MMVP and config.eval.mmvp != "synthetic":
-        yield Problem("tune.metric", f"{metric} needs validation pairs: eval.mmvp: synthetic (a "
-                                     f"real MMVP-VLM directory is a test set)")
-
-
 def _is_integer_key(key: str) -> bool:
     model: type[BaseModel] = search_config_class()
     *parents, leaf = key.split(".")
@@ -468,10 +439,11 @@ def check_tracking(config: CoreConfig) -> Iterator[Problem]:
 CONFIG_CHECKS: tuple[Check, ...] = (
     check_method, check_method_settings, check_optimizer, check_labels, check_data,
     check_loader, check_cache_disk, check_pretrain_unlabeled,
-    check_splits, check_metric, check_linear_sgd, check_paper, check_search_space, check_pretrained,
-    check_feasible, check_gpu_sharing, check_grid,
+    check_splits, check_objectives, check_metric, check_linear_sgd, check_paper,
+    check_search_space, check_pretrained,
+    check_feasible, check_gpu_sharing, check_grid, check_pbt,
 )
-ENVIRONMENT_CHECKS: tuple[Check, ...] = (check_storage, check_tracking)
+ENVIRONMENT_CHECKS: tuple[Check, ...] = (check_storage, check_tracking, check_warm_start)
 ALL_CHECKS: tuple[Check, ...] = CONFIG_CHECKS + ENVIRONMENT_CHECKS
 
 

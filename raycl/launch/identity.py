@@ -102,6 +102,37 @@ def _filesystem(experiment_path: str) -> tuple[Any, str]:
     return fs.FileSystem.from_uri(experiment_path)
 
 
+def read_stored_json(directory: str, name: str) -> Any:
+    """The JSON file ``name`` a sweep keeps beside its state in ``directory`` (a local path or a
+    bucket URI), parsed; None where there is no such file.
+
+    Raises:
+        OSError, ValueError: the file system cannot be reached, or the file is not JSON.
+    """
+    from pyarrow import fs as pafs
+
+    filesystem, path = _filesystem(directory)
+    file_path = f"{path.rstrip('/')}/{name}"
+    if filesystem.get_file_info(file_path).type != pafs.FileType.File:
+        return None
+    with filesystem.open_input_stream(file_path) as stream:
+        return json.loads(stream.read().decode())
+
+
+def write_stored_json(directory: str, name: str, value: Any) -> None:
+    """``value`` as the JSON file ``name`` in ``directory`` (a local path or a bucket URI;
+    created where missing).
+
+    Raises:
+        OSError, ValueError: the file system cannot be reached or written.
+    """
+    filesystem, path = _filesystem(directory)
+    path = path.rstrip("/")
+    filesystem.create_dir(path, recursive=True)
+    with filesystem.open_output_stream(f"{path}/{name}") as stream:
+        stream.write(json.dumps(value, indent=1).encode())
+
+
 def read_identity(experiment_path: str) -> dict[str, Any] | None:
     """The stored identity of the sweep at ``experiment_path``: ``{"settings": ..., "data": ...}``
     (``data`` None where an older raycl stored only the settings); None where it has none.
@@ -109,14 +140,9 @@ def read_identity(experiment_path: str) -> dict[str, Any] | None:
     Raises:
         OSError, ValueError: the file system cannot be reached, or the file is not JSON.
     """
-    from pyarrow import fs as pafs
-
-    filesystem, path = _filesystem(experiment_path)
-    file_path = f"{path.rstrip('/')}/{SWEEP_FILE}"
-    if filesystem.get_file_info(file_path).type != pafs.FileType.File:
+    stored = read_stored_json(experiment_path, SWEEP_FILE)
+    if stored is None:
         return None
-    with filesystem.open_input_stream(file_path) as stream:
-        stored = json.loads(stream.read().decode())
     if stored.get("format") == _FORMAT:
         return {"settings": stored["settings"], "data": stored.get("data")}
     return {"settings": stored, "data": None}  # raycl before the data key: the settings alone
@@ -190,12 +216,8 @@ def store_settings(config: CoreConfig, experiment_path: str,
     """Write ``config``'s settings and ``data``'s keys beside a new sweep's state; a notice
     where that failed (the sweep still launches; a re-run then resumes it without comparing)."""
     try:
-        filesystem, path = _filesystem(experiment_path)
-        path = path.rstrip("/")
-        filesystem.create_dir(path, recursive=True)
-        identity = {"format": _FORMAT, "settings": config.to_dict(), "data": data}
-        with filesystem.open_output_stream(f"{path}/{SWEEP_FILE}") as stream:
-            stream.write(json.dumps(identity, indent=1).encode())
+        write_stored_json(experiment_path, SWEEP_FILE,
+                          {"format": _FORMAT, "settings": config.to_dict(), "data": data})
     except (OSError, ValueError) as exc:
         return (f"the sweep's settings could not be stored at {experiment_path} ({exc}); a "
                 f"re-run will resume it without comparing settings")
@@ -203,4 +225,5 @@ def store_settings(config: CoreConfig, experiment_path: str,
 
 
 __all__ = ["RESUME_MAY_CHANGE", "SWEEP_FILE", "changes_line", "check_same_sweep", "data_line",
-           "read_identity", "read_settings", "setting_changes", "store_settings"]
+           "read_identity", "read_settings", "read_stored_json", "setting_changes",
+           "store_settings", "write_stored_json"]

@@ -6,7 +6,9 @@ objective (``raycl.metric``, ``raycl.mode``) and whose child runs are its trials
 run holds its resolved config (the ``config.yaml`` artifact: the whole config, where params are
 cut at MLflow's length limit) and where its latest checkpoint is (the tag ``raycl.checkpoint``,
 written by :class:`raycl.tracking.callback.MLflowSweepCallback`). Runs logged before that tag
-existed are matched to their checkpoints in ``tune.storage_path`` by trial id.
+existed are matched to their checkpoints in ``tune.storage_path`` by trial id. A trial whose
+encoder the sweep logged into its run (the ``encoder/`` artifact, :mod:`raycl.results.run_encoder`)
+names it in ``encoder``: what raycl.export and raycl.evaluate read once the checkpoint is gone.
 
     trials = find_trials("sqlite:///mlflow.db", "quickstart", "best")
     state_dir = local_checkpoint(trials[0], Path("/tmp/best"))   # holds state.pt
@@ -19,6 +21,7 @@ import os
 import posixpath
 import re
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +30,7 @@ import yaml
 
 from raycl.config.schema import CoreConfig
 from raycl.config.sweep import DEFAULT_TRACKING_URI, resolve_tracking_uri
+from raycl.export.run_artifact import ENCODER_TAG
 from raycl.tracking.retry import retrying_client
 from raycl.tracking.runs import CHECKPOINT_TAG, ROLE_TAG, TRIAL_TAG, checkpoint_location
 from raycl.tracking.trial_table import trial_runs, trial_table
@@ -61,6 +65,8 @@ class FinishedTrial:
         checkpoint: its last checkpoint: a local directory or a bucket URI.
         metrics: the run's latest metrics.
         tracking_uri: the MLflow store it was found in.
+        encoder: the ``runs:/<run_id>/encoder`` URI of the encoder logged into its run, None
+            when none was (:mod:`raycl.results.run_encoder`).
     """
 
     run_id: str
@@ -70,6 +76,7 @@ class FinishedTrial:
     checkpoint: str
     metrics: dict[str, float] = field(default_factory=dict)
     tracking_uri: str = DEFAULT_TRACKING_URI
+    encoder: str | None = None
 
     @property
     def label(self) -> str:
@@ -117,7 +124,7 @@ def find_trials(tracking_uri: str | None, experiment: str, trial: str = "best",
     else:
         raise TrialLookupError(f"--trial {trial!r}: expected best, a trial name (t07) or a "
                                "run id (32 hex digits)")
-    return [_finished(client, run, experiment, uri) for run in runs]
+    return [finished_trial(client, run, experiment, uri) for run in runs]
 
 
 def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
@@ -180,13 +187,28 @@ def _run_by_id(client: MlflowClient, experiment_id: str, experiment: str, run_id
     return run
 
 
-def _finished(client: MlflowClient, run: Run, experiment: str, uri: str) -> FinishedTrial:
-    """``run`` as a :class:`FinishedTrial`: its config read back, its checkpoint located."""
+def finished_trial(client: MlflowClient, run: Run, experiment: str, uri: str) -> FinishedTrial:
+    """``run`` as a :class:`FinishedTrial`: its config read back, its checkpoint located.
+
+    Args:
+        client: a client of the store ``uri``.
+        run: the trial's run.
+        experiment: its experiment's name (for messages).
+        uri: the store.
+
+    Returns:
+        The trial.
+
+    Raises:
+        TrialLookupError: its config is unreadable, or it has neither a checkpoint nor a
+            logged encoder.
+    """
     name = (run.info.run_name or run.info.run_id[:8]).split(" ")[0]
     config = _trial_config(client, run, name)
     checkpoint = run.data.tags.get(CHECKPOINT_TAG) or _stored_checkpoint(
-        config.tune.storage_path, run.data.tags.get(TRIAL_TAG, ""))
-    if not checkpoint:
+        config.tune.storage_path, run.data.tags.get(TRIAL_TAG, "")) or ""
+    encoder = run.data.tags.get(ENCODER_TAG)
+    if not checkpoint and not encoder:
         raise TrialLookupError(
             f"trial {name} has no checkpoint (its run {run.info.run_id} has no "
             f"{CHECKPOINT_TAG} tag and {config.tune.storage_path} holds none of trial "
@@ -194,7 +216,7 @@ def _finished(client: MlflowClient, run: Run, experiment: str, uri: str) -> Fini
             f"{run.data.tags.get('raycl.ended', run.info.status.lower())})")
     return FinishedTrial(run_id=run.info.run_id, run_name=run.info.run_name or "",
                          experiment=experiment, config=config, checkpoint=checkpoint,
-                         metrics=dict(run.data.metrics), tracking_uri=uri)
+                         metrics=dict(run.data.metrics), tracking_uri=uri, encoder=encoder)
 
 
 def _trial_config(client: MlflowClient, run: Run, name: str) -> CoreConfig:
@@ -251,13 +273,16 @@ def _listed(filesystem: object, path: str) -> list:
     return [entry for entry in entries if entry.type == fs.FileType.Directory]
 
 
-def local_checkpoint(trial: FinishedTrial, into: Path) -> Path:
+def local_checkpoint(trial: FinishedTrial, into: Path,
+                     files: Sequence[str] | None = None) -> Path:
     """A local directory holding ``trial``'s checkpoint (``state.pt`` and the rest).
 
     Args:
         trial: a trial from :func:`find_trials`.
         into: where a bucket checkpoint is downloaded to (a folder of that name is made in
             it); a local checkpoint is used where it is and ``into`` stays unused.
+        files: download only these files of a bucket checkpoint (those it has), not the
+            features and inputs it keeps for resuming; None: all of it.
 
     Returns:
         The checkpoint directory.
@@ -265,18 +290,16 @@ def local_checkpoint(trial: FinishedTrial, into: Path) -> Path:
     Raises:
         TrialLookupError: the checkpoint is gone or holds no ``state.pt``.
     """
-    from raycl.data.bucket_paths import bucket_filesystem, is_remote
+    from raycl.data.bucket_paths import is_remote
 
+    if not trial.checkpoint:  # only its logged encoder is left (FinishedTrial.encoder)
+        raise TrialLookupError(f"trial {trial.label} has no checkpoint (its run records none)")
     if not is_remote(trial.checkpoint):
         directory = Path(trial.checkpoint)
     else:
-        from pyarrow import fs
-
         directory = Path(into) / posixpath.basename(trial.checkpoint.partition("?")[0])
         try:
-            filesystem, path = bucket_filesystem(trial.checkpoint)
-            fs.copy_files(path, str(directory), source_filesystem=filesystem,
-                          destination_filesystem=fs.LocalFileSystem())
+            _download(trial.checkpoint, directory, files)
         except (OSError, ValueError) as exc:
             why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise TrialLookupError(f"trial {trial.label}: cannot download its checkpoint "
@@ -285,3 +308,23 @@ def local_checkpoint(trial: FinishedTrial, into: Path) -> Path:
         raise TrialLookupError(f"trial {trial.label} has no checkpoint ({directory} holds no "
                                f"{STATE_FILE}: removed since the sweep?)")
     return directory
+
+
+def _download(uri: str, directory: Path, files: Sequence[str] | None) -> None:
+    """Copy the bucket folder ``uri`` (or only those of ``files`` it holds) to ``directory``."""
+    from pyarrow import fs
+
+    from raycl.data.bucket_paths import bucket_filesystem
+
+    filesystem, path = bucket_filesystem(uri)
+    local = fs.LocalFileSystem()
+    directory.mkdir(parents=True, exist_ok=True)  # pyarrow makes no local parent folder
+    if files is None:
+        fs.copy_files(path, str(directory), source_filesystem=filesystem,
+                      destination_filesystem=local)
+        return
+    wanted = [posixpath.join(path, name) for name in files]
+    for info in filesystem.get_file_info(wanted):
+        if info.type == fs.FileType.File:
+            fs.copy_files(info.path, str(directory / info.base_name),
+                          source_filesystem=filesystem, destination_filesystem=local)

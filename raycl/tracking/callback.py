@@ -64,7 +64,9 @@ from raycl.tracking.runs import (
     tag_checkpoint,
     write_leaderboard_view,
 )
+from raycl.tracking.sweep_outputs import log_sweep_outputs
 from raycl.tracking.trial_table import markdown_summary, trial_runs, trial_table, write_csv
+from raycl.tracking.tune_stop import tune_stop_requested, unfinished_trials
 from raycl.worker.outcome import FAIL_REASON_KEY, SKIP_REASON_KEY, trial_ending
 
 if TYPE_CHECKING:
@@ -405,17 +407,15 @@ class MLflowSweepCallback(Callback):
         self._log_leaderboard()
 
     def _log_leaderboard(self) -> None:
-        """The parent run's leaderboard, rewritten from MLflow after every trial and at the end:
-        ``leaderboard.csv`` (every trial of this sweep, best first), ``leaderboard.png``, the
-        knobs' importance (:mod:`raycl.tracking.importance`) and the run's description. A
-        failure here is logged, never raised: it must not stop the sweep."""
+        """The parent run's leaderboard (``leaderboard.csv``/``.png``, importance, description,
+        Pareto front, warm start) from MLflow after every trial; failures logged, never raised."""
         if self.parent_run_id is None or self.experiment_id is None:
             return
         try:
             children = trial_runs(self.client, self.experiment_id, self.parent_run_id)
-            paper = self.config.paper
+            paper, parent = self.config.paper, self.client.get_run(self.parent_run_id)
             table = trial_table(children, self.config.tune.metric, self.config.tune.mode,
-                                paper.metric if paper else None)
+                                paper.metric if paper else None, parent)  # its baseline first
             with tempfile.TemporaryDirectory() as directory:
                 csv_path = Path(directory, "leaderboard.csv")
                 png_path = Path(directory, "leaderboard.png")
@@ -426,18 +426,18 @@ class MLflowSweepCallback(Callback):
             self.client.set_tag(self.parent_run_id, NOTE_TAG, markdown_summary(
                 table, self.config.name, paper=paper) + "\n\n" + log_importance(
                 self.client, self.parent_run_id, children, self.config))  # never raises
+            log_sweep_outputs(self.client, self.parent_run_id, children, self.config)
         except Exception:  # a leaderboard is never worth a sweep
             logger.warning("could not write the leaderboard to the parent run", exc_info=True)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         if self.parent_run_id is None:
             return
-        unfinished = [trial for trial in trials if trial.status == "PENDING" or (
-            trial.trial_id in self._started and trial.trial_id not in self._ended)]
-        INTERRUPTED[self.config.name] = bool(unfinished)
-        if unfinished:
-            # Interrupted (Ctrl+C, SIGINT to the driver): Tune saved the sweep, and running the
-            # same command again resumes it into these same runs.
+        unfinished = unfinished_trials(trials, self._started, self._ended)
+        INTERRUPTED[self.config.name] = tune_stop_requested() or bool(unfinished)
+        if INTERRUPTED[self.config.name]:
+            # Interrupted (Tune's stop signal, even between two trials, or trials left running):
+            # Tune saved the sweep; the same command again resumes it into these same runs.
             for trial in unfinished:
                 run_id = self._children.get(trial.trial_id)
                 if run_id:

@@ -5,8 +5,10 @@ backbone, the val split's resolution, and the winner at the epoch a stopped tria
   (``data/chance/<attribute>``, reported by every evaluation of a trial:
   :func:`raycl.worker.evaluate.val_reference_metrics`); ``mean`` is the attributes' mean, what
   ``val/linear/mean`` is read against;
-- the baseline: the trial's backbone before any training, scored by the same val probes
-  (``baseline/val/...``, ``eval.baseline``), the leaderboard's "at init" row;
+- the baseline: the sweep's backbone before any training, scored by the same val probes
+  (``baseline/val/...``, ``eval.baseline``), the leaderboard's "at init" row: on the sweep's
+  parent run (:mod:`raycl.baseline_run`, once per sweep), else (sweeps of an older raycl) on a
+  trial run;
 - the resolution: two binomial standard errors at the best accuracy on ``data/val_size``
   images (:func:`noise_level`);
 - a trial the scheduler (ASHA) stopped: the winner's objective at the epoch it reached, from
@@ -43,20 +45,26 @@ if TYPE_CHECKING:
 # the freshly initialised backbone before any training, each metric under this prefix.
 CHANCE_PREFIX = metric_name(DATA, "chance", "x")[:-1]  # "data/chance/"
 VAL_SIZE_METRIC = metric_name(DATA, None, "val_size")
+# The parent run's tag naming the searched model.* keys at the base values the baseline scored
+# (raycl.baseline_run): trials of other values started from another network.
+BASELINE_SCOPE_TAG = "raycl.baseline_scope"
 
 # Families whose score is a classifier's accuracy: what chance is the floor of.
 CLASSIFIERS: tuple[str, ...] = (LINEAR, KNN, LINEAR_SGD)
 
 
-def honesty(runs: list[Run]) -> tuple[dict[str, float], int | None, dict[str, float]]:
-    """What a leaderboard is read against, from the trials' own reports: chance per attribute
-    (majority-class share on val; ``mean`` the attributes' mean, as ``val/linear/mean`` is), the
-    number of val images scored, and the random-init baseline (metric name -> value, prefix
-    removed). Every trial of a sweep scores the same val rows, so the first that reported one
-    serves.
+def honesty(runs: list[Run], parent: Run | None = None
+            ) -> tuple[dict[str, float], int | None, dict[str, float]]:
+    """What a leaderboard is read against: chance per attribute (majority-class share on val;
+    ``mean`` the attributes' mean, as ``val/linear/mean`` is), the number of val images scored,
+    and the random-init baseline (metric name -> value, prefix removed). The parent run's first
+    (the sweep's baseline task logs all three there), then the trials' own reports (a sweep of
+    an older raycl: its trials scored the baseline each); every trial of a sweep scores the
+    same val rows, so the first that reported one serves.
 
     Args:
         runs: the sweep's trial runs.
+        parent: the sweep's parent run (None: the trials' alone).
 
     Returns:
         ``(chance, val_size, baseline)``; empty or None where no run reported it.
@@ -64,7 +72,7 @@ def honesty(runs: list[Run]) -> tuple[dict[str, float], int | None, dict[str, fl
     chance: dict[str, float] = {}
     val_size: int | None = None
     baseline: dict[str, float] = {}
-    for run in runs:
+    for run in [parent, *runs] if parent is not None else runs:
         metrics = run.data.metrics
         if not chance:
             chance = {key[len(CHANCE_PREFIX):]: value for key, value in metrics.items()
@@ -162,6 +170,22 @@ def baseline_row(header: list[str], searched: list[str],
             *[None if key in searched else baseline.get(key) for key in header[3:]]]
 
 
+def baseline_scope_line(scope: str | None) -> str | None:
+    """The line saying whose network the "at init" row is when the sweep searches keys that
+    change it: the base configuration's (``raycl.baseline_scope``, e.g. ``model.width=32``).
+
+    Args:
+        scope: the parent run's tag (None or empty: no ``model.*`` key searched).
+
+    Returns:
+        The line, or None.
+    """
+    if not scope:
+        return None
+    return (f"at init: the base configuration's backbone ({scope}), untrained; those keys are "
+            f"searched, so a trial of other values started from another network")
+
+
 def value_at_step(history: list[tuple[int, float]], step: int) -> float | None:
     """A metric's value at ``step`` from its history (``(step, value)`` pairs): the last one
     logged at or before it (evaluations may skip epochs), None when none was.
@@ -218,7 +242,8 @@ def same_epoch_statuses(client: MlflowClient, runs: list[Run], metric: str,
     return notes
 
 
-__all__ = ["CHANCE_PREFIX", "CLASSIFIERS", "VAL_SIZE_METRIC", "baseline_row", "chance_line",
+__all__ = ["BASELINE_SCOPE_TAG", "CHANCE_PREFIX", "CLASSIFIERS", "VAL_SIZE_METRIC",
+           "baseline_row", "baseline_scope_line", "chance_line",
            "chance_of", "honesty",
            "noise_level", "resolution_line", "same_epoch_statuses", "stopped_note",
            "value_at_step"]

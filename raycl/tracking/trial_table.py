@@ -45,8 +45,19 @@ from raycl.config.metric_names import (
 from raycl.config.paper import PaperConfig, compare_to_paper, comparison_line, paper_from_params
 from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
 from raycl.confirm import CONFIRM_TAG
+from raycl.tracking.pareto import (
+    OBJECTIVES_TAG,
+    front_run_ids,
+    front_title,
+    mark_front,
+    pareto_first,
+    parse_objectives,
+    scored_runs,
+)
 from raycl.tracking.reference_points import (
+    BASELINE_SCOPE_TAG,
     baseline_row,
+    baseline_scope_line,
     chance_line,
     honesty,
     resolution_line,
@@ -106,11 +117,13 @@ class TrialTable:
     rows: list[list[Any]]
     runs: list[Run]
     # What the table is read against (:func:`honesty`): chance per attribute, the number of
-    # val images scored and the random-init baseline's metrics; empty when no trial reported
-    # them (runs of an older raycl).
+    # val images scored and the random-init baseline's metrics; empty when neither the parent
+    # run nor a trial reported them (runs of an older raycl).
     chance: dict[str, float] = field(default_factory=dict)
     val_size: int | None = None
     baseline: dict[str, float] = field(default_factory=dict)
+    # The searched model.* keys at the base values the baseline scored (the parent's tag).
+    baseline_scope: str | None = None
 
     def objective(self, run: Run) -> float | None:
         """The run's (last) objective, None when it has not reported one."""
@@ -123,11 +136,12 @@ class TrialTable:
 
 
 def trial_table(children: list[Run], metric: str, mode: str,
-                paper_metric: str | None = None) -> TrialTable:
+                paper_metric: str | None = None, parent: Run | None = None) -> TrialTable:
     """Rank ``children`` by ``metric`` (``mode`` max or min; trials without it last) and lay out
     the leaderboard's columns (the CLI's table and the parent run's ``leaderboard.csv``);
     ``paper_metric`` (the ``paper:`` block's) is a column too, after the objective's test
-    counterpart."""
+    counterpart. ``parent``: the sweep's parent run, whose baseline and chance are read first
+    (:func:`~raycl.tracking.reference_points.honesty`)."""
 
     def score(run: Run) -> float:
         value = run.data.metrics.get(metric, math.nan)
@@ -167,8 +181,9 @@ def trial_table(children: list[Run], metric: str, mode: str,
                      *[run.data.metrics.get(key) for key in (metric, *tested)],
                      *[values.get(key) for key in searched],
                      *[run.data.metrics.get(key) for key in extra]])
+    scope = parent.data.tags.get(BASELINE_SCOPE_TAG) if parent is not None else None
     return TrialTable(metric, mode, objective_test, searched, header, rows, children,
-                      *honesty(children))
+                      *honesty(children, parent), baseline_scope=scope)
 
 
 def _resolution_line(table: TrialTable) -> str | None:
@@ -228,6 +243,9 @@ def markdown_summary(table: TrialTable, sweep: str, top: int = 10,
     if table.baseline.get(table.metric) is not None:
         lines.append(f"Random init (the same backbone untrained, the same probes): "
                      f"{_fmt(table.baseline[table.metric])}.")
+        scope = baseline_scope_line(table.baseline_scope)
+        if scope:
+            lines.append(f"{scope[0].upper()}{scope[1:]}.")
     lines += [f"{line[0].upper()}{line[1:]}." for line in (chance_line(table.chance),
                                                            _resolution_line(table)) if line]
     columns = 5 if table.objective_test else 4
@@ -347,7 +365,12 @@ def build_leaderboard(
                           None if all_sweeps else parents[0].info.run_id)
     paper = paper_from_params(parents[0].data.params)
     paper_metric = paper.metric if paper else None
-    table = trial_table(children, metric, mode, paper_metric)
+    table = trial_table(children, metric, mode, paper_metric, parents[0])
+    # A multi-objective sweep: its Pareto front first, marked (raycl.tracking.pareto).
+    objectives = parse_objectives(parents[0].data.tags.get(OBJECTIVES_TAG, ""))
+    front = front_run_ids(table.runs, objectives) if objectives else set()
+    if objectives:
+        table.runs, table.rows = pareto_first(table.runs, table.rows, front)
     statuses = same_epoch_statuses(client, table.runs, metric, table.best())
     shown = select_columns(table, choice or ColumnChoice(attributes=True), paper_metric)
     header = ["#", *[table.header[i] for i in shown]]
@@ -362,10 +385,16 @@ def build_leaderboard(
     title = (f"{experiment}: {len(children)} trial(s), best {top} by {metric} ({mode})"
              f"{'' if all_sweeps else ', latest sweep'}; test/, transfer/ and diag/ columns are "
              f"reported, not ranked on")
-    notes = [line for line in (chance_line(table.chance), _resolution_line(table),
+    notes = [line for line in (baseline_scope_line(table.baseline_scope) if base else None,
+                               chance_line(table.chance), _resolution_line(table),
                                paper_line(table, paper) if paper else None,  # the knobs next:
                                None if all_sweeps else parents[0].data.tags.get(
                                    "raycl.importance")) if line]  # raycl.tracking.importance
+    if objectives:
+        header, rows, baseline = mark_front(header, rows, table.runs[:top], front, objectives,
+                                            _fmt, baseline)
+        title += "; " + front_title(objectives, len(front),
+                                    len(scored_runs(table.runs, [m for m, _ in objectives])))
     return Leaderboard(header, rows, title, list(table.searched), baseline, notes)
 
 

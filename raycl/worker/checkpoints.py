@@ -3,8 +3,10 @@
 A checkpoint directory holds (file names in :mod:`raycl.worker.stage_integration`):
 
 - ``state.pt``: ``{"model", "optimizer", "scaler"}`` state dicts, plus ``"soup"`` (a finished
-  stage's share of a model soup); tensors and plain containers only (``weights_only`` loads).
-- ``stage_inputs.npz`` (+ ``stage_weights.pt``): the stage's :class:`StageInputs`: pseudo labels,
+  MCL stage's kept weights: its share of a model soup, or, concat, its encoder; the key's name
+  is older than concat's); tensors and plain containers only (``weights_only`` loads).
+- ``stage_inputs.npz`` (+ ``stage_weights.pt``, the earlier stages' kept weights; absent in
+  concat checkpoints of raycl before it kept them): the stage's :class:`StageInputs`: pseudo labels,
   clusterings, metrics and a :class:`FeatureRef` per earlier stage, whose frozen features are
   written once, when the first checkpoint after that stage is, to
   ``stage_features/stage_<j>_<sha256[:16]>.npz`` beside the checkpoints (in the run's storage,
@@ -297,7 +299,7 @@ def write_checkpoint(
     # Tensors, numbers, strings and plain containers only: read back with weights_only=True.
     state = {"model": method.state_dict(), "optimizer": optimizer.state_dict(),
              "scaler": scaler.state_dict()}
-    if soup is not None:  # a finished stage's share of the model soup
+    if soup is not None:  # a finished stage's kept weights (soup share or concat encoder)
         state["soup"] = soup
     torch.save(state, directory / STATE_FILE)
     store_stage_features(inputs, run)

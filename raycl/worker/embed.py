@@ -11,10 +11,12 @@ import copy
 import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from torch import nn
 
 from raycl.config.schema import CoreConfig
 from raycl.data import DatasetSplits, ImageRows
@@ -22,6 +24,7 @@ from raycl.data.augment import to_float
 from raycl.data.stream.files import FileRows
 from raycl.data.stream.shards import ShardRows
 from raycl.distributed import gather_to_rank0
+from raycl.eval.features import batch_features
 from raycl.eval.multimodal import EvalSets
 from raycl.methods.base import Method
 from raycl.worker.optim import Autocast
@@ -44,11 +47,21 @@ EmbeddedImages = np.ndarray | ImageRows | FileRows | ShardRows
 FileDecoder = Callable[[FileRows, int, int, int], Iterator[tuple[np.ndarray, list[int]]]]
 
 
+@dataclass(frozen=True)
+class OneProcess:
+    """Where an embedding pass runs outside Ray Train: one process, no process group
+    (``python -m raycl.evaluate``); what :func:`embed_images` asks of a session."""
+
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+
+
 @torch.no_grad()
 def embed_images(
-    method: Method,
+    method: nn.Module,
     images: EmbeddedImages,
-    session: Session,
+    session: Session | OneProcess,
     batch_size: int = 512,
     embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
     autocast: Autocast = nullcontext,
@@ -64,7 +77,8 @@ def embed_images(
     more than one batch of features (at paper scale an (N, D) split on every GPU is what ran out
     of memory). A file stream mode cannot decode is never embedded as a blank image: its row is
     NaN, which the scoring leaves out (:func:`raycl.worker.evaluate.decodable_rows`). ``embed``
-    replaces ``method.embed`` (e.g. ``method.project`` for the projection spectrum).
+    replaces ``method.embed`` (e.g. ``method.project`` for the projection spectrum; a frozen
+    encoder that is no :class:`Method` passes itself).
     ``autocast``: the forward's precision (:func:`raycl.worker.optim.inference_autocast`: the
     trial's on CUDA, none on CPU); the features are float32 either way. ``decode_files``: where
     stream mode's files are decoded (:data:`FileDecoder`).
@@ -82,22 +96,26 @@ def embed_images(
     was_training = method.training
     method.eval()
     try:
-        # Every rank takes part in the same number of gathers (a shorter shard sends padding).
-        for step in range(math.ceil(shard / batch_size)):
-            rows, bad = next(batches, (None, []))
-            with autocast():
+        # One precision region for the whole pass, as a bare loop holds it: leaving autocast
+        # drops its cached low-precision weight copies (a region per batch casts every weight
+        # again). On an H200 the pass is bound by its per-batch host copy (docs/benchmarks.md).
+        with autocast():
+            # Every rank takes part in the same number of gathers (a shorter shard sends padding).
+            for step in range(math.ceil(shard / batch_size)):
+                rows, bad = next(batches, (None, []))
                 if rows is None:  # this rank's shard is done: it still sends a padded block
-                    dim = dim or embed(to_float(torch.from_numpy(images[:1]).to(device))).shape[1]
+                    dim = dim or batch_features(
+                        embed, to_float(torch.from_numpy(images[:1]).to(device))).shape[1]
                     local = torch.zeros(0, dim, device=device)
                 else:
-                    local = _mark_undecodable(
-                        embed(to_float(torch.from_numpy(rows).to(device))).float(), bad)
+                    local = _mark_undecodable(batch_features(
+                        embed, to_float(torch.from_numpy(rows).to(device))), bad)
                     dim = local.shape[1]
-            block = gather_to_rank0(_padded(local, batch_size))
-            if block is not None:  # rank 0 (or a single process)
-                if gathered is None:
-                    gathered = np.empty((total, block.shape[1]), dtype=np.float32)
-                _place(gathered, block.cpu().numpy(), step * batch_size, shard, batch_size)
+                block = gather_to_rank0(_padded(local, batch_size))
+                if block is not None:  # rank 0 (or a single process)
+                    if gathered is None:
+                        gathered = np.empty((total, block.shape[1]), dtype=np.float32)
+                    _place(gathered, block.cpu().numpy(), step * batch_size, shard, batch_size)
     finally:
         method.train(was_training)
     if rank != 0:
@@ -241,8 +259,9 @@ def integrate_stages(
     if config.mcl.integration == "soup" and inputs.weights:
         soup = soup_method(method, [*inputs.weights, soup_weights(method)])
         return embed(soup), soup
+    # concat: the earlier stages' frozen features (their kept encoders serve the export only).
     return inputs.integrated(features, rows), method
 
 
-__all__ = ["RowSubset", "embed_images", "embed_splits", "integrate_stages", "select_images",
-           "soup_method"]
+__all__ = ["OneProcess", "RowSubset", "embed_images", "embed_splits", "integrate_stages",
+           "select_images", "soup_method"]

@@ -46,6 +46,7 @@ from raycl.worker.embed import (
     integrate_stages,
     select_images,
 )
+from raycl.worker.linear_eval import linear_sgd_evaluation
 from raycl.worker.optim import inference_autocast
 from raycl.worker.session import Session
 from raycl.worker.stage_integration import Features, StageInputs, mcl_summary
@@ -67,8 +68,9 @@ def evaluate_epoch(
 ) -> tuple[Features, dict[str, float], dict[str, np.ndarray] | None]:
     """Embed (every rank, gathered on rank 0) and score (rank 0) one evaluation: val, and train
     where something reads it; after a stage's last epoch also test and the transfer sets; at the
-    trial's end the diagnostics. MMVP-style pair sets are embedded like splits (``mmvp:val``,
-    ``mmvp:test``), so stages integrate them too.
+    trial's end the diagnostics and ``eval.linear_sgd`` (every rank, on the probe's rows:
+    :func:`raycl.worker.linear_eval.linear_sgd_evaluation`). MMVP-style pair sets are embedded
+    like splits (``mmvp:val``, ``mmvp:test``), so stages integrate them too.
 
     Only the rows scored are embedded: the probe's capped training rows
     (``eval.max_train_samples``) and val/test capped by ``eval.max_eval_samples``
@@ -118,6 +120,8 @@ def evaluate_epoch(
                                  (features, scored, integrated, projections),
                                  (method, integrated_method), device, last, metrics)
         metrics[metric_name(PERF, None, "eval_seconds")] = time.perf_counter() - started
+    if last and inputs.stage == config.num_stages - 1:  # the trial's end: the papers' probe
+        metrics.update(linear_sgd_evaluation(config, scored_data, method, session))
     return features, metrics, diagnostics
 
 

@@ -8,9 +8,10 @@ trial resumed after it finished reports them again: :func:`raycl.worker.loop.rep
 The protocol itself is :func:`raycl.eval.linear_sgd.evaluate_linear_sgd` (no Ray).
 
 It reads the rows the closed-form probe scores (``eval.max_train_samples``,
-``eval.max_eval_samples``: :func:`raycl.worker.evaluate.scored_subset`), so the two protocols'
-numbers are of the same images; memory mode only (stream mode and MCL's several encoders are
-refused before launch, :func:`raycl.launch.checks.check_linear_sgd`).
+``eval.max_eval_samples``), as :func:`raycl.worker.evaluate.evaluate_epoch` selected them for
+that probe and passes them here, so the two protocols' numbers are of the same images; memory
+mode only (stream mode and MCL's several encoders are refused before launch,
+:func:`raycl.launch.checks.check_linear_sgd`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from raycl.config.metric_names import PERF, metric_name
 from raycl.config.schema import CoreConfig
-from raycl.data import SPLITS, DatasetSplits, ImageSet
+from raycl.data import DatasetSplits, ImageSet
 from raycl.data.stream.files import FileRows
 from raycl.data.stream.shards import ShardRows
 from raycl.eval.linear_sgd import (
@@ -30,7 +31,6 @@ from raycl.eval.linear_sgd import (
     linear_sgd_metrics,
 )
 from raycl.methods.base import Method
-from raycl.worker.evaluate import scored_subset, select_splits
 from raycl.worker.optim import inference_autocast
 
 if TYPE_CHECKING:
@@ -46,14 +46,15 @@ def _labelled(part: ImageSet) -> LabelledImages:
 
 
 def linear_sgd_evaluation(
-    config: CoreConfig, data: DatasetSplits, method: Method, session: Session
+    config: CoreConfig, scored: DatasetSplits, method: Method, session: Session
 ) -> dict[str, float]:
     """``eval.linear_sgd`` of the trial's ``method`` on every rank of ``session`` (each takes its
     share of every batch; the result is the same on every rank).
 
     Args:
         config: the trial's config (``eval.linear_sgd``; None: nothing is run).
-        data: the trial's splits, as loaded (memory mode).
+        scored: the trial's splits (memory mode) cut to the rows the closed-form probe scores
+            (:func:`raycl.worker.evaluate.scored_subset`, as ``evaluate_epoch`` selected them).
         method: the trial's trained method; its ``embed`` is the frozen backbone.
         session: this worker's rank, world and device.
 
@@ -66,18 +67,17 @@ def linear_sgd_evaluation(
         ValueError: a config the protocol does not cover yet (MCL's stages, stream mode).
     """
     settings = config.eval.linear_sgd
-    if settings is None or not data.attributes:
+    if settings is None or not scored.attributes:
         return {}
     if config.num_stages > 1:
         raise ValueError("eval.linear_sgd: not yet for MCL (its representation is several "
                          "stages' encoders)")
     started = time.perf_counter()
-    scored = select_splits(data, {split: scored_subset(config, data, split) for split in SPLITS})
     encoder = FrozenEncoder(model=method, embed=method.embed,
                             autocast=inference_autocast(config, session.device))
     results = evaluate_linear_sgd(
         encoder, _labelled(scored.train), _labelled(scored.val), lambda: _labelled(scored.test),
-        {attribute: data.num_classes[attribute] for attribute in data.attributes}, settings,
+        {attribute: scored.num_classes[attribute] for attribute in scored.attributes}, settings,
         session.device, config.seed)
     return {**linear_sgd_metrics(results),
             metric_name(PERF, None, "linear_sgd_seconds"): time.perf_counter() - started}

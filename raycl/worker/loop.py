@@ -34,6 +34,7 @@ from raycl.worker.checkpoints import Restored, restore
 from raycl.worker.context import TrialContext
 from raycl.worker.cuda import configure_cuda_backends
 from raycl.worker.data_barrier import data_barrier
+from raycl.worker.device_hours import DEVICE_HOURS
 from raycl.worker.loader import trial_training_images
 from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY, NonFiniteLossError
 from raycl.worker.perf import Clock
@@ -80,6 +81,7 @@ def run_trial_loop(context: TrialContext, session: Session) -> None:
     restored = restore(session)
     inputs, resume = StageInputs(), None
     if restored is not None:
+        clock.device_hours_before = float(restored.metrics.get(DEVICE_HOURS, 0.0))
         progress = restored.progress
         logger.info("resuming trial at stage %s epoch %s", progress["stage"], progress["epoch"])
         if progress["stage_complete"] and progress["stage"] == last_stage:
@@ -94,7 +96,7 @@ def run_trial_loop(context: TrialContext, session: Session) -> None:
             if inputs.stage == last_stage:
                 return
             inputs = between_stages(config, inputs, result.features, result.metrics,
-                                    result.soup, session, clock)
+                                    result.weights, session, clock)
     except NonFiniteLossError as exc:
         # Every rank raised at the same check (the flag is all-reduced), so every rank reports.
         logger.error("%s", exc)
@@ -139,7 +141,7 @@ def _resume_point(
             restored.inputs.features = [{} for _ in restored.inputs.features]
         return restored.inputs, restored
     assert restored.features is not None
-    soup = restored.state.pop("soup", None)
+    soup = restored.state.pop("soup", None)  # the stage's kept weights (soup share or encoder)
     restored.state.clear()  # the finished stage's model and optimizer: not needed, not kept
     inputs = between_stages(config, restored.inputs, restored.features, restored.metrics,
                             soup, session, clock)
@@ -157,7 +159,7 @@ def between_stages(
     clock: Clock,
 ) -> StageInputs:
     """Rank 0 clusters stage j's training features; every rank gets the same assignment.
-    ``weights``: the stage's soup weights (``mcl.integration: soup``), else None.
+    ``weights``: the stage's kept weights (its soup share, or the concat's encoder), else None.
 
     Only rank 0 keeps the stage's features (it integrates, scores and checkpoints them): every
     other rank's next inputs carry the pseudo labels and assignments, no features."""

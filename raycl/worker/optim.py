@@ -121,6 +121,27 @@ class LrSchedule:
             group["lr"] = group["initial_lr"] * factor
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a checkpoint's optimizer ``state`` (momentum, Adam's moments) into ``optimizer``
+    built from the current config, keeping the built groups' hyperparameters (``lr``,
+    ``initial_lr``, ``weight_decay``, ``momentum``, ...).
+
+    torch's ``load_state_dict`` replaces every group's hyperparameters with the checkpoint's:
+    a population-based training exploit (raycl.pbt) resumes another trial's checkpoint under
+    mutated values, which would be silently undone (ray-project/ray#62173 is this bug in
+    RLlib's PBT). Resuming a trial's own checkpoint changes nothing: its config built the same.
+
+    Args:
+        optimizer: the phase's optimizer, built by :func:`build_optimizer`.
+        state: ``optimizer.state_dict()`` of the checkpoint (same groups, same order).
+    """
+    built = [{key: value for key, value in group.items() if key != "params"}
+             for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, hyperparameters in zip(optimizer.param_groups, built, strict=True):
+        group.update(hyperparameters)
+
+
 def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` computes bf16 natively: a CUDA GPU of compute capability 8.0
     (Ampere) or later. ``torch.cuda.is_bf16_supported()`` also counts the slow emulation on

@@ -6,6 +6,8 @@ import resource
 import sys
 import time
 
+from raycl.worker.device_hours import device_hours
+
 
 class Clock:
     """Start-up (trial start to this process's first optimizer step) and between-stage times.
@@ -18,6 +20,8 @@ class Clock:
         self.stepped = False
         # Measured but not reported yet: each figure goes out once, with the next report.
         self.pending: dict[str, float] = {}
+        # perf/device_hours a resumed trial had reported (raycl.worker.device_hours).
+        self.device_hours_before = 0.0
 
     def first_step_done(self) -> None:
         """Called after every optimizer step; the first one fixes ``perf/startup_seconds``."""
@@ -28,6 +32,12 @@ class Clock:
     def record(self, name: str, seconds: float) -> None:
         """Keep ``name`` (e.g. ``perf/kmeans_seconds``) for the next report."""
         self.pending[name] = seconds
+
+    def device_hours(self, devices: float) -> float:
+        """``perf/device_hours`` now: since the trial (or its resumption) started, on
+        ``devices``, plus what a resumed trial had reported (:mod:`raycl.worker.device_hours`)."""
+        return device_hours(time.time() - self.trial_started_at, devices,
+                            self.device_hours_before)
 
     def pop_metrics(self) -> dict[str, float]:
         """The figures measured since the last report, handed out once."""

@@ -22,9 +22,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from raycl.config.metric_names import (
     TRAIN,
-    VAL,
-    baseline_metric,
-    maybe_metric,
     metric_name,
     staged,
 )
@@ -40,6 +37,7 @@ from raycl.queues import queue_buffer_names
 from raycl.worker.checkpoints import Restored, write_checkpoint
 from raycl.worker.context import TrialContext
 from raycl.worker.cuda import prefer_channels_last
+from raycl.worker.device_hours import DEVICE_HOURS, trial_devices
 from raycl.worker.epoch import (
     EpochStats,
     PhaseRun,
@@ -49,29 +47,29 @@ from raycl.worker.epoch import (
     seed_epoch,
 )
 from raycl.worker.evaluate import evaluate_epoch
-from raycl.worker.linear_eval import linear_sgd_evaluation
 from raycl.worker.loader import TrainImages, build_loader
 from raycl.worker.optim import (
     LrSchedule,
     autocast_and_scaler,
     build_optimizer,
     effective_lr,
+    load_optimizer_state,
     load_scaler_state,
 )
 from raycl.worker.perf import Clock, peak_rss_mb
 from raycl.worker.session import Session
-from raycl.worker.stage_integration import Features, StageInputs, StageWeights, soup_weights
+from raycl.worker.stage_integration import Features, StageInputs, StageWeights, kept_weights
 
 
 @dataclass
 class StageResult:
     """What a stage hands on: its features per split (rank 0 only: every other rank's is
-    empty), its final metrics (rank 0) and, for ``mcl.integration: soup``, the weights the soup
-    averages."""
+    empty), its final metrics (rank 0) and, for MCL, the weights it keeps
+    (:func:`~raycl.worker.stage_integration.kept_weights`: its soup share or its encoder)."""
 
     features: Features = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
-    soup: StageWeights | None = None
+    weights: StageWeights | None = None
 
 
 @dataclass(frozen=True)
@@ -122,9 +120,6 @@ def train_stage(
     stage = _Stage(config=config, data=data, eval_sets=eval_sets, inputs=inputs, parts=parts,
                    phases=stage_phases(config), epochs_per_stage=stage_epochs(config))
     first_phase, start_epoch = _resume_position(stage.phases, resume)
-    # Once per trial, before any training: reported with its first epoch.
-    baseline = (_baseline_metrics(stage)
-                if config.eval.baseline and resume is None and inputs.stage == 0 else {})
     result = StageResult()
     for phase_index in range(first_phase, len(stage.phases)):
         run = _start_phase(stage, phase_index, start_epoch, resume)
@@ -134,27 +129,8 @@ def train_stage(
             generator = seed_epoch(config.seed, inputs.stage, run.offset + epoch,
                                    session.rank, session.device)
             stats = run_epoch(stage.parts, run, epoch, generator)
-            result = _end_epoch(stage, run, stats, epoch + 1, baseline)
-            baseline = {}
+            result = _end_epoch(stage, run, stats, epoch + 1)
     return result
-
-
-def _baseline_metrics(stage: _Stage) -> dict[str, float]:
-    """``eval.baseline``: the freshly built backbone scored by the val evaluation before any
-    training, each metric as ``baseline/val/...`` (rank 0; ``{}`` on every other rank, and
-    without attributes to probe). Every rank runs it (the embedding gathers); the random
-    number generators are restored after, so training is the same with it or without."""
-    if not stage.data.attributes:
-        return {}
-    device = stage.session.device
-    numpy_state = np.random.get_state()
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        _, evaluation, _ = evaluate_epoch(stage.config, stage.data, stage.eval_sets,
-                                          stage.inputs, stage.parts.method, stage.session,
-                                          last=False)
-    np.random.set_state(numpy_state)
-    return {baseline_metric(key): value for key, value in evaluation.items()
-            if (name := maybe_metric(key)) and name.split == VAL and name.stage is None}
 
 
 def _build_parts(
@@ -230,7 +206,7 @@ def _start_phase(
         # Taken out of the checkpoint: once loaded (or unused), nothing keeps it in memory.
         optimizer_state, scaler_state = resume.state.pop("optimizer"), resume.state.pop("scaler")
         if start_epoch > 0:  # inside this phase (at 0 the state is the previous phase's)
-            optimizer.load_state_dict(optimizer_state)
+            load_optimizer_state(optimizer, optimizer_state)  # the config's rates win
             load_scaler_state(stage.parts.scaler, scaler_state)
         del optimizer_state, scaler_state
         shutil.rmtree(resume.directory, ignore_errors=True)
@@ -260,28 +236,27 @@ def data_parallel(method: Method, session: Session, sync_bn: bool = False) -> nn
     return session.wrap_model(method, sync_bn)  # sync_bn: model.sync_batchnorm
 
 
-def _end_epoch(stage: _Stage, run: PhaseRun, stats: EpochStats, completed: int,
-               baseline: dict[str, float] | None = None) -> StageResult:
-    """After epoch ``completed`` of the phase: its metrics (and ``baseline``'s, the
-    untrained backbone's, with the trial's first epoch), the evaluation when due, the
-    checkpoint when due (rank 0), and the report."""
+def _end_epoch(stage: _Stage, run: PhaseRun, stats: EpochStats, completed: int) -> StageResult:
+    """After epoch ``completed`` of the phase: its metrics, the evaluation when due, the
+    checkpoint when due (rank 0), and the report. (The untrained backbone's scores,
+    ``eval.baseline``, are the sweep's, once: :mod:`raycl.baseline_run`.)"""
     config, inputs, session = stage.config, stage.inputs, stage.session
     method = stage.parts.method
     last = completed == run.epochs and run.index == len(stage.phases) - 1
-    metrics = {**_epoch_metrics(stage, run, stats, completed), **(baseline or {})}
+    metrics = _epoch_metrics(stage, run, stats, completed)
     every = config.eval.every_n_epochs
     features: Features = {}
     diagnostics = None
     if last or (run.phase.evaluate and every and completed % every == 0):
         features, evaluation, diagnostics = evaluate_epoch(
             config, stage.data, stage.eval_sets, inputs, method, session, last)
-        metrics.update(evaluation)
-    if last and inputs.stage == config.num_stages - 1:  # the trial's end: in its last report
-        metrics.update(linear_sgd_evaluation(config, stage.data, method, session))
+        metrics.update(evaluation)  # eval.linear_sgd's too at the trial's end
     metrics.update(stage.parts.clock.pop_metrics())
     metrics["perf/peak_rss_mb"] = peak_rss_mb()
-    soup = (soup_weights(method)  # the finished stage's share of the model soup
-            if last and config.num_stages > 1 and config.mcl.integration == "soup" else None)
+    metrics[DEVICE_HOURS] = stage.parts.clock.device_hours(trial_devices(config.scaling))
+    # The finished stage's kept weights (its soup share or, concat, its encoder): in its last
+    # checkpoint, so a trial resumed after the stage still has them.
+    soup = kept_weights(config, method) if last else None
     progress = checkpoint_progress(config, stage.phases, run.index, run.epochs, completed,
                                    inputs.stage)
     checkpoint_dir = None
@@ -292,7 +267,7 @@ def _end_epoch(stage: _Stage, run: PhaseRun, stats: EpochStats, completed: int,
                              progress, inputs, features if last else None, metrics,
                              diagnostics, soup, run=session.run_storage())
     report_epoch(stage.parts, metrics, checkpoint_dir, run.offset + completed)
-    return StageResult(features=features, metrics=metrics, soup=soup)
+    return StageResult(features=features, metrics=metrics, weights=soup)
 
 
 def _epoch_metrics(

@@ -3,7 +3,9 @@
 Two integrations (``mcl.integration``): ``concat`` (the paper's) concatenates the stages'
 L2-normalised features; ``soup`` averages the stages' weights into one model of the size of one
 stage (model soup, Wortsman et al. 2022; MCL appendix A.4), which needs every stage to start from
-the same weights. For the soup a finished stage hands on its :data:`StageWeights`.
+the same weights. A finished stage hands on its :data:`StageWeights` (:func:`kept_weights`): its
+share of the soup, or, for ``concat``, its encoder's state, so the trial's whole encoder can be
+rebuilt from its last checkpoint (:mod:`raycl.export`).
 
 Between stages the training features of stage j are clustered into K groups (faiss k-means) and
 every sample's pseudo label is extended by its group, so stage j+1's fresh encoder only contrasts
@@ -40,6 +42,7 @@ from raycl.distributed import CollectiveInSingleRankSection
 
 if TYPE_CHECKING:
     from raycl.config.schema import CoreConfig
+    from raycl.methods.base import Method
 
 # Files of a raycl checkpoint directory (written by raycl.worker.checkpoints).
 STATE_FILE = "state.pt"
@@ -47,7 +50,8 @@ PROGRESS_FILE = "progress.json"
 FEATURES_FILE = "features.npz"
 METRICS_FILE = "metrics.json"
 STAGE_INPUTS_FILE = "stage_inputs.npz"
-STAGE_WEIGHTS_FILE = "stage_weights.pt"  # beside STAGE_INPUTS_FILE: the earlier stages' soup
+# Beside STAGE_INPUTS_FILE: the earlier stages' kept weights (soup shares, or concat encoders).
+STAGE_WEIGHTS_FILE = "stage_weights.pt"
 DIAGNOSTICS_FILE = "diagnostics.npz"  # end of trial: spectra and principal angles, for plots
 # Folder of the run's storage (beside its checkpoints) with each finished stage's features,
 # written once and referenced by later checkpoints (:class:`FeatureRef`).
@@ -80,6 +84,33 @@ def soup_weights(method: nn.Module) -> StageWeights:
                if buffer.is_floating_point() and name not in queues}
     return {name: value.detach().cpu().clone() for name, value in method.state_dict().items()
             if name in trained or name in buffers}
+
+
+def encoder_weights(method: Method) -> StageWeights:
+    """The state of ``method.backbone`` (its own keys, every buffer included), copied to the
+    CPU: all that the stage's embedding needs (``embed`` reads the backbone alone; CLIP's pixel
+    statistics are constants), none of the projector's or queues'."""
+    return {name: value.detach().cpu().clone()
+            for name, value in method.backbone.state_dict().items()}
+
+
+def kept_weights(config: CoreConfig, method: Method) -> StageWeights | None:
+    """What a finished stage of an MCL trial keeps for the trial's representation.
+
+    Args:
+        config: the trial's config (``mcl.integration``).
+        method: the stage's trained method.
+
+    Returns:
+        ``soup``: its share of the model soup (:func:`soup_weights`); ``concat``: its encoder
+        (:func:`encoder_weights`), which evaluation does not need (it keeps the stage's
+        features) but an export of the whole concatenation does; None for a single stage.
+    """
+    if config.num_stages == 1:
+        return None
+    if config.mcl.integration == "soup":
+        return soup_weights(method)
+    return encoder_weights(method)
 
 
 def average_weights(
@@ -138,7 +169,9 @@ class StageInputs:
             rank 0 only (every other rank holds an empty dict per stage).
         assignments: k-means assignments of stages 0..j-1 (kept in checkpoints for resumption).
         stage_metrics: final metrics of stages 0..j-1 (for the per-stage diagnostics).
-        weights: soup weights of stages 0..j-1 (``mcl.integration: soup`` only).
+        weights: kept weights of stages 0..j-1 (:func:`kept_weights`: soup shares, or the
+            concat's encoders); fewer than j in a trial resumed from a checkpoint of raycl
+            before concat kept them (its export is then refused).
         feature_refs: per earlier stage, where its ``features`` were written once (a
             checkpoint then refers to them instead of holding them); stages absent here are
             stored inline.
@@ -173,7 +206,7 @@ class StageInputs:
                 for split, values in current.items()}
 
     def save(self, path: Path) -> None:
-        """Into ``path`` (``.npz``; soup weights beside it): every field, the features of a
+        """Into ``path`` (``.npz``; kept weights beside it): every field, the features of a
         stage in :attr:`feature_refs` as that reference (``feature_refs``, JSON), the others'
         inline (``features_<j>_<split>``, the format before references)."""
         arrays: dict[str, np.ndarray] = {
@@ -203,7 +236,7 @@ class StageInputs:
         features: bool = True,
     ) -> StageInputs:
         """What :meth:`save` wrote to ``path`` (a local file, or one opened for random access:
-        only the members read are fetched). ``weights``: the soup weights, read by the caller
+        only the members read are fetched). ``weights``: the kept weights, read by the caller
         (by default: the file beside a local ``path``). ``features``: False reads no inline
         features (every stage's entry empty, as on a rank other than 0). A referenced stage's
         entry is empty: the caller reads the file of its :attr:`feature_refs`."""
@@ -257,8 +290,8 @@ def next_stage_inputs(
     weights: StageWeights | None = None,
 ) -> StageInputs:
     """Stage j+1's inputs: stage j's clustering (``assignment``, computed here when None) added to
-    the pseudo labels, which encode every stage so far, its features frozen and (soup) its
-    ``weights`` kept."""
+    the pseudo labels, which encode every stage so far, its features frozen and its ``weights``
+    (:func:`kept_weights`) kept."""
     if assignment is None:
         assignment = cluster_stage(config, inputs, features)
     assignments = [*inputs.assignments, assignment]

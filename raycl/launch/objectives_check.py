@@ -1,0 +1,81 @@
+"""Pre-launch checks of what a sweep selects on: ``tune.metric`` (:func:`check_metric`) and a
+multi-objective sweep's ``tune.objectives`` (:func:`check_objectives`).
+
+Each objective is checked as ``tune.metric`` is (:func:`check_metric`, and
+:func:`raycl.launch.linear_sgd_check.check_linear_sgd` for a linear-SGD metric), its problems
+named ``tune.objectives.<i>.metric``. A cost objective must be a ``perf/`` figure every epoch
+reports: the others (``perf/kmeans_seconds``, ...) are reported once or now and then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from raycl.config.metric_names import (
+    KNN,
+    LABEL_FAMILIES,
+    LINEAR,
+    LINEAR_SGD,
+    MEAN,
+    MMVP,
+    PERF,
+    VAL,
+    maybe_metric,
+)
+from raycl.config.schema import CoreConfig, Problem
+
+# The perf/ figures every epoch's report carries (raycl.worker.stage); the others come once.
+EVERY_EPOCH_PERF: tuple[str, ...] = ("perf/device_hours", "perf/peak_rss_mb")
+
+
+def selecting_on(config: CoreConfig, metric: str) -> CoreConfig:
+    """``config`` as if it selected on ``metric`` alone (``tune.metric``), unvalidated: what
+    the single-metric checks read."""
+    tune = config.tune.model_copy(update={"metric": metric, "objectives": None})
+    return config.model_copy(update={"tune": tune})
+
+
+def check_objectives(config: CoreConfig) -> Iterator[Problem]:
+    """Every objective names a metric this sweep's trials report (an attribute the dataset has,
+    a linear-SGD metric with ``eval.linear_sgd`` set, a per-epoch ``perf/`` figure)."""
+    from raycl.launch.linear_sgd_check import check_linear_sgd
+
+    for index, objective in enumerate(config.tune.objectives or []):
+        key = f"tune.objectives.{index}.metric"
+        name = maybe_metric(objective.metric)
+        if name is not None and name.split == PERF and objective.metric not in EVERY_EPOCH_PERF:
+            yield Problem(key, f"{objective.metric} is not reported every epoch; a cost "
+                               f"objective is one of {', '.join(EVERY_EPOCH_PERF)}")
+            continue
+        single = selecting_on(config, objective.metric)
+        for problem in (*check_metric(single), *check_linear_sgd(single)):
+            if problem.key == "tune.metric":
+                yield Problem(key, problem.why)
+                break
+
+
+def check_metric(config: CoreConfig) -> Iterator[Problem]:
+    """A probe metric must name an attribute the dataset has."""
+    from raycl.data import ATTRIBUTES
+
+    dataset, metric = config.data.dataset, config.tune.metric
+    if config.tune.objectives:  # each checked by check_objectives, under its own key
+        return
+    name = maybe_metric(metric)  # the schema let only reported names through
+    if name is None or name.split != VAL:
+        return
+    known = ATTRIBUTES.get(dataset)
+    if name.family in (LINEAR, KNN, LINEAR_SGD) and known and name.name not in (*known, MEAN):
+        yield Problem("tune.metric", f"{dataset} has no attribute {name.name!r} "
+                                     f"(attributes: {', '.join(known)}, or mean)")
+    unlabelled = dataset in ATTRIBUTES and not ATTRIBUTES[dataset]
+    if unlabelled and name.family in LABEL_FAMILIES:
+        yield Problem("tune.metric", f"{dataset} has no labels to probe or classify; select on "
+                                     f"caption retrieval (val/i2t/r1, val/t2i/r1) or "
+                                     f"val/mmvp/mean with eval.mmvp: synthetic")
+    if name.family == MMVP and config.eval.mmvp != "synthetic":
+        yield Problem("tune.metric", f"{metric} needs validation pairs: eval.mmvp: synthetic (a "
+                                     f"real MMVP-VLM directory is a test set)")
+
+
+__all__ = ["EVERY_EPOCH_PERF", "check_metric", "check_objectives", "selecting_on"]
