@@ -24,6 +24,7 @@ from raycl.tracking.pareto import (
 )
 from raycl.tune import main
 from raycl.worker.device_hours import device_hours, trial_devices
+from tests.test_config import BASE  # the smallest valid search, with one searched key
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -94,16 +95,6 @@ def test_device_hours_is_wall_time_times_devices() -> None:
     assert trial_devices(ScalingSection(num_workers=4, use_gpu=True, gpus_per_worker=0.5)) == 2.0
 
 
-BASE = """
-name: t
-method: simclr
-data: {dataset: trifeature, resolution: 32, samples_per_combination: 2}
-train: {epochs: 2, batch_size: 64}
-tune:
-  num_samples: 2
-  search_space:
-    simclr.temperature: {loguniform: [0.1, 0.5]}
-"""
 TWO = ("  objectives: [{metric: val/linear/shape, mode: max}, "
        "{metric: perf/device_hours, mode: min}]\n")
 
