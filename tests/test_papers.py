@@ -45,8 +45,9 @@ from raycl.config.schema import resolve_tracking_uri
 from raycl.config.search_config import search_config_class
 from raycl.launch.load import load_search
 from raycl.tracking import ROLE_TAG
-from raycl.tracking.callback import MLflowSweepCallback, parent_params
+from raycl.tracking.callback import MLflowSweepCallback
 from raycl.tracking.runs import NOTE_TAG
+from raycl.tracking.sweep_params import parent_params
 from raycl.tracking.trial_table import print_leaderboard
 from raycl.tune import main
 from raycl.worker.context import TrialContext
@@ -215,9 +216,13 @@ def test_paper_file_passes_dry_run(name: str, tmp_path: Path,
                                    capsys: pytest.CaptureFixture[str]) -> None:
     """Every key of the file validates as written; only the data location (a fixture of the
     real format), the batch a fixture can hold and local weight files are overridden."""
+    import raycl.data.cache.store
     import raycl.tune
 
     monkeypatch.setattr(raycl.tune, "run", lambda *a, **k: pytest.fail("--dry-run launched"))
+    # The papers' decoded caches (trifeature: 4.9 GB) need not fit this runner's disk: the
+    # free-space refusal has its own test; here only the file's keys are under test.
+    monkeypatch.setattr(raycl.data.cache.store, "free_space_problem", lambda *a, **k: None)
     fit = DRY_RUN_FIT.get(name, lambda tmp: ["train.batch_size=4"])
     overrides = [*FIXTURES[name](tmp_path), *fit(tmp_path)]  # a later --set wins
     args = [str(PAPERS / f"{name}.yaml"), "--dry-run", "--storage", str(tmp_path / "ray"),

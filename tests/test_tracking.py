@@ -374,6 +374,35 @@ def test_restored_sweep_keeps_run_names(tmp_path: Path) -> None:
     assert restored.parent_run_id == callback.parent_run_id
 
 
+def test_a_run_its_killed_driver_left_undescribed_is_completed_on_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL between creating a trial's run and logging its params: the resumed driver
+    re-attaches to that run and gives it its params, config.yaml and searched values."""
+    config = _sweep(tmp_path, MCL_SPACE, method="mcl")
+    callback = MLflowSweepCallback(config)
+    callback.setup()
+    values = {"mcl.clusters": 5, "mcl.stages": 2, "simclr.temperature": 0.31}
+
+    def killed(*args: object) -> None:
+        raise KeyboardInterrupt  # the driver's end, right after create_run
+
+    monkeypatch.setattr(MLflowSweepCallback, "_describe_trial_run", killed)
+    with pytest.raises(KeyboardInterrupt):
+        callback.on_trial_start(0, [], StubTrial("f1b9113e", values, {}, experiment_tag="3_k"))
+    monkeypatch.undo()
+    restored = pickle.loads(pickle.dumps(callback))
+    restored._children = {}
+    restored.setup()
+    restored.on_trial_start(0, [], StubTrial("f1b9113e", values, {}))
+    (run,) = restored.client.search_runs([restored.experiment_id],
+                                         f"tags.`{TRIAL_TAG}` = 'f1b9113e'")
+    assert run.data.params["mcl.clusters"] == "5" and run.data.params["seed"] == "0"
+    assert run.data.tags["raycl.searched"] == \
+        "mcl.clusters=5, mcl.stages=2, simclr.temperature=0.31"
+    assert [a.path for a in restored.client.list_artifacts(run.info.run_id)] == ["config.yaml"]
+
+
 def test_parent_params_are_what_every_trial_shares(tmp_path: Path) -> None:
     """A searched key's default is used by no trial: the parent logs its domain instead."""
     callback = MLflowSweepCallback(_sweep(tmp_path, MCL_SPACE, method="mcl"))

@@ -31,7 +31,10 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = ["data.samples_per_combination=1", "data.resolution=16", "train.batch_size=64",
         "model.width=8", "model.projector_hidden_dim=32", "model.projector_dim=16",
         "eval.linear_max_iter=50", "train.epochs=3", "eval.every_n_epochs=3",
-        "tune.scheduler.type=none", "scaling.cpus_per_worker=1"]
+        "tune.scheduler.type=none", "scaling.cpus_per_worker=1",
+        # Neither the sweep's baseline task nor the driver's encoder logging is under test here
+        # (tests/test_end_to_end.py's quickstart has them): each is seconds of every driver.
+        "eval.baseline=false", "mlflow.log_encoder=false"]
 # eval.diagnostics stays on: its end-of-trial plots keep a trial running for seconds after its
 # last epoch, so the SIGINT sent once a trial has logged a loss lands while it still runs. With
 # them off a 1 s trial could end first and the driver stop between trials (a fresh-clone CI run

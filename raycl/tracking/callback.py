@@ -8,12 +8,10 @@ trial ended: FINISHED (ran to its end, or stopped early by ASHA: not a failure; 
 with the driver) or FAILED. Because it lives in the driver, trials stopped by ASHA or killed by a
 node failure are still logged.
 
-For a person in the MLflow UI: the experiment is tagged as model training, a child run is named
-after what it tried (``t03 K=5 N=2 τ=0.31``, :func:`raycl.tracking.naming.trial_run_name`),
-every child logs its objective also as ``objective``/``objective_test``, and after every trial
-the parent run gets the leaderboard (``leaderboard.csv``, ``leaderboard.png`` and its
-description; docs/tracking.md). The parent's params are what every trial shares; the searched
-keys appear there as their domains, ``search_space.<key>``.
+For a person in the MLflow UI (docs/tracking.md): a child run is named after what it tried
+(``t03 K=5 N=2 τ=0.31``), logs its objective also as ``objective``/``objective_test``; after every
+trial the parent gets the leaderboard (``leaderboard.csv``/``.png``, its description). The
+parent's params are what every trial shares, the searched keys as ``search_space.<key>``.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +33,7 @@ from raycl.config.metric_names import TEST, maybe_metric
 from raycl.config.paper import compare_to_paper, comparison_metrics
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides, flatten
-from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
-from raycl.launch.feasibility import JOINT_PREFIX
+from raycl.config.sweep import resolve_tracking_uri
 from raycl.tracking.importance import log_importance
 from raycl.tracking.leaderboard_plot import plot_leaderboard
 from raycl.tracking.naming import trial_index, trial_run_name
@@ -45,11 +41,10 @@ from raycl.tracking.runs import (
     COMMIT_TAG,
     ENDED_TAG,
     NOTE_TAG,
-    OBJECTIVE_ALIAS,
     OBJECTIVE_TAG,
-    OBJECTIVE_TEST_ALIAS,
     PARENT_TAG,
     ROLE_TAG,
+    SEARCHED_TAG,
     STOPPED_AT_METRIC,
     SWEEP_TAG,
     SWEEP_UID_TAG,
@@ -65,6 +60,7 @@ from raycl.tracking.runs import (
     write_leaderboard_view,
 )
 from raycl.tracking.sweep_outputs import log_sweep_outputs
+from raycl.tracking.sweep_params import objective_aliases, parent_params
 from raycl.tracking.trial_table import markdown_summary, trial_runs, trial_table, write_csv
 from raycl.tracking.tune_stop import tune_stop_requested, unfinished_trials
 from raycl.worker.outcome import FAIL_REASON_KEY, SKIP_REASON_KEY, trial_ending
@@ -114,45 +110,6 @@ def _numeric_metrics(result: dict[str, Any]) -> dict[str, float]:
         if math.isfinite(value):
             metrics[key] = float(value)
     return metrics
-
-
-def varied_keys(config: CoreConfig) -> list[str]:
-    """The config keys whose value differs between the sweep's trials: the searched keys, or,
-    with nothing searched, ``seed`` when the sweep repeats the configuration over seeds."""
-    if config.tune.search_space:
-        return [key for key in config.tune.search_space if not key.startswith(JOINT_PREFIX)]
-    return ["seed"] if config.tune.num_samples > 1 else []
-
-
-def parent_params(config: CoreConfig) -> dict[str, Any]:
-    """The parent run's params: the flattened config keys every trial shares (a searched key's
-    default is used by no trial), and each varied key's domain as ``search_space.<key>``
-    (``loguniform [0.1, 0.5]``, ``choice [2, 5, 10]``; seed repeats: ``grid [0, 1, 2]``)."""
-    flat = flatten(config.to_dict(used_sections_only=True))
-    flat.pop("tune.search_space", None)
-    varied = varied_keys(config)
-    for key in varied:
-        flat.pop(key, None)
-    for key in varied:
-        domain = config.tune.search_space.get(key)
-        if domain is None:  # the seed repeats of an empty search space (raycl.tune)
-            flat[f"search_space.{key}"] = \
-                f"grid {[config.seed + i for i in range(config.tune.num_samples)]}"
-        else:
-            flat[f"search_space.{key}"] = f"{domain.kind} {list(getattr(domain, domain.kind))}"
-    return flat
-
-
-def objective_aliases(metrics: Mapping[str, float], metric: str) -> dict[str, float]:
-    """``objective`` (the sweep's objective) and ``objective_test`` (its test counterpart),
-    for those of the two that ``metrics`` holds."""
-    aliases = {}
-    if metric in metrics:
-        aliases[OBJECTIVE_ALIAS] = metrics[metric]
-    test = reported_test_metric(metric)
-    if test is not None and test in metrics:
-        aliases[OBJECTIVE_TEST_ALIAS] = metrics[test]
-    return aliases
 
 
 class MLflowSweepCallback(Callback):
@@ -257,6 +214,8 @@ class MLflowSweepCallback(Callback):
         if existing is not None:  # a restored sweep re-attaches to the trial's run
             self._children[trial.trial_id] = existing
             run = self.client.get_run(existing)
+            if SEARCHED_TAG not in run.data.tags:  # its driver died while describing it
+                self._describe_trial_run(existing, trial)
             if run.info.status != "RUNNING" and run.data.tags.get(ENDED_TAG) in _FINAL_ENDINGS:
                 # Ended before the driver was killed, after Tune's last save: Tune runs it
                 # again; MLflow keeps the run as it ended.
@@ -276,19 +235,23 @@ class MLflowSweepCallback(Callback):
             tags[COMMIT_TAG] = self.commit
         name = trial_run_name(index, trial.config, self.config.tune.search_space)
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
-        run_id = run.info.run_id
-        self._children[trial.trial_id] = run_id
+        self._children[trial.trial_id] = run.info.run_id
+        self._describe_trial_run(run.info.run_id, trial)
+        return run.info.run_id
+
+    def _describe_trial_run(self, run_id: str, trial: Trial) -> None:
+        """The trial's params and config.yaml, then ``raycl.searched``: set last, it says the
+        run is whole (a driver killed before it leaves a run the next one completes)."""
         resolved = apply_overrides(self.config, trial.config)
         flat = flatten(resolved.to_dict(used_sections_only=True))
         flat.pop("tune.search_space", None)
-        self._log_params(run_id, flat)
-        self.client.set_tag(run_id, "raycl.searched", ", ".join(
-            f"{key}={value}" for key, value in trial.config.items()))
+        self._log_params(run_id, flat)  # the same values again: MLflow accepts them
         with tempfile.TemporaryDirectory() as directory:
             path = Path(directory) / "config.yaml"
             path.write_text(yaml.safe_dump(resolved.to_dict(), sort_keys=False))
             self.client.log_artifact(run_id, str(path))
-        return run_id
+        self.client.set_tag(run_id, SEARCHED_TAG, ", ".join(
+            f"{key}={value}" for key, value in trial.config.items()))
 
     def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
         # The first step of a driver: Tune has restored every trial it saved, and this driver
@@ -423,10 +386,10 @@ class MLflowSweepCallback(Callback):
                 plot_leaderboard(table, png_path, self.config.tune.search_space)
                 self.client.log_artifact(self.parent_run_id, str(csv_path))
                 self.client.log_artifact(self.parent_run_id, str(png_path))
+            front = log_sweep_outputs(self.client, self.parent_run_id, children, self.config)
             self.client.set_tag(self.parent_run_id, NOTE_TAG, markdown_summary(
                 table, self.config.name, paper=paper) + "\n\n" + log_importance(
-                self.client, self.parent_run_id, children, self.config))  # never raises
-            log_sweep_outputs(self.client, self.parent_run_id, children, self.config)
+                self.client, self.parent_run_id, children, self.config) + front)  # no raise
         except Exception:  # a leaderboard is never worth a sweep
             logger.warning("could not write the leaderboard to the parent run", exc_info=True)
 

@@ -84,13 +84,46 @@ def plot_pareto(path: Path, scored: Sequence[tuple[Run, list[float]]], front: se
     plt.close(figure)
 
 
+def pareto_markdown(scored: Sequence[tuple[Run, list[float]]], front: set[str],
+                    objectives: Sequence[tuple[str, str]]) -> str:
+    """The front as a section of the parent run's description: what it is, how many trials are
+    on it and where the rest is, then its trials (by the first objective, best first).
+
+    Args:
+        scored: every trial that reported all objectives, with their values.
+        front: the run ids on the Pareto front.
+        objectives: ``(metric, mode)`` pairs, in the order of ``tune.objectives``.
+
+    Returns:
+        Markdown, starting with a blank line (appended to the leaderboard's description).
+    """
+    names = ", ".join(f"`{metric}` ({mode})" for metric, mode in objectives)
+    on = [(run, values) for run, values in scored if run.info.run_id in front]
+    on.sort(key=lambda item: item[1][0], reverse=objectives[0][1] == "max")
+    lines = ["", "", f"**Pareto front** of {names}: {len(on)} of {len(scored)} trial(s) that "
+             f"reported every objective (no other trial is as good on all of them and better "
+             f"on one). Every trial: artifact `pareto.csv`, the plot `pareto.png`; its trials "
+             f"in the runs list: `tags.{PARETO_TAG} = 'true'`.", "",
+             "| trial | " + " | ".join(f"`{metric}`" for metric, _ in objectives) + " |",
+             "|---" * (len(objectives) + 1) + "|"]
+    for run, values in on:
+        name = (run.info.run_name or run.info.run_id).replace("|", "\\|")
+        lines.append(f"| {name} | " + " | ".join(f"{value:.4g}" for value in values) + " |")
+    return "\n".join(lines)
+
+
 def log_pareto(client: MlflowClient, parent_run_id: str, children: Sequence[Run],
-               config: CoreConfig) -> None:
+               config: CoreConfig) -> str:
     """The front of ``children`` on the parent run (``pareto.csv``, ``pareto.png``, the tag
     ``raycl.objectives``) and on each trial's run (``raycl.pareto``); nothing for a sweep
-    without ``tune.objectives``. Never raises (logs why)."""
+    without ``tune.objectives``. Never raises (logs why).
+
+    Returns:
+        The front's section of the parent run's description (:func:`pareto_markdown`), or ""
+        (no objectives, no trial scored yet, or a failure).
+    """
     if not config.tune.objectives:
-        return
+        return ""
     try:
         objectives = [(o.metric, o.mode) for o in config.tune.objectives]
         client.set_tag(parent_run_id, OBJECTIVES_TAG, objectives_tag(objectives))
@@ -101,15 +134,17 @@ def log_pareto(client: MlflowClient, parent_run_id: str, children: Sequence[Run]
             if run.data.tags.get(PARETO_TAG) != on:
                 client.set_tag(run.info.run_id, PARETO_TAG, on)
         if not scored:
-            return
+            return ""
         with tempfile.TemporaryDirectory() as directory:
             csv_path, png_path = Path(directory, "pareto.csv"), Path(directory, "pareto.png")
             write_pareto_csv(csv_path, scored, front, objectives)
             plot_pareto(png_path, scored, front, objectives)
             client.log_artifact(parent_run_id, str(csv_path))
             client.log_artifact(parent_run_id, str(png_path))
+        return pareto_markdown(scored, front, objectives)
     except Exception:  # the front is never worth a sweep
         logger.warning("could not write the Pareto front to the parent run", exc_info=True)
+        return ""
 
 
-__all__ = ["log_pareto", "plot_pareto", "write_pareto_csv"]
+__all__ = ["log_pareto", "pareto_markdown", "plot_pareto", "write_pareto_csv"]

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 TRIAL_TAG = "raycl.trial_id"
 ROLE_TAG = "raycl.role"
+SEARCHED_TAG = "raycl.searched"  # a trial run's searched values ("key=value, ..."), set last
 SWEEP_TAG = "raycl.sweep"
 SWEEP_UID_TAG = "raycl.sweep_uid"
 COMMIT_TAG = "mlflow.source.git.commit"

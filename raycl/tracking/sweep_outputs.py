@@ -36,10 +36,12 @@ def log_warm_start(client: MlflowClient, parent_run_id: str, config: CoreConfig)
 
 
 def log_sweep_outputs(client: MlflowClient, parent_run_id: str, children: Sequence[Run],
-                      config: CoreConfig) -> None:
-    """The Pareto front and the warm start's record on the parent run (each when configured)."""
-    log_pareto(client, parent_run_id, children, config)
+                      config: CoreConfig) -> str:
+    """The Pareto front and the warm start's record on the parent run (each when configured);
+    what they add to its description (markdown, "" for neither)."""
+    front = log_pareto(client, parent_run_id, children, config)
     log_warm_start(client, parent_run_id, config)
+    return front
 
 
 __all__ = ["log_sweep_outputs", "log_warm_start"]
