@@ -15,8 +15,8 @@ Design (docs/searches.md, "Population-based training"):
   (``max_concurrent_trials``) the asynchronous variant pauses trials as often anyway.
 - No perturbation at the last epoch: there is nothing left to train with the new values.
 
-Trials train in their Tune process (``scaling.num_workers: 0``): a population of Ray Train
-worker groups is refused before launch (:mod:`raycl.launch.pbt_check` says why).
+Trials train in their Tune process (``scaling.num_workers: 0``) or with Ray Train workers; the
+latter's Tune function and its workarounds are :mod:`raycl.pbt_train`.
 
 Workarounds (Ray 2.60), in :class:`_RayclPopulation`:
 
@@ -28,6 +28,15 @@ Workarounds (Ray 2.60), in :class:`_RayclPopulation`:
 - The mutated values reach the trial as its new config; the optimizer's hyperparameters in the
   checkpoint would overwrite them (ray-project/ray#62173):
   :func:`raycl.worker.optim.load_optimizer_state` keeps the config's.
+- Tune does not save its scheduler: a resumed sweep's PBT counts ``perturbation_interval``
+  from 0 again, so it would perturb at its first report; :func:`perturbs_at` keeps every
+  perturbation at a multiple of the interval.
+- Nor does it save synchronous PBT's clock (the epoch the population meets at next): a
+  resumed sweep's trials would wait for one another forever; :meth:`_RayclPopulation
+  .on_trial_add` sets it from the trials' last results (:func:`next_sync_epoch`).
+- Ray draws explorations from the global ``random`` and ``numpy.random``: they are drawn from
+  the scheduler's own streams, seeded by ``seed`` (:meth:`_RayclPopulation._seeded_draws`); a
+  resumed sweep's draw again from the seed's start.
 
 Each exploit is recorded on the exploiting trial's MLflow run: a tag
 ``raycl.pbt.exploit.epoch<e>`` (from which trial and epoch, old and new values) and every
@@ -36,11 +45,15 @@ mutable key as a metric history ``pbt/<key>`` (the value each epoch trained with
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import posixpath
+import random
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from ray.tune.schedulers import PopulationBasedTraining
 from ray.tune.schedulers.pb2 import PB2
 
@@ -194,6 +207,44 @@ def exploit_summary(clone_id: str, clone_epoch: int | None, old: dict[str, Any],
     return f"from trial {clone_id} at epoch {clone_epoch}: {changes}"
 
 
+def perturbs_at(epoch: int, interval: int, last_epoch: int) -> bool:
+    """Whether a trial's report of ``epoch`` may be a perturbation point: a multiple of
+    ``interval`` (where the objective and a checkpoint of that epoch exist, checked before
+    launch) before the last epoch (nothing would train with new values). Ray's PBT counts
+    ``interval`` from its last perturbation, which a resumed sweep forgets (Tune does not save
+    its scheduler): without this, its first report after a resume would be one.
+
+    Args:
+        epoch: the trial's epoch over all its stages (``global_epoch``).
+        interval: ``tune.scheduler.perturbation_interval``.
+        last_epoch: the trial's last epoch.
+
+    Returns:
+        True where Ray's scheduler may perturb.
+    """
+    return epoch % interval == 0 and epoch < last_epoch
+
+
+def next_sync_epoch(last_epochs: list[int], interval: int, burn_in: int) -> int:
+    """Synchronous PBT's next perturbation epoch, which a resumed sweep's scheduler must be
+    told: the population waits there for its last trial. Ray starts it at
+    ``max(interval, burn_in)`` and moves it on by ``interval`` at each perturbation, which a
+    resumed sweep forgets; its trials, already past that epoch, then wait for one another
+    forever (no paused trial is ever behind the clock to run).
+
+    Args:
+        last_epochs: each trial's last reported epoch (0: none yet).
+        interval: ``tune.scheduler.perturbation_interval``.
+        burn_in: ``tune.scheduler.burn_in_period``.
+
+    Returns:
+        The first epoch after the furthest-behind trial's at which every trial meets:
+        the next multiple of ``interval`` past it, no earlier than the burn-in.
+    """
+    behind = min(last_epochs, default=0)
+    return max(burn_in, interval, (behind // interval + 1) * interval)
+
+
 def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -210,6 +261,11 @@ class _RayclPopulation:
         self._client: MlflowClient | None = None
         self._runs: dict[str, str] = {}
         self._logged_epoch: dict[str, int] = {}
+        self._interval: int = self._config.tune.scheduler.perturbation_interval
+        self._burn_in: int = self._config.tune.scheduler.burn_in_period
+        self._draw_depth = 0
+        self._random_state = random.Random(self._config.seed).getstate()
+        self._numpy_state = np.random.RandomState(self._config.seed).get_state()
 
     # Tune pickles the scheduler with the tuner: the client holds a database engine.
     def __getstate__(self) -> dict[str, Any]:
@@ -221,9 +277,56 @@ class _RayclPopulation:
         epoch = result.get(EPOCH_KEY)
         if isinstance(epoch, (int, float)):
             self._log_values(trial, int(epoch))
-            if epoch >= self._last_epoch:  # nothing left to train with new values
+            if not perturbs_at(int(epoch), self._interval, self._last_epoch):
                 return self.CONTINUE  # type: ignore[attr-defined]
-        return super().on_trial_result(tune_controller, trial, result)  # type: ignore[misc]
+        with self._seeded_draws():
+            return super().on_trial_result(tune_controller, trial, result)  # type: ignore[misc]
+
+    def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
+        """A trial joins; a resumed sweep's trial brings its last epoch (Tune saved its last
+        result, not this scheduler), which synchronous PBT's clock is set from."""
+        super().on_trial_add(tune_controller, trial)  # type: ignore[misc]
+        last = trial.last_result or {}
+        epoch = last.get(EPOCH_KEY)
+        if isinstance(epoch, (int, float)) and epoch > 0:
+            state = self._trial_state[trial]  # type: ignore[attr-defined]
+            state.last_train_time = int(epoch)
+            state.last_perturbation_time = int(epoch) - int(epoch) % self._interval
+            metric = getattr(self, "_metric", None)
+            if isinstance(last.get(metric), (int, float)):  # ranked at the next perturbation
+                state.last_result = last
+                state.last_score = self._metric_op * last[metric]  # type: ignore[attr-defined]
+        self._next_perturbation_sync = next_sync_epoch(
+            [state.last_train_time for state in self._trial_state.values()],  # type: ignore
+            self._interval, self._burn_in)
+
+    def _get_new_config(self, trial: Any, trial_to_clone: Any) -> tuple[dict, dict]:
+        with self._seeded_draws():
+            return super()._get_new_config(trial, trial_to_clone)  # type: ignore[misc]
+
+    @contextlib.contextmanager
+    def _seeded_draws(self) -> Iterator[None]:
+        """Ray's PBT and PB2 draw from the global ``random`` and ``numpy.random`` (the donor,
+        resampling, perturbation factors, PB2's GP); inside, both draw from this scheduler's
+        own streams, seeded by ``seed``, so a sweep's explorations repeat whatever else drew
+        from them in between. Re-entrant (``on_trial_result`` explores inside)."""
+        self._draw_depth += 1
+        if self._draw_depth > 1:
+            try:
+                yield
+            finally:
+                self._draw_depth -= 1
+            return
+        outside = random.getstate(), np.random.get_state()
+        random.setstate(self._random_state)
+        np.random.set_state(self._numpy_state)
+        try:
+            yield
+        finally:
+            self._random_state, self._numpy_state = random.getstate(), np.random.get_state()
+            random.setstate(outside[0])
+            np.random.set_state(outside[1])
+            self._draw_depth -= 1
 
     def _exploit(self, tune_controller: Any, trial: Any, trial_to_clone: Any) -> None:
         from ray.train._internal.session import _TrainingResult
@@ -350,4 +453,5 @@ class RayclPB2(_RayclPopulation, PB2):
 
 __all__ = ["EXPLOIT_TAG", "MUTATION_PREFIX", "ClampToDomains", "RayclPB2", "RayclPBT",
            "bounds", "clamp", "copy_run_files", "exploit_summary", "initial_space", "mutations",
-           "population_scheduler", "population_search", "population_tuner_parts"]
+           "next_sync_epoch", "perturbs_at", "population_scheduler", "population_search",
+           "population_tuner_parts"]

@@ -8,7 +8,8 @@ stages it has. Resumption: every checkpoint carries the clusterings of the finis
 a reference to their frozen features, written once beside the checkpoints
 (``stage_inputs.npz``, :mod:`raycl.worker.checkpoints`). A restarted trial resumes from Tune's
 checkpoint (in-process mode) or re-creates its trainer under the same run name, which Ray Train
-resumes from storage.
+resumes from storage; a PBT trial's trainer starts a fresh run from Tune's checkpoint at every
+start instead (:mod:`raycl.pbt_train`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray.train
 import torch
 from ray import tune
 from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
@@ -40,6 +42,7 @@ from raycl.eval.diagnostics import SPECTRUM, plot_diagnostics
 from raycl.eval.figures import mcl_figure, method_figures
 from raycl.launch.feasibility import trial_problem
 from raycl.launch.reservations import worker_resources
+from raycl.pbt_train import PopulationStart, StartingSession, trains_population_with_workers
 from raycl.worker.context import TrialContext
 from raycl.worker.loop import run_trial_loop, train_loop_per_worker
 from raycl.worker.outcome import FAILED_KEY, SKIP_REASON_KEY, SKIPPED_KEY
@@ -92,7 +95,8 @@ def fit_trial(
     """Train every stage of one trial.
 
     ``scaling.num_workers >= 1``: one ``TorchTrainer`` whose run name is stable per trial, so a
-    restarted trial's trainer resumes from Ray Train's storage. ``0``: the same loop in this
+    restarted trial's trainer resumes from Ray Train's storage (a PBT trial's: from Tune's
+    checkpoint, :mod:`raycl.pbt_train`). ``0``: the same loop in this
     process (see :class:`raycl.worker.session.InProcessSession`), resuming from Tune's checkpoint.
     """
     # Stream mode's decoders need no placement group named here: each worker's bundle holds
@@ -106,15 +110,19 @@ def fit_trial(
         return TrialOutput(last_report=session.last_report,
                            checkpoint_dir=Path(directory) if directory else None)
 
-    callbacks = []
-    if _in_tune():
+    run_name, callbacks, population = f"{config.name}-{_trial_id()}", [], None
+    if _in_tune() and trains_population_with_workers(config):
+        # PBT: every start a fresh Train run from Tune's checkpoint (raycl.pbt_train says why)
+        population = PopulationStart(run_name, storage_path)
+        run_name, callbacks = population.run_name, population.callbacks()
+    elif _in_tune():
         from ray.tune.integration.ray_train import TuneReportCallback
 
         callbacks.append(TuneReportCallback())
     trainer = TorchTrainer(
         # The context travels with the function (pickled once per worker): Ray Train's
         # per-worker config argument is a plain dict.
-        functools.partial(_train_loop, context),
+        functools.partial(_train_loop, context, population.start if population else None),
         scaling_config=ScalingConfig(
             num_workers=config.scaling.num_workers,
             use_gpu=config.scaling.use_gpu,
@@ -123,7 +131,7 @@ def fit_trial(
             resources_per_worker=worker_resources(config),
         ),
         run_config=RunConfig(
-            name=f"{config.name}-{_trial_id()}",
+            name=run_name,
             storage_path=storage_path,
             failure_config=FailureConfig(max_failures=config.scaling.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
@@ -134,7 +142,7 @@ def fit_trial(
                 log_level=os.environ.get("RAYCL_TRAIN_LOG_LEVEL", "INFO")),
         ),
     )
-    result = trainer.fit()
+    result = population.fit(trainer) if population else trainer.fit()
     directory = None
     if result.checkpoint is not None:
         # The trial process only plots the worker's diagnostics: the final checkpoint's model,
@@ -144,7 +152,7 @@ def fit_trial(
     return TrialOutput(last_report=dict(result.metrics or {}), checkpoint_dir=directory)
 
 
-def _train_loop(context: TrialContext) -> None:
+def _train_loop(context: TrialContext, start: ray.train.Checkpoint | None = None) -> None:
     """``train_loop_per_worker`` at the sweep's log level: Ray Train 2.60 sets a worker's root
     and ``ray.train`` loggers to INFO whatever ``LoggingConfig`` says ("Reporting training
     result ..." per epoch); ``RAYCL_TRAIN_LOG_LEVEL`` (a quiet sweep, :func:`raycl.tune
@@ -153,7 +161,10 @@ def _train_loop(context: TrialContext) -> None:
     if level:
         for name in ("", "ray.train"):
             logging.getLogger(name).setLevel(level)
-    train_loop_per_worker(context)
+    if start is not None:  # a population trial's start: from Tune's checkpoint (raycl.pbt_train)
+        run_trial_loop(context, StartingSession(start))
+    else:
+        train_loop_per_worker(context)
 
 
 def run_trial(params: dict[str, Any], base_config: dict[str, Any], storage_path: str) -> None:

@@ -173,6 +173,7 @@ def build_tuner(
     from ray import tune
 
     from raycl.baseline_run import with_baseline
+    from raycl.pbt_train import reuses_trial_actors
     from raycl.results.run_encoder import RunEncoderCallback
     from raycl.sweep_display import ProgressDisplay
     from raycl.tracking.callback import MLflowSweepCallback
@@ -221,8 +222,9 @@ def build_tuner(
             # A finished trial's process (torch, raycl and the node's data cache already
             # loaded) takes the next trial of the same resources: ~5 s less per trial on a
             # CPU node. Nothing of a trial outlives it in the process (its function returns;
-            # seeds, threads and MLflow runs are set per trial).
-            reuse_actors=True),
+            # seeds, threads and MLflow runs are set per trial). Not for a PBT population
+            # with workers: a reused process keeps a paused trial's worker group.
+            reuse_actors=reuses_trial_actors(config)),
         run_config=run_config,
     )
 

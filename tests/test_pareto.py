@@ -159,7 +159,7 @@ TINY = [
     "data.samples_per_combination=1", "data.resolution=16", "train.batch_size=64",
     "model.width=8", "model.projector_hidden_dim=32", "model.projector_dim=16",
     "eval.linear_max_iter=50", "eval.every_n_epochs=1", "train.epochs=1",
-    "eval.diagnostics=false",
+    "eval.diagnostics=false", "eval.baseline=false", "mlflow.log_encoder=false",
 ]
 
 
@@ -197,6 +197,12 @@ def test_two_objective_sweep_ends_with_its_front_and_seeds_a_warm_start(
     by_trial = {c.data.tags["raycl.trial_id"]: c.info.run_id for c in children}
     assert {by_trial[row["trial_id"]] for row in rows if row["on_front"] == "1"} == expected
     assert "pareto.png" in [a.path for a in client.list_artifacts(parent.info.run_id)]
+    # The parent's description: the leaderboard, then the front's section with its trials only.
+    section = parent.data.tags["mlflow.note.content"].split("**Pareto front** of ")[1]
+    assert section.startswith(f"`val/linear/mean` (max), `perf/device_hours` (min): "
+                              f"{len(expected)} of 3 trial(s)")
+    for child in children:
+        assert (f"| {child.info.run_name} |" in section) == (child.info.run_id in expected)
 
     # Warm start: the next sweep's first trial is the earlier sweep's best configuration (by
     # its first objective), on the keys this search space has.

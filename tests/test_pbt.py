@@ -1,8 +1,10 @@
 """Population-based training (tune.scheduler.type: pbt | pb2): what may mutate, the schedule's
-fit, the mutated values winning over a checkpoint's, and one real PBT sweep through MLflow."""
+fit, the mutated values winning over a checkpoint's, and two real PBT sweeps through MLflow."""
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,10 @@ from raycl.pbt import (
     copy_run_files,
     exploit_summary,
     mutations,
+    next_sync_epoch,
+    perturbs_at,
 )
+from raycl.tracking import TRIAL_TAG
 from raycl.tune import main
 from raycl.worker.optim import load_optimizer_state
 
@@ -57,8 +62,8 @@ def test_perturbations_need_an_evaluation_and_a_checkpoint() -> None:
             "eval.every_n_epochs=2") in message
     assert "tune.num_samples: pbt needs a population of at least 2" in problems_of(
         "tune.num_samples=1")
-    assert "scaling.num_workers: pbt trains in the trial process only" in problems_of(
-        "scaling.num_workers=1")
+    # Ray Train workers train a population too (raycl.pbt_train): no refusal.
+    assert load_search(QUICKSTART, [*PBT, "scaling.num_workers=1"]).scaling.num_workers == 1
 
 
 def test_pb2_takes_continuous_domains_only() -> None:
@@ -119,6 +124,50 @@ def test_an_exploit_copies_the_checkpoint_and_the_stage_features_it_refers_to(
         == ["pbt_epoch1/progress.json", "pbt_epoch1/sub/state.pt", "stage_features/stage_0_ab.npz"]
 
 
+def test_a_trial_start_brings_the_stage_features_its_checkpoint_refers_to(
+        tmp_path: Path) -> None:
+    """With workers, each start of a PBT trial is a new Ray Train run: the MCL stage features
+    beside the checkpoint it starts from go into that run (its checkpoints refer to them) and
+    beside Tune's copy of each checkpoint; only the files missing there are copied."""
+    import pyarrow.fs
+
+    from raycl.pbt_train import copy_missing_files, generation_run_name
+
+    source, target = tmp_path / "run-a" / "stage_features", tmp_path / "run-b" / "stage_features"
+    source.mkdir(parents=True)
+    (source / "stage_0_ab.npz").write_text("stage 0")
+    (source / "stage_1_cd.npz").write_text("stage 1")
+    target.mkdir(parents=True)
+    (target / "stage_0_ab.npz").write_text("already there")
+    local = pyarrow.fs.LocalFileSystem()
+    assert copy_missing_files(local, str(source), local, str(target)) == ["stage_1_cd.npz"]
+    assert (target / "stage_1_cd.npz").read_text() == "stage 1"
+    assert (target / "stage_0_ab.npz").read_text() == "already there"
+    assert copy_missing_files(local, str(tmp_path / "none"), local, str(target)) == []
+    names = {generation_run_name("sweep-abc_00000") for _ in range(3)}
+    assert len(names) == 3 and all(name.startswith("sweep-abc_00000-") for name in names)
+
+
+def test_a_start_deletes_only_its_own_trials_earlier_train_runs(tmp_path: Path) -> None:
+    """Each start begins from Tune's copy of the checkpoint: the trial's earlier Train runs are
+    deleted, never this start's, another trial's (a longer trial id too) or anything else."""
+    import pyarrow.fs
+
+    from raycl.pbt_train import drop_earlier_runs, generation_run_name
+
+    trial = "pbt-ab12_00001"
+    earlier, this = generation_run_name(trial), generation_run_name(trial)
+    kept = [this, f"{trial}0-0123abcd", "pbt-ab12_00002-0123abcd", trial, f"{trial}-notahexid"]
+    for name in [earlier, *kept]:
+        (tmp_path / name / "checkpoint_000000").mkdir(parents=True)
+    (tmp_path / f"{trial}-89abcdef").write_text("a file, not a run")
+    local = pyarrow.fs.LocalFileSystem()
+    assert drop_earlier_runs(local, str(tmp_path), trial, keep=this) == [earlier]
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([*kept,
+                                                                        f"{trial}-89abcdef"])
+    assert drop_earlier_runs(local, str(tmp_path / "absent"), trial, keep=this) == []
+
+
 def test_mutated_rates_win_over_the_checkpoint() -> None:
     """The cloned checkpoint's optimizer carries its own lr and weight decay; the exploiting
     trial's (mutated) config must win, the momentum buffers must come along."""
@@ -138,55 +187,200 @@ def test_mutated_rates_win_over_the_checkpoint() -> None:
                        state["state"][0]["momentum_buffer"])
 
 
-def test_pbt_sweep_records_exploits_and_logs_every_epoch_once(
+@pytest.fixture
+def sigint_handler_kept() -> Iterator[None]:
+    """SIGINT's handler as it was: the in-process sweep installs Tune's."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+class PbtSweep:
+    """One tiny PBT sweep of the quickstart (2 trials, a perturbation after every epoch but the
+    last, the bottom half copying the top half) and what it left in MLflow."""
+
+    def __init__(self, tmp_path: Path, epochs: int, *extra: str) -> None:
+        from mlflow import MlflowClient
+        from test_end_to_end import NO_PLOTS, TINY
+
+        from raycl.config.schema import resolve_tracking_uri
+
+        overrides = [*TINY, NO_PLOTS, f"train.epochs={epochs}", "tune.scheduler.type=pbt",
+                     "tune.scheduler.perturbation_interval=1",
+                     "tune.scheduler.quantile_fraction=0.5", *extra]
+        self.epochs = epochs
+        self.storage = tmp_path / "ray"
+        self.args = [str(QUICKSTART), *(arg for item in overrides for arg in ("--set", item)),
+                     "--num-samples", "2", "--name", "e2e-pbt", "--storage", str(self.storage),
+                     "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+        self.client = MlflowClient(resolve_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}"))
+
+    def trial_runs(self) -> list:
+        from raycl.tracking import ROLE_TAG
+
+        experiment = self.client.get_experiment_by_name("e2e-pbt")
+        return [run for run in self.client.search_runs([experiment.experiment_id])
+                if run.data.tags.get(ROLE_TAG) == "trial"]
+
+    def exploit_tags(self) -> dict[tuple[str, str], str]:
+        from raycl.pbt import EXPLOIT_TAG
+
+        return {(run.info.run_id, key): text for run in self.trial_runs()
+                for key, text in run.data.tags.items() if key.startswith(EXPLOIT_TAG)}
+
+    def check_population(self) -> dict[tuple[str, int], str]:
+        """Every trial finished with every epoch logged once; each exploit names its donor and
+        the values it changed, the next epoch trained with them, and the mutated values change
+        at exploits only. Returns each exploit's text by (exploiting run id, epoch)."""
+        from raycl.pbt import EXPLOIT_TAG, MUTATION_PREFIX
+
+        epochs = list(range(1, self.epochs + 1))
+        runs = self.trial_runs()
+        assert len(runs) == 2 and all(run.info.status == "FINISHED" for run in runs)
+        exploits, factors = {}, []
+        for run in runs:
+            run_id = run.info.run_id
+            assert run.data.tags["raycl.ended"] == "completed"
+            # Every epoch once, whichever trial's checkpoint it started from.
+            steps = [m.step for m in self.client.get_metric_history(run_id, "train/loss")]
+            assert steps == epochs
+            lr = {m.step: m.value for m in self.client.get_metric_history(
+                run_id, MUTATION_PREFIX + "train.lr")}
+            assert sorted(lr) == epochs
+            # The optimizer ran at the trial's own (mutated) rate times the schedule's factor,
+            # which both trials share epoch by epoch: not at the rate of a cloned checkpoint.
+            trained = {m.step: m.value for m in self.client.get_metric_history(run_id,
+                                                                               "train/lr")}
+            factors.append([trained[epoch] / lr[epoch] for epoch in epochs])
+            exploited = set()
+            for key, text in run.data.tags.items():
+                if key.startswith(EXPLOIT_TAG):
+                    epoch = int(key.removeprefix(EXPLOIT_TAG))
+                    exploits[(run_id, epoch)] = text
+                    exploited.add(epoch)
+                    assert text.startswith("from trial ") and f"at epoch {epoch}:" in text
+                    # "from trial X at epoch 1: simclr.temperature 0.28 -> 0.33; train.lr ..."
+                    changes = dict(change.rsplit(" -> ", 1) for change in text.split(": ", 1)[1]
+                                   .split("; "))
+                    new = {change.split(" ")[0]: float(value) for change, value in
+                           changes.items()}
+                    assert set(new) == {"simclr.temperature", "train.lr"}
+                    # The next epoch trained with the new (explored) value.
+                    assert lr[epoch + 1] == pytest.approx(new["train.lr"], rel=1e-3)
+            # Mutated values are kept (through a resume too): they change at exploits only.
+            assert all(lr[epoch + 1] == lr[epoch] for epoch in epochs[:-1]
+                       if epoch not in exploited)
+        assert factors[0] == pytest.approx(factors[1], rel=1e-6)
+        # Synchronous PBT, 2 trials, quantile 0.5: one exploit per perturbation epoch, at most
+        # (a resumed scheduler starts its ranking over), at multiples of the interval only.
+        exploit_epochs = [epoch for _, epoch in exploits]
+        assert exploit_epochs and len(exploit_epochs) == len(set(exploit_epochs))
+        assert set(exploit_epochs) <= set(epochs[:-1])
+        return exploits
+
+
+def test_pbt_sweep_records_exploits_and_keeps_them_through_ctrl_c(
+        ray_session, data_cache, tmp_path, capsys, sigint_handler_kept) -> None:
+    """Trials in their Tune process, four epochs; Ctrl+C once the first exploit is on MLflow,
+    then the same command. Each exploit stays on the worse trial's run as it was, each trial
+    goes on with its mutated values, every trial finishes with every epoch logged once."""
+    import threading
+
+    from test_confirm import sigint_once
+
+    sweep = PbtSweep(tmp_path, 4, "scaling.num_workers=0")
+    stop = threading.Event()
+    watcher = sigint_once(lambda: bool(sweep.exploit_tags()), stop)
+    try:
+        assert main(sweep.args) == 130
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+    assert "interrupted; run the same command again" in capsys.readouterr().err
+    before = sweep.exploit_tags()
+    assert before
+    assert main(sweep.args) == 0
+    after = sweep.exploit_tags()
+    assert {key: after.get(key) for key in before} == before  # the lineage kept as it was
+    sweep.check_population()
+
+
+def test_pbt_sweep_with_workers_starts_the_exploiting_trial_from_the_donors_checkpoint(
         ray_session, data_cache, tmp_path) -> None:
-    """Two trials, four epochs, a perturbation after every epoch but the last, the bottom half
-    copying the top half: an exploit at epochs 1, 2 and 3, each on the worse trial's run."""
-    from mlflow import MlflowClient
-    from test_end_to_end import NO_PLOTS, TINY
+    """Trials of one Ray Train worker each, two epochs, one perturbation (after epoch 1): the
+    worse trial exploits the better one, whose epoch-1 checkpoint is copied whole into its
+    trial directory, and its epoch 2 trains in a fresh Train run started from a Tune checkpoint
+    (a restarted trial never resumes its own Train storage, ray-project/ray#28509)."""
+    import json
 
-    from raycl.config.schema import resolve_tracking_uri
-    from raycl.pbt import EXPLOIT_TAG, MUTATION_PREFIX
-    from raycl.tracking import ROLE_TAG
+    sweep = PbtSweep(tmp_path, 2,
+                     # one trial at a time on 2 CPUs: each waits for the other's paused workers
+                     "scaling.num_workers=1", "scaling.cpus_per_worker=1")
+    assert main(sweep.args) == 0
+    exploits = sweep.check_population()
+    assert [epoch for _, epoch in exploits] == [1]
+    ((run_id, _), text), = exploits.items()
+    donor = text.removeprefix("from trial ").split(" ")[0]
+    exploiter = next(run.data.tags[TRIAL_TAG] for run in sweep.trial_runs()
+                     if run.info.run_id == run_id)
 
-    overrides = [*TINY, NO_PLOTS, "train.epochs=4", "tune.scheduler.type=pbt",
-                 "tune.scheduler.perturbation_interval=1", "tune.scheduler.quantile_fraction=0.5"]
-    args = [str(QUICKSTART), *(arg for item in overrides for arg in ("--set", item)),
-            "--num-samples", "2", "--name", "e2e-pbt", "--storage", str(tmp_path / "ray"),
-            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
-    assert main(args) == 0
+    def epoch_of(checkpoint: Path) -> int:
+        return json.loads((checkpoint / "progress.json").read_text())["epoch"]
 
-    client = MlflowClient(resolve_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}"))
-    experiment = client.get_experiment_by_name("e2e-pbt")
-    runs = [run for run in client.search_runs([experiment.experiment_id])
-            if run.data.tags.get(ROLE_TAG) == "trial"]
-    assert len(runs) == 2 and all(run.info.status == "FINISHED" for run in runs)
-    exploits, factors = {}, []
-    for run in runs:
-        run_id = run.info.run_id
-        assert run.data.tags["raycl.ended"] == "completed"
-        # Every epoch once, whichever trial's checkpoint it started from.
-        steps = [m.step for m in client.get_metric_history(run_id, "train/loss")]
-        assert steps == [1, 2, 3, 4]
-        lr = {m.step: m.value for m in client.get_metric_history(run_id,
-                                                                 MUTATION_PREFIX + "train.lr")}
-        assert sorted(lr) == [1, 2, 3, 4]
-        # The optimizer ran at the trial's own (mutated) rate times the schedule's factor, which
-        # both trials share epoch by epoch: not at the rate stored in a cloned checkpoint.
-        trained = {m.step: m.value for m in client.get_metric_history(run_id, "train/lr")}
-        factors.append([trained[epoch] / lr[epoch] for epoch in range(1, 5)])
-        for key, text in run.data.tags.items():
-            if key.startswith(EXPLOIT_TAG):
-                epoch = int(key.removeprefix(EXPLOIT_TAG))
-                exploits[(run_id, epoch)] = text
-                assert text.startswith("from trial ") and f"at epoch {epoch}:" in text
-                # "from trial X at epoch 1: simclr.temperature 0.28 -> 0.33; train.lr ... -> ..."
-                changes = dict(change.rsplit(" -> ", 1) for change in text.split(": ", 1)[1]
-                               .split("; "))
-                new = {change.split(" ")[0]: float(value) for change, value in changes.items()}
-                assert set(new) == {"simclr.temperature", "train.lr"}
-                # The next epoch trained with the new (explored) value.
-                assert lr[epoch + 1] == pytest.approx(new["train.lr"], rel=1e-3)
-    assert factors[0] == pytest.approx(factors[1], rel=1e-6)
-    # Synchronous PBT, 2 trials, quantile 0.5: one exploit at each of epochs 1, 2, 3.
-    assert sorted(epoch for _, epoch in exploits) == [1, 2, 3]
+    # The exploit made a whole copy of the donor's epoch-1 checkpoint (Tune's copy of its
+    # report) the exploiting trial's checkpoint...
+    trial_dirs = {trial: next((sweep.storage / "e2e-pbt").glob(f"run_trial_{trial}_*"))
+                  for trial in (donor, exploiter)}
+    donor_epoch1 = next(path for path in trial_dirs[donor].glob("checkpoint_*/")
+                        if epoch_of(path) == 1)
+    copy, = trial_dirs[exploiter].glob(f"pbt_epoch1_from_{donor}_{donor_epoch1.name}")
+    assert (copy / "state.pt").read_bytes() == (donor_epoch1 / "state.pt").read_bytes()
+    # ...and the exploiting trial's epoch 2 trained in a fresh Train run of its own that
+    # started from a Tune checkpoint of epoch 1 (its first checkpoint is epoch 2's).
+    starts = [start for start in (sweep.storage / "e2e-pbt-train").glob(f"e2e-pbt-{exploiter}-*")
+              if any(start.glob("checkpoint_*/"))]
+    last_start = max(starts, key=lambda start: min(path.stat().st_mtime for path in
+                                                  start.glob("checkpoint_*/")))
+    assert sorted(epoch_of(path) for path in last_start.glob("checkpoint_*/")) == [2]
+
+
+def test_perturbations_fall_on_multiples_of_the_interval_before_the_last_epoch() -> None:
+    assert [epoch for epoch in range(1, 9) if perturbs_at(epoch, 2, 8)] == [2, 4, 6]
+    assert [epoch for epoch in range(1, 5) if perturbs_at(epoch, 1, 4)] == [1, 2, 3]
+
+
+def test_a_resumed_population_meets_at_the_next_epoch_of_its_furthest_behind_trial() -> None:
+    """Ray's synchronous PBT starts its clock at max(interval, burn-in) and a resumed sweep's
+    scheduler forgets it: trials already past it would wait for each other forever."""
+    assert next_sync_epoch([0, 0], interval=2, burn_in=0) == 2  # a fresh population: Ray's
+    assert next_sync_epoch([0, 0], interval=1, burn_in=3) == 3
+    assert next_sync_epoch([2, 1], interval=1, burn_in=0) == 2  # one trial waits at 2
+    assert next_sync_epoch([2, 2], interval=1, burn_in=0) == 3
+    assert next_sync_epoch([4, 5], interval=2, burn_in=0) == 6
+
+
+def test_explorations_repeat_with_the_seed_whatever_else_draws() -> None:
+    """Ray's PBT draws from the global random streams; raycl's from its own, seeded by seed."""
+    import random
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from raycl.pbt import population_scheduler
+
+    def explorations(seed: int, outside: int) -> list[dict]:
+        config = load_search(QUICKSTART, [*PBT, f"seed={seed}",
+                                          "tune.scheduler.resample_probability=0.5"])
+        scheduler = population_scheduler(config)
+        random.seed(outside)  # other code drawing in between, differently each time
+        np.random.seed(outside)
+        donor = SimpleNamespace(config={"simclr.temperature": 0.2, "train.lr": 0.001})
+        drawn = []
+        for _ in range(6):
+            drawn.append(scheduler._get_new_config(donor, donor)[0])
+            random.random()
+            np.random.random()
+        return drawn
+
+    assert explorations(7, outside=1) == explorations(7, outside=2)
+    assert explorations(7, outside=1) != explorations(8, outside=1)

@@ -70,13 +70,6 @@ def check_pbt(config: CoreConfig) -> Iterator[Problem]:
                              f"scheduler type none")
     if not tune.search_space:
         yield Problem("tune.search_space", f"{kind} needs keys to mutate (the search space's)")
-    if config.scaling.num_workers >= 1:
-        # Tune pauses every trial at each perturbation; a paused trial's TorchTrainer keeps its
-        # worker group (Ray 2.60, seen on 2 CPUs: the next trial's workers never started).
-        yield Problem("scaling.num_workers", f"{kind} trains in the trial process only "
-                                             f"(num_workers: 0): Tune pauses trials at every "
-                                             f"perturbation and a paused trial's Ray Train "
-                                             f"workers keep their resources")
     if tune.num_samples < 2:
         yield Problem("tune.num_samples", f"{kind} needs a population of at least 2 trials")
     if kind == "pb2":
