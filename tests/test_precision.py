@@ -1,7 +1,8 @@
 """Precision and CUDA set-up (issue 25, findings 7a and 8): ``train.amp: auto`` picks bf16
 where the GPU has it natively; evaluation embeds in the trial's precision on CUDA only; the
 float32 blocks (CLIP's logits, the kNN lookup, FGVR's Grad-CAM) stay float32 under autocast;
-TF32 / cuDNN autotuning / channels_last touch nothing on CPU."""
+TF32 / cuDNN autotuning touch nothing on CPU; channels_last applies on CUDA, and on the
+CPU to ResNets."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from torch import nn
 from raycl.methods import SearchConfig, build_method
 from raycl.methods.clip import clip_loss
 from raycl.methods.fgvr import gradcam_scores
+from raycl.models.backbones import build_backbone
 from raycl.queues import cosine_topk
 from raycl.worker.cuda import configure_cuda_backends, prefer_channels_last
 from raycl.worker.embed import embed_images
@@ -129,7 +131,22 @@ def test_cuda_settings_leave_a_cpu_run_alone() -> None:
     assert prefer_channels_last(conv, CPU)[0].weight.is_contiguous()
 
 
-def test_channels_last_for_conv_models_on_cuda_only() -> None:
+def test_channels_last_for_resnets_on_the_cpu_too() -> None:
+    """oneDNN's CPU convolutions are faster in NHWC (issue 37): a ResNet's weights go
+    channels_last on the CPU as well, and its NCHW input still gives the same result; a
+    network of a few convolutions (small_cnn) stays as it was."""
+    torch.manual_seed(0)
+    resnet = build_backbone("resnet18", in_channels=3)[0].eval()
+    images = torch.randn(2, 3, 16, 16)
+    reference = resnet(images)
+    assert prefer_channels_last(resnet, CPU) is resnet
+    assert resnet.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(resnet(images), reference, rtol=1e-4, atol=1e-4)
+    small = build_backbone("small_cnn", in_channels=3)[0]
+    assert prefer_channels_last(small, CPU)[0][0].weight.is_contiguous()
+
+
+def test_channels_last_for_conv_models_on_cuda() -> None:
     """``Module.to(memory_format=...)`` does not move the module, so the CUDA branch is
     checked on CPU tensors."""
     patch_embedding = nn.Sequential(nn.Conv2d(3, 4, 4, stride=4), nn.Flatten())  # a ViT's
