@@ -33,7 +33,9 @@ from the wrong weights. The workarounds, all here (the scheduler's own are in :m
   worker group and their placement group) lives on in the reused process and holds its CPUs,
   so the next trial's workers never start (the hang of ray-project/ray#18808 with a
   function trainable). :func:`reuses_trial_actors` turns reuse off for these sweeps: a paused
-  trial's process ends, and its controller and workers (owned by it) with it.
+  trial's process ends, and its controller and workers (owned by it) with it. Their placement
+  group is then removed by Ray Train's cleaner, which needs every worker to know its cluster's
+  address when two Rays share a machine (:mod:`raycl.ray_workarounds`).
 """
 
 from __future__ import annotations

@@ -341,7 +341,11 @@ def init_ray(quiet: bool = False, **init_kwargs: Any) -> None:
         init_kwargs.setdefault("logging_config", ray.LoggingConfig(log_level="WARNING"))
     before = _loopback_only(init_kwargs.get("address"), init_kwargs.get("_temp_dir"))
     try:
-        context = ray.init(runtime_env={"env_vars": env_vars}, **init_kwargs)
+        # Every worker process names its cluster (raycl.ray_workarounds says why).
+        context = ray.init(runtime_env={
+            "env_vars": env_vars,
+            "worker_process_setup_hook": "raycl.ray_workarounds.name_this_cluster"},
+            **init_kwargs)
     finally:
         _restore_cluster_mode(before)
     dashboard = getattr(context, "dashboard_url", None)

@@ -168,6 +168,22 @@ def test_a_start_deletes_only_its_own_trials_earlier_train_runs(tmp_path: Path) 
     assert drop_earlier_runs(local, str(tmp_path / "absent"), trial, keep=this) == []
 
 
+def test_every_worker_process_names_its_cluster(ray_session) -> None:
+    """Ray Train's placement-group cleaner asks the State API about its controller without an
+    address: with two Rays on the machine it fails, and a paused PBT trial's workers stay
+    reserved for good. Every worker of raycl's Ray has RAY_ADDRESS set to its own cluster
+    (raycl.ray_workarounds), the nested ones too."""
+    import os
+
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def address(depth: int) -> str | None:
+        return ray.get(address.remote(depth - 1)) if depth else os.environ.get("RAY_ADDRESS")
+
+    assert ray.get(address.remote(1)) == ray.get_runtime_context().gcs_address
+
+
 def test_mutated_rates_win_over_the_checkpoint() -> None:
     """The cloned checkpoint's optimizer carries its own lr and weight decay; the exploiting
     trial's (mutated) config must win, the momentum buffers must come along."""
