@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -284,11 +283,6 @@ def imagenet_normalise(images: Any) -> Any:
     return (images.float() / 255.0 - mean) / std
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident set size in MB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
 # ---------------------------------------------------------------------------------------------
 # The sides (each runs in its own process: ``--one SIDE``)
 
@@ -488,6 +482,8 @@ def run_peer(side: str, settings: Settings, folder: Path, device: str,
         if device == "cuda":
             torch.cuda.synchronize()
         rates.append(seen / (time.perf_counter() - started))
+    from raycl.worker.perf import peak_rss_mb  # what raycl's own runs report
+
     rss = peak_rss_mb()
     return {"rates": rates, "peak_rss_mb": rss,
             "knn": knn_score(model.backbone, imagenet_normalise, split, device)}

@@ -436,11 +436,38 @@ def copy_run_files(source_fs: Any, source_run: str, name_of: str, filesystem: An
     filesystem.create_dir(target, recursive=True)  # pyarrow copies files into existing ones
     pyarrow.fs.copy_files(name_of.rstrip("/"), target,
                           source_filesystem=source_fs, destination_filesystem=filesystem)
-    features = posixpath.join(source_run, STAGE_FEATURES_DIR)
-    if source_fs.get_file_info(features).type == pyarrow.fs.FileType.Directory:
-        filesystem.create_dir(posixpath.join(target_run, STAGE_FEATURES_DIR), recursive=True)
-        pyarrow.fs.copy_files(features, posixpath.join(target_run, STAGE_FEATURES_DIR),
-                              source_filesystem=source_fs, destination_filesystem=filesystem)
+    copy_missing_files(source_fs, posixpath.join(source_run, STAGE_FEATURES_DIR), filesystem,
+                       posixpath.join(target_run, STAGE_FEATURES_DIR))
+
+
+def copy_missing_files(source_fs: Any, source_dir: str, target_fs: Any,
+                       target_dir: str) -> list[str]:
+    """Copy the files of ``source_dir`` that ``target_dir`` lacks (content-addressed stage
+    features: a file of the same name is the same file).
+
+    Args:
+        source_fs: the source's pyarrow filesystem.
+        source_dir: a directory (a missing one copies nothing).
+        target_fs: the target's pyarrow filesystem.
+        target_dir: the directory to copy into (created when needed).
+
+    Returns:
+        The names copied.
+    """
+    import pyarrow.fs
+
+    def names(filesystem: Any, directory: str) -> set[str]:
+        selector = pyarrow.fs.FileSelector(directory, allow_not_found=True)
+        return {info.base_name for info in filesystem.get_file_info(selector)
+                if info.type == pyarrow.fs.FileType.File}
+
+    missing = sorted(names(source_fs, source_dir) - names(target_fs, target_dir))
+    if missing:
+        target_fs.create_dir(target_dir, recursive=True)
+    for name in missing:
+        pyarrow.fs.copy_files(posixpath.join(source_dir, name), posixpath.join(target_dir, name),
+                              source_filesystem=source_fs, destination_filesystem=target_fs)
+    return missing
 
 
 class RayclPBT(_RayclPopulation, PopulationBasedTraining):
@@ -452,6 +479,7 @@ class RayclPB2(_RayclPopulation, PB2):
 
 
 __all__ = ["EXPLOIT_TAG", "MUTATION_PREFIX", "ClampToDomains", "RayclPB2", "RayclPBT",
-           "bounds", "clamp", "copy_run_files", "exploit_summary", "initial_space", "mutations",
+           "bounds", "clamp", "copy_missing_files", "copy_run_files", "exploit_summary",
+           "initial_space", "mutations",
            "next_sync_epoch", "perturbs_at", "population_scheduler", "population_search",
            "population_tuner_parts"]

@@ -52,6 +52,7 @@ from ray.train.v2.api.callback import UserCallback
 
 from raycl.config.schema import CoreConfig
 from raycl.launch.pbt_check import POPULATION_SCHEDULERS
+from raycl.pbt import copy_missing_files
 from raycl.worker.session import RayTrainSession
 from raycl.worker.stage_integration import STAGE_FEATURES_DIR
 
@@ -111,36 +112,6 @@ class _ReportRelay(UserCallback):
                      checkpoint: ray.train.Checkpoint | None) -> None:
         self._reports.put((dict(metrics[0]), checkpoint.path if checkpoint else None))
         self._replies.get()
-
-
-def copy_missing_files(source_fs: Any, source_dir: str, target_fs: Any,
-                       target_dir: str) -> list[str]:
-    """Copy the files of ``source_dir`` that ``target_dir`` lacks (content-addressed stage
-    features: a file of the same name is the same file).
-
-    Args:
-        source_fs: the source's pyarrow filesystem.
-        source_dir: a directory (a missing one copies nothing).
-        target_fs: the target's pyarrow filesystem.
-        target_dir: the directory to copy into (created when needed).
-
-    Returns:
-        The names copied.
-    """
-    import pyarrow.fs
-
-    def names(filesystem: Any, directory: str) -> set[str]:
-        selector = pyarrow.fs.FileSelector(directory, allow_not_found=True)
-        return {info.base_name for info in filesystem.get_file_info(selector)
-                if info.type == pyarrow.fs.FileType.File}
-
-    missing = sorted(names(source_fs, source_dir) - names(target_fs, target_dir))
-    if missing:
-        target_fs.create_dir(target_dir, recursive=True)
-    for name in missing:
-        pyarrow.fs.copy_files(posixpath.join(source_dir, name), posixpath.join(target_dir, name),
-                              source_filesystem=source_fs, destination_filesystem=target_fs)
-    return missing
 
 
 def drop_earlier_runs(filesystem: Any, train_root: str, trial_run_name: str,
@@ -247,5 +218,5 @@ class PopulationStart:
             self._train_fs, posixpath.join(self._train_run_dir, STAGE_FEATURES_DIR))
 
 
-__all__ = ["PopulationStart", "StartingSession", "copy_missing_files", "drop_earlier_runs",
+__all__ = ["PopulationStart", "StartingSession", "drop_earlier_runs",
            "generation_run_name", "reuses_trial_actors", "trains_population_with_workers"]

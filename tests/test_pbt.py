@@ -131,7 +131,8 @@ def test_a_trial_start_brings_the_stage_features_its_checkpoint_refers_to(
     beside Tune's copy of each checkpoint; only the files missing there are copied."""
     import pyarrow.fs
 
-    from raycl.pbt_train import copy_missing_files, generation_run_name
+    from raycl.pbt import copy_missing_files
+    from raycl.pbt_train import generation_run_name
 
     source, target = tmp_path / "run-a" / "stage_features", tmp_path / "run-b" / "stage_features"
     source.mkdir(parents=True)

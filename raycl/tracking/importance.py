@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from raycl.config.schema import CoreConfig, Domain
 from raycl.confirm import CONFIRM_TAG
 from raycl.launch.feasibility import JOINT_PREFIX
-from raycl.tracking.runs import ENDED_TAG
+from raycl.tracking.runs import ENDED_TAG, SEARCHED_TAG
 from raycl.tracking.trial_table import searched_values
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ def scored_trials(runs: Sequence[Run], space: Mapping[str, Domain],
         if ended not in (COMPLETED, STOPPED_EARLY) or objective is None \
                 or not math.isfinite(objective) or CONFIRM_TAG in run.data.tags:
             continue
-        searched = searched_values(run.data.tags.get("raycl.searched", ""))
+        searched = searched_values(run.data.tags.get(SEARCHED_TAG, ""))
         texts = {key: run.data.params.get(key, searched.get(key)) for key in knobs}
         params = {key: parse_value(text, space[key]) if text is not None else None
                   for key, text in texts.items()}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from raycl.config.search_config import key_symbol
 from raycl.config.sweep import Domain
 from raycl.tracking.reference_points import chance_of
-from raycl.tracking.runs import TRIAL_INDEX_TAG
+from raycl.tracking.runs import SEARCHED_TAG, TRIAL_INDEX_TAG
 from raycl.tracking.trial_table import TrialTable, searched_values
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def _scored_points(table: TrialTable) -> list[_Point]:
         if value is not None:
             index = run.data.tags.get(TRIAL_INDEX_TAG, "")
             points.append(_Point(run.info.run_name or run.info.run_id[:8],
-                                 searched_values(run.data.tags.get("raycl.searched", "")),
+                                 searched_values(run.data.tags.get(SEARCHED_TAG, "")),
                                  int(index) if index.isdigit() else None, value))
     return points
 

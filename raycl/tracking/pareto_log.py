@@ -23,7 +23,7 @@ from raycl.tracking.pareto import (
     objectives_tag,
     scored_runs,
 )
-from raycl.tracking.runs import TRIAL_TAG
+from raycl.tracking.runs import SEARCHED_TAG, TRIAL_TAG
 from raycl.tracking.trial_table import searched_values
 
 if TYPE_CHECKING:
@@ -40,14 +40,14 @@ def write_pareto_csv(path: Path, scored: Sequence[tuple[Run, list[float]]], fron
     """``pareto.csv``: every trial that reported all objectives, the front's first, with
     ``on_front`` (1/0), its name, trial id, objectives and searched values."""
     searched = sorted({key for run, _ in scored
-                       for key in searched_values(run.data.tags.get("raycl.searched", ""))})
+                       for key in searched_values(run.data.tags.get(SEARCHED_TAG, ""))})
     ordered = sorted(scored, key=lambda item: item[0].info.run_id not in front)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["on_front", "trial", "trial_id", *[m for m, _ in objectives],
                          *searched])
         for run, values in ordered:
-            params = searched_values(run.data.tags.get("raycl.searched", ""))
+            params = searched_values(run.data.tags.get(SEARCHED_TAG, ""))
             writer.writerow([int(run.info.run_id in front), run.info.run_name or "",
                              run.data.tags.get(TRIAL_TAG, ""), *values,
                              *[params.get(key, "") for key in searched]])

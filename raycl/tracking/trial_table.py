@@ -68,6 +68,7 @@ from raycl.tracking.runs import (
     LEADERBOARD_VIEW,
     PARENT_TAG,
     ROLE_TAG,
+    SEARCHED_TAG,
     TRIAL_TAG,
     VIEW_TAG_PREFIX,
     mlflow_client,
@@ -151,7 +152,7 @@ def trial_table(children: list[Run], metric: str, mode: str,
 
     children = sorted(children, key=score)
     searched = sorted({key for run in children
-                       for key in searched_values(run.data.tags.get("raycl.searched", ""))})
+                       for key in searched_values(run.data.tags.get(SEARCHED_TAG, ""))})
     objective_test = reported_test_metric(metric)
     names = {key: maybe_metric(key) for run in children for key in run.data.metrics}
     attributes = sorted({name.name for name in names.values() if name and name.split == VAL
@@ -174,7 +175,7 @@ def trial_table(children: list[Run], metric: str, mode: str,
     header = ["trial", "trial_id", "status", metric, *tested, *searched, *extra]
     rows = []
     for run in children:
-        values = searched_values(run.data.tags.get("raycl.searched", ""))
+        values = searched_values(run.data.tags.get(SEARCHED_TAG, ""))
         rows.append([run.info.run_name or run.info.run_id[:8],
                      run.data.tags.get(TRIAL_TAG, ""),
                      run.data.tags.get("raycl.ended", run.info.status.lower()),
