@@ -56,7 +56,7 @@ PYTEST_WORKERS ?= 2
 test: install data browser
 	$(PY) -m ruff check .
 	$(PY) tools/structure.py
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=20
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=40
 
 # An MLflow server on 127.0.0.1:5000 over ./mlflow.db (sweeps: --tracking-uri http://127.0.0.1:5000).
 server: install

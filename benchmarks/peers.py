@@ -1,9 +1,10 @@
 """raycl side by side with its peers: lightly's recipe and a plain torchvision loop (issue 37).
 
-One generated folder of PNGs (Trifeature at 32 px, labelled by its 10 shapes; ``train/`` and
-``test/``), one backbone (torchvision ResNet-18 with the CIFAR stem), one projector (512 -> 512 ->
-128), batch 256, SGD (lr 0.06, momentum 0.9, no weight decay, constant lr), τ 0.5 and one set of
-augmentation parameters, trained by
+One generated folder of PNGs (Trifeature at 32 px, or ``--resolution``, labelled by its 10
+shapes; ``train/`` and ``test/``), one backbone (torchvision ResNet-18 with the CIFAR stem, or
+``--backbone small_cnn``: raycl's 4-block CNN, the same module on every side), one projector
+(backbone features -> 512 -> 128), batch 256, SGD (lr 0.06, momentum 0.9, no weight decay,
+constant lr), τ 0.5 and one set of augmentation parameters, trained by
 
 - **raycl**: its real entry (``build_tuner(config).fit()``), in-process (``scaling.num_workers:
   0``) and, without ``--quick``, with one Ray Train worker (``raycl-ray``);
@@ -22,7 +23,8 @@ other epochs (the optimizer steps and the data waits between them: raycl's
 as the bank, the ``test/`` folder as queries, each side's images normalised as it trained.
 
     .venv/bin/python benchmarks/peers.py [--quick] [--device cpu|cuda|auto]
-        [--method simclr|nnclr|mocov2] [--repeats 3] [--json benchmarks/peers.json]
+        [--method simclr|nnclr|mocov2] [--backbone resnet18|small_cnn] [--resolution 32]
+        [--train-images 4000] [--epochs 3] [--repeats 3] [--json benchmarks/peers.json]
 
 It prints a markdown table and, last, one JSON line ``{"raycl": {"images_per_s", "knn",
 "peak_rss_mb"}, "lightly": {...}, "plain": {...}}``.
@@ -40,7 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,10 @@ if str(REPO) not in sys.path:  # run as a script: raycl from this checkout
 
 METHODS: tuple[str, ...] = ("simclr", "nnclr", "mocov2")
 SIDES: tuple[str, ...] = ("raycl", "raycl-ray", "lightly", "plain")
+# resnet18: the issue's backbone (compute-bound on a CPU at 32 px); small_cnn: a cheap model,
+# where the data pipeline decides the speed. Their feature widths (the projector's input).
+BACKBONES: dict[str, int] = {"resnet18": 512, "small_cnn": 256}
+SMALL_CNN_WIDTH = 32  # raycl's default model.width
 # The line printed (and the row shown) when lightly is not installed.
 LIGHTLY_MISSING = ("lightly is not installed: its rows are skipped "
                    "(pip install -e '.[peers]' installs lightly 1.6.0)")
@@ -67,6 +73,7 @@ class Settings:
 
     Attributes:
         method: simclr, nnclr or mocov2.
+        backbone: resnet18 (CIFAR stem) or small_cnn (raycl's, width 32).
         resolution: image side in pixels.
         train_images: images in ``train/`` (raycl trains on 98% of them, see RAYCL_VAL_FRACTION).
         test_images: images in ``test/`` (the kNN queries).
@@ -87,6 +94,7 @@ class Settings:
     """
 
     method: str = "simclr"
+    backbone: str = "resnet18"
     resolution: int = 32
     train_images: int = 4000
     test_images: int = 1000
@@ -113,13 +121,41 @@ def quick_settings(settings: Settings) -> Settings:
     return Settings(**values)
 
 
+def matched_settings(method: str, backbone: str, resolution: int, threads: int, *,
+                     quick: bool = False, epochs: int | None = None) -> Settings:
+    """The settings of one benchmark run, from its command line.
+
+    Args:
+        method: simclr, nnclr or mocov2.
+        backbone: a key of :data:`BACKBONES`; the projector's input is its feature width.
+        resolution: image side in pixels.
+        threads: torch threads of every training process.
+        quick: ``--quick``'s sizes (:func:`quick_settings`).
+        epochs: epochs per run (the first is warm-up), or None for the default.
+
+    Returns:
+        The settings every side trains with.
+    """
+    if backbone not in BACKBONES:
+        raise ValueError(f"backbone must be one of {', '.join(BACKBONES)}, got {backbone!r}")
+    widths = Settings().projector
+    settings = Settings(method=method, threads=threads, backbone=backbone,
+                        resolution=resolution, projector=(BACKBONES[backbone], *widths[1:]))
+    if quick:
+        settings = quick_settings(settings)
+    return settings if epochs is None else replace(settings, epochs=epochs)
+
+
 def settings_rows(settings: Settings) -> list[tuple[str, str]]:
     """The matched settings as (name, value) rows, the way the output lists them."""
     return [
         ("method", settings.method),
         ("data", f"Trifeature PNGs, {settings.resolution} px, 10 shape classes, "
                  f"{settings.train_images} in train/, {settings.test_images} in test/"),
-        ("backbone", "torchvision resnet18, CIFAR stem (3x3 stride-1 conv1, no max pool)"),
+        ("backbone", "torchvision resnet18, CIFAR stem (3x3 stride-1 conv1, no max pool)"
+                     if settings.backbone == "resnet18" else
+                     f"raycl's small_cnn (4 conv-BN-ReLU blocks, width {SMALL_CNN_WIDTH}; "
+                     "the same module on every side)"),
         ("projector", " -> ".join(str(width) for width in settings.projector)),
         ("batch", str(settings.batch_size)),
         ("optimizer", f"SGD lr {settings.lr} (constant) momentum {settings.momentum}, "
@@ -217,7 +253,8 @@ def raycl_config(folder: Path, root: Path, settings: Settings, workers: int, dev
         f"tune.storage_path={root / 'ray'}", f"mlflow.tracking_uri=sqlite:///{root / 'm.db'}",
         "data.dataset=folder", f"data.root={folder}", "data.layout=train_test",
         f"data.resolution={settings.resolution}", f"data.val_fraction={RAYCL_VAL_FRACTION}",
-        "model.backbone=resnet18", "model.stem=cifar",
+        f"model.backbone={settings.backbone}", "model.stem=cifar",
+        f"model.width={SMALL_CNN_WIDTH}",
         f"model.projector_hidden_dim={settings.projector[1]}",
         f"model.projector_dim={settings.projector[2]}",
         f"train.epochs={settings.epochs}", f"train.batch_size={settings.batch_size}",
@@ -324,6 +361,17 @@ def run_raycl(settings: Settings, folder: Path, root: Path, device: str, workers
             "knn": knn_score(encoder, to_float, split, device)}
 
 
+def peer_backbone(name: str) -> Any:
+    """The peers' backbone: torchvision's ResNet-18 with the CIFAR stem as a user writes it, or
+    raycl's ``small_cnn`` module itself (no library has it; the same module keeps the model
+    identical, so only the training differs)."""
+    if name == "small_cnn":
+        from raycl.models.backbones import small_cnn
+
+        return small_cnn(3, SMALL_CNN_WIDTH)[0]
+    return cifar_resnet18()
+
+
 def cifar_resnet18() -> Any:
     """torchvision's ResNet-18 with the CIFAR stem, its classifier removed (512-d features)."""
     import torchvision
@@ -386,7 +434,7 @@ class PeerModel:
         from torch import nn
 
         self.settings, self.side = settings, side
-        self.backbone = cifar_resnet18()
+        self.backbone = peer_backbone(settings.backbone)
         widths = settings.projector
         if side == "plain":
             self.head: nn.Module = nn.Sequential(
@@ -603,7 +651,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="2 batches per epoch, 2 epochs, no Ray Train worker (< 10 min)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--method", choices=METHODS, default="simclr")
+    parser.add_argument("--backbone", choices=tuple(BACKBONES), default="resnet18")
+    parser.add_argument("--resolution", type=int, default=32, help="image side in pixels")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--train-images", type=int, default=None,
+                        help="images in train/ (default 4000; --quick 536)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs per run, the first warm-up (default 3; --quick 2)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sides", default=None,
                         help=f"comma-separated subset of {','.join(SIDES)}")
@@ -616,6 +670,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
+    if args.epochs is not None and args.epochs < 2:
+        raise SystemExit("--epochs must be >= 2 (the first epoch is warm-up, not measured)")
     import torch
 
     if args.device == "auto":
@@ -627,9 +683,15 @@ def main(argv: list[str] | None = None) -> None:
         run_one(args.one, Settings(**values), Path(args.folder), Path(args.root), args.device)
         return
 
-    settings = Settings(method=args.method, threads=args.threads)
-    if args.quick:
-        settings = quick_settings(settings)
+    if args.resolution < 16:
+        raise SystemExit("--resolution must be >= 16 (small_cnn halves the image three times)")
+    settings = matched_settings(args.method, args.backbone, args.resolution, args.threads,
+                                quick=args.quick, epochs=args.epochs)
+    if args.train_images is not None:
+        if args.train_images < 2 * settings.batch_size + 24:
+            raise SystemExit(f"--train-images must be >= {2 * settings.batch_size + 24} "
+                             "(two full batches after raycl's validation share)")
+        settings = replace(settings, train_images=args.train_images)
     sides = (args.sides.split(",") if args.sides
              else ["raycl", "lightly", "plain"] if args.quick else list(SIDES))
     unknown = sorted(set(sides) - set(SIDES))

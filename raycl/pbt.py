@@ -55,7 +55,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from ray.tune.schedulers import PopulationBasedTraining
-from ray.tune.schedulers.pb2 import PB2
 
 from raycl.config.schema import CoreConfig, Domain
 
@@ -163,7 +162,7 @@ def population_scheduler(config: CoreConfig) -> Any:
     }
     raycl = {"config": config, "last_epoch": max_reports(config)}
     if scheduler.type == "pb2":
-        return RayclPB2(hyperparam_bounds=bounds(config), raycl=raycl, **common)
+        return _pb2_class()(hyperparam_bounds=bounds(config), raycl=raycl, **common)
     return RayclPBT(hyperparam_mutations=mutations(config), raycl=raycl,
                     burn_in_period=scheduler.burn_in_period,
                     resample_probability=scheduler.resample_probability,
@@ -474,11 +473,27 @@ class RayclPBT(_RayclPopulation, PopulationBasedTraining):
     """Ray's ``PopulationBasedTraining`` with raycl's additions (:class:`_RayclPopulation`)."""
 
 
-class RayclPB2(_RayclPopulation, PB2):
-    """Ray's ``PB2`` with raycl's additions (:class:`_RayclPopulation`)."""
+def _pb2_class() -> type:
+    """:class:`RayclPB2`, built at first use (as Ray imports PB2): PB2's scikit-learn and SciPy
+    (~1 s of CPU) are not for every process importing this module (a population trial's)."""
+    if "RayclPB2" not in globals():
+        from ray.tune.schedulers.pb2 import PB2
+
+        class RayclPB2(_RayclPopulation, PB2):
+            """Ray's ``PB2`` with raycl's additions (:class:`_RayclPopulation`)."""
+
+        RayclPB2.__qualname__ = "RayclPB2"  # pickled (with the tuner) as raycl.pbt.RayclPB2
+        globals()["RayclPB2"] = RayclPB2
+    return globals()["RayclPB2"]
 
 
-__all__ = ["EXPLOIT_TAG", "MUTATION_PREFIX", "ClampToDomains", "RayclPB2", "RayclPBT",
+def __getattr__(name: str) -> Any:  # raycl.pbt.RayclPB2, built on demand (unpickling too)
+    if name == "RayclPB2":
+        return _pb2_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["EXPLOIT_TAG", "MUTATION_PREFIX", "ClampToDomains", "RayclPBT",
            "bounds", "clamp", "copy_missing_files", "copy_run_files", "exploit_summary",
            "initial_space", "mutations",
            "next_sync_epoch", "perturbs_at", "population_scheduler", "population_search",

@@ -127,6 +127,15 @@ def _keep_train_coordinator_on_this_node() -> None:
                                           exc_info=True)
 
 
+def _trains_with_workers(config: CoreConfig) -> bool:
+    """Whether any trial of the sweep may train with Ray Train workers (scaling.num_workers is
+    searchable)."""
+    from raycl.config.search_config import searched_variants
+
+    return any(variant.scaling.num_workers > 0
+               for _, variant in searched_variants(config, ("scaling.num_workers",)))
+
+
 def tuner_search(config: CoreConfig) -> tuple[dict[str, Any], Any, int, Any]:
     """``(param_space, search_alg, num_samples, scheduler)`` of the sweep's Tuner: the searcher
     and ASHA (or FIFO) for a search space; for an empty one, ``num_samples`` repeats of the
@@ -181,7 +190,8 @@ def build_tuner(
 
     plan = plan or plan_sweep(config, search_file, fresh)
     start_relay()  # trials on other nodes log to MLflow through this one
-    _keep_train_coordinator_on_this_node()
+    if _trains_with_workers(config):  # in-process trials start no Train controller
+        _keep_train_coordinator_on_this_node()
 
     # Trials run in directories of their own: every path they get must be absolute.
     config = with_absolute_paths(config)

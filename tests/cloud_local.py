@@ -308,6 +308,7 @@ def interrupt_bucket(port: int, marker: Path, log: dict[str, Any], tracking_uri:
         time.sleep(0.2)
     mark(f"{name}: bucket stops")
     log["server"].stop()
+    log["resume"].touch()  # the paused worker goes on: epoch 2's upload meets the outage
     log["stopped_at"] = time.time()
     log["refused"] = refuses(port)
     if not output.is_file():
@@ -328,14 +329,15 @@ def bucket_outage(server: Any, endpoint: str, storage: str, tracking_uri: str,
     into the outage.
     Returns the outcome and the bucket's server (a new one, once restarted)."""
     marker = root / f"{name}.paused"
-    log: dict[str, Any] = {"server": server}
+    log: dict[str, Any] = {"server": server, "resume": root / f"{name}.resume"}
     interrupter = threading.Thread(target=interrupt_bucket, daemon=True, args=(
         int(endpoint.rsplit(":", 1)[1]), marker, log, tracking_uri, name, root / "output.log"))
     interrupter.start()
     # The pause outlasts the epoch's way to MLflow (the moment the bucket goes: ~0.5 s alone,
     # a few s on busy cores), so the outage starts before epoch 2's checkpoint, and after Ray
-    # Train's controller recorded epoch 1's.
-    fault = {"after_epoch": 1, "marker": str(marker), "settle_seconds": 1, "pause_seconds": 5}
+    # Train's controller recorded epoch 1's; it ends as soon as the bucket has gone.
+    fault = {"after_epoch": 1, "marker": str(marker), "settle_seconds": 1, "pause_seconds": 5,
+             "resume": str(log["resume"])}
     outcome = run_sweep(sweep_config(name, storage, tracking_uri, *REFERENCE), fault)
     interrupter.join(timeout=10)
     outcome.update({key: log.get(key) for key in ("stopped_at", "restarted_at", "refused")})
@@ -536,7 +538,9 @@ def start_autoscaling_head(root: Path) -> tuple[Spawned, str]:
     # them it looked for the newest Ray on the machine and hung until its 12 s monitor timeout
     # ("Found multiple active Ray instances", "Failed to query Ray Train Controller").
     os.environ["RAY_ADDRESS"] = address
-    env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
+    # No preemption watcher per trial: nothing drains a node in this scenario.
+    env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+           "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
     head = spawn(
         [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
          "--node-ip-address=127.0.0.1", f"--port={port}", f"--autoscaling-config={config}",
@@ -565,7 +569,7 @@ def wait_for_head(head: subprocess.Popen, address: str, root: Path,
                 return
         except Exception:  # the GCS is not serving yet
             pass
-        time.sleep(1)
+        time.sleep(0.25)
     logs = [root / "ray-head.log", *sorted((root / "ray").glob("session_latest/logs/*.out")),
             *sorted((root / "ray").glob("session_latest/logs/*.err"))]
     tails = "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-1500:]}"
@@ -643,7 +647,7 @@ def autoscale(root: Path, storage: str) -> dict[str, Any]:
         # anyway (a detached actor left on one keeps it: raycl.tune pins Ray Train's to the head).
         ended = time.monotonic()
         while alive_workers(address) and time.monotonic() < ended + 60:
-            time.sleep(1)
+            time.sleep(0.25)
         outcome["workers_after_idle"] = alive_workers(address)
         mark("idle workers gone")
         outcome["released_after_s"] = round(time.monotonic() - ended, 1)

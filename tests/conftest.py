@@ -44,6 +44,9 @@ os.environ.setdefault(*TRAIN_POLL)
 name_fault_file()
 
 
+PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"  # Ray Train V2's switch
+
+
 @pytest.fixture(scope="session")
 def ray_session(data_cache: Path):
     """Started after data_cache so that Ray's workers inherit RAYCL_CACHE."""
@@ -51,7 +54,18 @@ def ray_session(data_cache: Path):
 
     from raycl.tune import init_ray
 
-    init_ray(num_cpus=2, include_dashboard=True, log_to_driver=False)
+    # Ray Train's PreemptionWatcher (one more actor process per worker-group start, ~1.5 s of
+    # CPU) reports node drains, which only the cloud tests' own clusters see: off for this
+    # session's processes (they take it from the environment Ray starts in), not for later Rays.
+    before = os.environ.get(PREEMPTION_WATCHER)
+    os.environ[PREEMPTION_WATCHER] = "0"
+    try:
+        init_ray(num_cpus=2, include_dashboard=True, log_to_driver=False)
+    finally:
+        if before is None:
+            os.environ.pop(PREEMPTION_WATCHER)
+        else:
+            os.environ[PREEMPTION_WATCHER] = before
     yield ray
     ray.shutdown()
 

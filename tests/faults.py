@@ -35,14 +35,16 @@ def injected_fault(
     mid_epoch: bool = False,
     settle_seconds: float = 0.0,
     pause_seconds: float = 0.0,
+    resume: Path | str | None = None,
 ) -> Iterator[None]:
     """Inside the block, the first worker that finishes epoch ``after_epoch`` of stage ``stage``
     (with ``mid_epoch``: that reaches the middle of the next one) writes ``marker`` and dies: an
     exception in the calling process, a hard exit in a Ray Train worker (after
-    ``settle_seconds``), or, with ``pause_seconds``, a pause instead."""
+    ``settle_seconds``), or, with ``pause_seconds``, a pause instead (ended early once the file
+    ``resume`` exists)."""
     spec = {"after_epoch": after_epoch, "marker": str(marker), "stage": stage,
             "mid_epoch": mid_epoch, "settle_seconds": settle_seconds,
-            "pause_seconds": pause_seconds}
+            "pause_seconds": pause_seconds, "resume": str(resume) if resume else None}
     path = Path(os.environ[FAULT_ENV])
     # Written whole, then renamed: a worker reading at that moment sees no fault or all of it.
     partial = path.with_suffix(".partial")

@@ -515,3 +515,16 @@ def test_a_pickled_config_unpickles_in_a_process_that_imported_no_method() -> No
                             timeout=120)
     assert failed.returncode == 1
     assert "from raycl.methods import SearchConfig" in failed.stderr
+
+
+def test_train_coordinator_is_pinned_only_for_sweeps_with_train_workers(tmp_path: Path) -> None:
+    """raycl.tune pins Ray Train's coordinator actor (ray-project/ray#58481) only where a trial
+    may start a Train controller: scaling.num_workers > 0, or searched with such a value."""
+    from raycl.tune import _trains_with_workers
+
+    path = write(tmp_path, BASE)
+    assert not _trains_with_workers(load_search(path, ["scaling.num_workers=0"]))
+    assert _trains_with_workers(load_search(path, ["scaling.num_workers=1"]))
+    text = BASE + "    scaling.num_workers: {choice: [0, 2]}\n"
+    searched = load_search(write(tmp_path, text))
+    assert _trains_with_workers(searched)

@@ -79,3 +79,24 @@ def test_without_lightly_one_line_says_how_to_install_it_and_the_rest_runs(
     assert "pip install -e '.[peers]'" in notes[0]
     sides, notes = peers.runnable_sides(["raycl", "lightly", "plain"], "nnclr", True)
     assert sides == ["raycl", "lightly"] and "SimCLR only" in notes[0]
+
+
+def test_a_small_cnn_run_matches_the_model_on_every_side(tmp_path: Path) -> None:
+    import torch
+
+    settings = peers.matched_settings("simclr", "small_cnn", 16, 2, epochs=2)
+    assert settings.projector == (256, 512, 128)  # the projector reads small_cnn's features
+    assert (settings.resolution, settings.epochs) == (16, 2)
+    rows = dict(peers.settings_rows(settings))
+    assert "small_cnn" in rows["backbone"] and "16 px" in rows["data"]
+    backbone = peers.peer_backbone("small_cnn")
+    assert backbone(torch.zeros(2, 3, 16, 16)).shape == (2, settings.projector[0])
+    folder = peers.write_image_folder(  # the config reads the folder's classes
+        tmp_path / "folder", peers.replace(settings, train_images=600, test_images=20))
+    assert len(list((folder / "train").rglob("*.png"))) == 600
+    config = peers.raycl_config(folder, tmp_path, settings, 0, "cpu", "name")
+    assert (config.model.backbone, config.model.width) == ("small_cnn", peers.SMALL_CNN_WIDTH)
+    assert config.data.resolution == 16 and config.train.epochs == 2
+    assert peers.matched_settings("simclr", "resnet18", 32, 2).projector == (512, 512, 128)
+    with pytest.raises(ValueError, match="backbone must be one of"):
+        peers.matched_settings("simclr", "vit", 32, 2)

@@ -1,7 +1,8 @@
 """Faults on the MLflow logging path, end to end: ``python -m raycl.tune`` sweeps (each starting
-its own Ray) through a driver interrupted (SIGINT) and then killed outright, an MLflow server
-down for seconds, and a sqlite store another process holds locked; plus the retry layer's bound
-(raycl.tracking.retry) and the runs of trials a killed driver's Tune state lost, without Ray."""
+its own Ray) through a driver killed outright and resumed through a sqlite store another process
+holds locked, and through an MLflow server down for seconds, then a Ctrl+C (SIGINT) to that
+driver; plus the retry layer's bound and its one-row retried metrics (raycl.tracking.retry) and
+the runs of trials a killed driver's Tune state lost, without Ray."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from pathlib import Path
 
 import pytest
 from listening import ListenerSampler
-from local_servers import free_port, marked_processes, spawn, wait_for_http
+from local_servers import free_port, spawn, wait_for_http
 from mlflow import MlflowClient
+from mlflow.entities import Run
 from test_tracking import StubTrial
 
 from raycl.config.search_config import SearchConfig
@@ -27,23 +29,16 @@ from raycl.tracking.runs import ROLE_TAG, TRIAL_TAG, mlflow_client
 
 REPO = Path(__file__).resolve().parents[1]
 # The two sweeps start a Ray of their own each (RAY_ADDRESS=local) and share nothing: no xdist
-# group, so each is a unit of its own that starts early (tests/xdist_order.py).
+# group, so each is a unit of its own that starts early (tests/xdist_order.py). Every driver
+# costs a Ray start-up and a trial process (torch, raycl) of its own: the killed sweep has two
+# drivers and two trials, the outage sweep one driver; a Ctrl+C needs no driver of its own (the
+# outage sweep's ends with one; test_confirm and test_pbt resume a Ctrl+C'd sweep).
 TINY = ["data.samples_per_combination=1", "data.resolution=16", "train.batch_size=64",
         "model.width=8", "model.projector_hidden_dim=32", "model.projector_dim=16",
-        "eval.linear_max_iter=50", "train.epochs=3", "eval.every_n_epochs=3",
-        "tune.scheduler.type=none", "scaling.cpus_per_worker=1",
+        "eval.linear_max_iter=50", "tune.scheduler.type=none", "scaling.cpus_per_worker=1",
         # Neither the sweep's baseline task nor the driver's encoder logging is under test here
         # (tests/test_end_to_end.py's quickstart has them): each is seconds of every driver.
         "eval.baseline=false", "mlflow.log_encoder=false"]
-# eval.diagnostics stays on: its end-of-trial plots keep a trial running for seconds after its
-# last epoch, so the SIGINT sent once a trial has logged a loss lands while it still runs. With
-# them off a 1 s trial could end first and the driver stop between trials (a fresh-clone CI run
-# exited 0 instead of 130).
-EPOCHS = [1, 2, 3]
-# How long the MLflow server stays down before it is started again; its start-up adds ~5 s
-# alone, more on busy cores, so the driver's retries (0.5, 1, 2, 4 s apart) meet it down for
-# several attempts and wait out the restart. Not longer: every second is waited.
-SERVER_DOWN_S = 2.0
 
 
 @pytest.fixture(autouse=True)
@@ -54,11 +49,16 @@ def _settings_stay_in_the_test(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-def sweep_command(tmp_path: Path, name: str, tracking_uri: str, trials: int = 2) -> list[str]:
+def sweep_command(tmp_path: Path, name: str, tracking_uri: str, trials: int = 2,
+                  epochs: int = 3, plots: bool = True) -> list[str]:
     """``trials`` trials of the quickstart at tiny sizes, one after the other, on a Ray of its
-    own."""
+    own: ``epochs`` epochs each, evaluated at the last; ``plots``: eval.diagnostics (the
+    end-of-trial spectrum and plots, which keep a trial running for seconds after its last
+    epoch)."""
+    overrides = [*TINY, f"train.epochs={epochs}", f"eval.every_n_epochs={epochs}",
+                 f"eval.diagnostics={str(plots).lower()}"]
     return [sys.executable, "-m", "raycl.tune", str(REPO / "searches" / "quickstart.yaml"),
-            *[arg for override in TINY for arg in ("--set", override)],
+            *[arg for override in overrides for arg in ("--set", override)],
             "--num-samples", str(trials),
             "--name", name, "--storage", str(tmp_path / "ray"), "--tracking-uri", tracking_uri]
 
@@ -83,15 +83,16 @@ def parent_runs(client: MlflowClient, name: str) -> list:
                               filter_string=f"tags.`{ROLE_TAG}` = 'sweep'")
 
 
-def wait_until(check: object, process: object, log: Path, timeout_s: float = 300) -> object:
-    """Poll ``check()`` every 0.5 s until it returns something true; fail with the log's tail
-    should the sweep end or the time run out first."""
+def wait_until(check: object, process: object, log: Path, timeout_s: float = 300,
+               poll_s: float = 0.5) -> object:
+    """Poll ``check()`` every ``poll_s`` until it returns something true; fail with the log's
+    tail should the sweep end or the time run out first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and process.poll() is None:  # type: ignore[attr-defined]
         found = check()  # type: ignore[operator]
         if found:
             return found
-        time.sleep(0.5)
+        time.sleep(poll_s)
     pytest.fail(f"not seen in time; the sweep's log ends:\n{log.read_text()[-3000:]}")
 
 
@@ -99,26 +100,30 @@ def steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
     return sorted(m.step for m in client.get_metric_history(run_id, key))
 
 
-def assert_one_run_per_trial_each_epoch_once(client: MlflowClient, name: str,
-                                             trials: int = 2) -> list:
+def assert_finished_with_each_epoch_once(client: MlflowClient, run: Run, epochs: int) -> None:
+    """A trial's run finished, every epoch's metrics logged once, the objective at the last."""
+    assert run.info.status == "FINISHED", run.data.tags
+    assert run.data.tags.get("raycl.ended") == "completed"
+    for key in ("train/loss", "train/lr", "train/epoch"):
+        assert steps(client, run.info.run_id, key) == list(range(1, epochs + 1)), key
+    assert steps(client, run.info.run_id, "val/linear/mean") == [epochs]
+
+
+def assert_one_run_per_trial_each_epoch_once(client: MlflowClient, name: str, trials: int,
+                                             epochs: int) -> list:
     """One child run per trial, each finished, every epoch's metrics logged once."""
     children = trial_runs(client, name)
     assert len(children) == trials, [r.data.tags.get(TRIAL_TAG) for r in children]
     assert len({r.data.tags[TRIAL_TAG] for r in children}) == trials
     for child in children:
-        assert child.info.status == "FINISHED", child.data.tags
-        assert child.data.tags.get("raycl.ended") == "completed"
-        for key in ("train/loss", "train/lr", "train/epoch"):
-            assert steps(client, child.info.run_id, key) == EPOCHS, key
-        assert steps(client, child.info.run_id, "val/linear/mean") == [3]
+        assert_finished_with_each_epoch_once(client, child, epochs)
     return children
 
 
 def hold_exclusive_lock(database: Path, until: Callable[[], bool], limit_s: float = 120,
-                        then_s: float = 3.0) -> threading.Thread:
-    """Another connection holds ``BEGIN EXCLUSIVE`` on the store, in a thread, until
-    ``until()`` (then ``then_s`` more, at most ``limit_s`` in all): no one else reads or writes
-    meanwhile, and sqlite's own wait (5 s in MLflow's engine) runs out."""
+                        poll_s: float = 0.1) -> threading.Thread:
+    """Another connection holds ``BEGIN EXCLUSIVE`` on the store, in a thread, until ``until()``
+    (checked every ``poll_s``; at most ``limit_s``): no one else reads or writes meanwhile."""
     taken = threading.Event()
 
     def hold() -> None:
@@ -128,8 +133,7 @@ def hold_exclusive_lock(database: Path, until: Callable[[], bool], limit_s: floa
             taken.set()
             deadline = time.monotonic() + limit_s
             while not until() and time.monotonic() < deadline:
-                time.sleep(0.5)
-            time.sleep(then_s)
+                time.sleep(poll_s)
             connection.execute("COMMIT")
         finally:
             connection.close()
@@ -141,81 +145,63 @@ def hold_exclusive_lock(database: Path, until: Callable[[], bool], limit_s: floa
 
 
 def test_driver_sigkilled_resumes_each_epoch_once_through_a_locked_store(tmp_path: Path) -> None:
-    """One three-trial sweep, stopped twice and resumed with the same command each time.
-    SIGINT to the driver once the first trial finished and the second logged an epoch: exit
-    130 with raycl's hint (not Ray's), the parent run KILLED. Resumed, then SIGKILL to the
-    driver's process group once two trials finished and the third logged an epoch. Resumed
-    again, the sqlite store held locked by another connection from that driver's start until
-    it has waited past sqlite's own 5 s: it finishes (exit 0), the finished trial is not re-run
-    (its run unchanged), the interrupted one kept its run, MLflow holds one parent and one child
-    run per trial (the run of a trial Tune's saved state had lost is deleted), and every epoch
-    of every trial is logged exactly once."""
+    """SIGKILL to the driver's process group (the driver and its Ray) once the first of two
+    trials finished and the second logged an epoch; the same command again, the sqlite store
+    held locked by another connection from the resumed driver's start until it has waited past
+    sqlite's own 5 s. The resume finishes (exit 0), the finished trial is not re-run (its run
+    unchanged), MLflow holds one parent and one child run per trial (the run of a trial Tune's
+    saved state had lost is deleted), and every epoch of both trials is logged exactly once.
+
+    The end-of-trial plots stay on: they keep the last trial running for seconds after the
+    epoch the kill waits for, so the kill lands while it runs, not after the sweep ended."""
     database = tmp_path / "mlflow.db"
     uri = f"sqlite:///{database}"
-    command = sweep_command(tmp_path, "stopped", uri, trials=3)
+    command = sweep_command(tmp_path, "killed", uri)
     client = MlflowClient(tracking_uri=uri)
 
-    def finished_and_training(finished: int) -> Callable[[], tuple | None]:
-        def check() -> tuple | None:
-            runs = trial_runs(client, "stopped")
-            done = [r for r in runs if r.info.status == "FINISHED"]
-            training = [r for r in runs if r.info.status == "RUNNING"
-                        and "train/loss" in r.data.metrics]
-            return (done[0], training[0]) if len(done) >= finished and training else None
-        return check
+    def finished_and_training() -> tuple | None:
+        runs = trial_runs(client, "killed")
+        done = [r for r in runs if r.info.status == "FINISHED"]
+        training = [r for r in runs if r.info.status == "RUNNING"
+                    and "train/loss" in r.data.metrics]
+        return (done[0], training[0]) if done and training else None
 
     first_log = tmp_path / "first.log"
     first = spawn(command, log=first_log, env=sweep_env())
     try:
-        done, interrupted_in = wait_until(finished_and_training(1), first.process, first_log)
-        first.process.send_signal(signal.SIGINT)  # Ctrl+C: the driver only
-        assert first.process.wait(timeout=120) == 130, first_log.read_text()[-3000:]
+        done, killed_in = wait_until(finished_and_training, first.process, first_log)
+        os.killpg(first.process.pid, signal.SIGKILL)  # the driver and its Ray, outright
+        first.process.wait(timeout=30)
     finally:
-        first.stop(grace_s=5)
-    out = first_log.read_text()
-    assert "interrupted; run the same command again" in out
-    assert "Tuner.restore" not in out, out[-3000:]  # raycl's hint only, not Ray's
-    assert parent_runs(client, "stopped")[0].info.status == "KILLED"
+        first.stop(grace_s=5)  # what survived in process groups of its own (Ray's workers)
     done_epochs = steps(client, done.info.run_id, "train/loss")
 
-    second_log = tmp_path / "second.log"
-    second = spawn(command, log=second_log, env=sweep_env())
-    try:
-        _, killed_in = wait_until(finished_and_training(2), second.process, second_log)
-        os.killpg(second.process.pid, signal.SIGKILL)  # the driver and its Ray, outright
-        second.process.wait(timeout=30)
-        time.sleep(1)  # Ray's workers see their raylet gone: what is left after that is printed
-        print("left alive by the SIGKILL:", marked_processes(second.token))
-    finally:
-        second.stop(grace_s=5)  # what survived in process groups of its own (Ray's workers)
-    assert "resuming sweep 'stopped'" in second_log.read_text()
-
-    out = resume_through_a_locked_store(command, database, tmp_path / "third.log")
-    parents = parent_runs(client, "stopped")
+    out = resume_through_a_locked_store(command, database, tmp_path / "second.log")
+    parents = parent_runs(client, "killed")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    children = assert_one_run_per_trial_each_epoch_once(client, "stopped", trials=3)
-    assert interrupted_in.info.run_id in {r.info.run_id for r in children}
+    children = assert_one_run_per_trial_each_epoch_once(client, "killed", trials=2, epochs=3)
     if killed_in.info.run_id not in {r.info.run_id for r in children}:
         # Created after Tune's last upload of its state: the trial was replaced by a new one.
         assert client.get_run(killed_in.info.run_id).info.lifecycle_stage == "deleted"
         assert "was lost with the killed driver" in out
     again = client.get_run(done.info.run_id)  # the finished trial was not re-run
     assert again.info.end_time == done.info.end_time
-    assert steps(client, done.info.run_id, "train/loss") == done_epochs == EPOCHS
+    assert steps(client, done.info.run_id, "train/loss") == done_epochs == [1, 2, 3]
 
 
 def resume_through_a_locked_store(command: list[str], database: Path, log: Path) -> str:
     """Run ``command`` again, the store locked from before the resumed driver's first write
-    until it has said it waits; it must finish (exit 0) having waited and come back. Its
-    output."""
+    until it has said it waits; it must resume, and finish (exit 0) having waited and come
+    back. Its output."""
     resumed = spawn(command, log=log, env=sweep_env())
     try:
-        wait_until(lambda: "resuming sweep" in log.read_text(), resumed.process, log)
+        # Read every 0.1 s (a file): locked well before the driver opens the store, a second
+        # or so after it says it resumes. It opens it with sqlite's 5 s wait and says it waits.
+        wait_until(lambda: "resuming sweep" in log.read_text(), resumed.process, log,
+                   poll_s=0.1)
         locked = time.monotonic()
-        # Released once the driver said it waits: its next attempt (0.5 s later) then blocks in
-        # sqlite's own wait until the lock goes, and succeeds.
-        hold_exclusive_lock(database, lambda: "retrying for up to" in log.read_text(),
-                            then_s=0.5).join()
+        # Released as soon as the driver said it waits: its next attempt, 0.5 s later, succeeds.
+        hold_exclusive_lock(database, lambda: "retrying for up to" in log.read_text()).join()
         print(f"the store was locked for {time.monotonic() - locked:.0f} s")
         assert resumed.process.wait(timeout=400) == 0, log.read_text()[-3000:]
     finally:
@@ -230,8 +216,12 @@ def test_mlflow_server_down_mid_sweep_loses_nothing_on_a_loopback_only_ray(
     tmp_path: Path,
 ) -> None:
     """A real ``python -m raycl.server`` over sqlite, its process group SIGKILLed once the first
-    epoch reached it and started again on the same port ``SERVER_DOWN_S`` later: the sweep
-    waits it out (exit 0, its trial FINISHED) and the server holds every epoch once.
+    epoch reached it and started again on the same port at once (down for its own start-up,
+    seconds): the sweep waits it out, and its first trial FINISHED with every epoch on the
+    server once. Then Ctrl+C (SIGINT to the driver only) as the second trial starts: exit 130
+    with raycl's hint (not Ray's ``Tuner.restore``), the parent run KILLED and the stopped
+    trial's run KILLED as interrupted. (A Ctrl+C'd sweep resumed: tests/test_confirm.py,
+    tests/test_pbt.py.)
 
     The sweep starts a Ray of its own (RAY_ADDRESS=local: a workstation without a cluster):
     sampled every half second from start to end, nothing of its process tree listens beyond
@@ -247,26 +237,46 @@ def test_mlflow_server_down_mid_sweep_loses_nothing_on_a_loopback_only_ray(
     sweep = None
     try:
         wait_for_http(f"{url}/health", server.process, timeout_s=120, any_status=False)
-        # One trial (the driver's waiting is the same for every trial's writes).
-        sweep = spawn(sweep_command(tmp_path, "outage", url, trials=1), log=sweep_log,
-                      env=sweep_env())
+        # Two epochs, no end-of-trial plots: the outage meets the first trial's second epoch,
+        # and the Ctrl+C is sent as the second trial starts, with all of it still to run.
+        sweep = spawn(sweep_command(tmp_path, "outage", url, epochs=2, plots=False),
+                      log=sweep_log, env=sweep_env())
         listeners = ListenerSampler(sweep.process.pid).start()
         client = MlflowClient(tracking_uri=url)
-        wait_until(lambda: any("train/loss" in r.data.metrics
-                               for r in trial_runs(client, "outage")), sweep.process, sweep_log)
+        first = wait_until(lambda: next((r for r in trial_runs(client, "outage")
+                                         if "train/loss" in r.data.metrics), None),
+                           sweep.process, sweep_log)
         os.killpg(server.process.pid, signal.SIGKILL)
         server.stop(grace_s=5)
         down = time.monotonic()
-        time.sleep(SERVER_DOWN_S)
-        assert sweep.process.poll() is None, sweep_log.read_text()[-3000:]
+        # At once: the server's start-up (seconds) is the outage the driver's next calls meet.
         server = spawn(server_command, log=server_log)
         wait_for_http(f"{url}/health", server.process, timeout_s=120, any_status=False)
         print(f"MLflow was down {time.monotonic() - down:.0f} s")
-        assert sweep.process.wait(timeout=400) == 0, sweep_log.read_text()[-3000:]
+        assert sweep.process.poll() is None, sweep_log.read_text()[-3000:]
+
+        def second_started() -> bool:
+            runs = trial_runs(client, "outage")
+            return len(runs) == 2 and any(r.info.status == "FINISHED" for r in runs)
+
+        wait_until(second_started, sweep.process, sweep_log)
+        sweep.process.send_signal(signal.SIGINT)  # Ctrl+C: the driver only
+        assert sweep.process.wait(timeout=120) == 130, sweep_log.read_text()[-3000:]
         listeners.stop()
         out = sweep_log.read_text()
         assert "retrying for up to" in out and "back after" in out, out[-3000:]
-        assert_one_run_per_trial_each_epoch_once(client, "outage", trials=1)
+        assert "interrupted; run the same command again" in out
+        assert "Tuner.restore" not in out, out[-3000:]  # raycl's hint only, not Ray's
+        (parent,) = parent_runs(client, "outage")
+        assert parent.info.status == "KILLED" and parent.data.tags["raycl.interrupted"] == "true"
+        runs = {r.info.run_id: r for r in trial_runs(client, "outage")}
+        assert len(runs) == 2
+        assert_finished_with_each_epoch_once(client, runs.pop(first.info.run_id), epochs=2)
+        (second,) = runs.values()
+        print(f"the second trial after the Ctrl+C: {second.info.status}")
+        if second.info.status != "FINISHED":  # (a signal late by seconds: it ended first)
+            assert second.info.status == "KILLED", second.data.tags
+            assert second.data.tags.get("raycl.ended") == "interrupted"
         listeners.assert_loopback_only()
     finally:
         if sweep is not None:
@@ -279,28 +289,39 @@ def test_a_store_away_past_the_bound_stops_with_a_clear_error(
 ) -> None:
     """Nothing listens: the call is retried for $RAYCL_MLFLOW_RETRY_S, then one error names
     the store, how long it waited, and what to do."""
-    monkeypatch.setenv(RETRY_ENV, "2")
+    monkeypatch.setenv(RETRY_ENV, "1")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     uri = f"http://127.0.0.1:{free_port()}"
     started = time.monotonic()
     with pytest.raises(TrackingUnavailableError) as error:
         mlflow_client(uri).set_tag("0" * 32, "raycl.x", "1")
-    assert 2 <= time.monotonic() - started < 30
+    assert 1 <= time.monotonic() - started < 30
     message = str(error.value)
     assert f"MLflow at {uri} stayed unavailable" in message
     assert "run the same command again" in message and RETRY_ENV in message
 
 
-def test_a_locked_store_is_waited_out_and_a_metric_logged_once(tmp_path: Path) -> None:
-    """A write that meets sqlite's lock (held 7 s, past sqlite's own 5 s wait) is retried;
-    the metric, retried with its first timestamp, is one row."""
-    database = tmp_path / "mlflow.db"
-    client = mlflow_client(f"sqlite:///{database}")
+def test_a_locked_store_is_waited_out_and_a_metric_logged_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A metric write that reached the store but failed on the way back (sqlite's "database
+    is locked") is retried, with its first timestamp: the store holds one row. (A store really
+    held locked past sqlite's wait: the driver-kill test's resume above. Within a call MLflow's
+    sqlite sessions wait up to 20 s for a lock, so a lock of seconds never fails a write.)"""
+    client = mlflow_client(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run_id = client.create_run(client.create_experiment("locked")).info.run_id
-    taken = time.monotonic()
-    holder = hold_exclusive_lock(database, lambda: time.monotonic() - taken > 4, then_s=3)
+    attempts: list[tuple] = []
+    write = MlflowClient.log_metric
+
+    def written_then_locked(self: MlflowClient, *args: object) -> None:
+        attempts.append(args)
+        write(self, *args)
+        if len(attempts) == 1:
+            raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(MlflowClient, "log_metric", written_then_locked)
     client.log_metric(run_id, "train/loss", 0.5, step=1)
-    holder.join()
+    assert len(attempts) == 2 and attempts[0] == attempts[1]  # the same timestamp twice
     history = client.get_metric_history(run_id, "train/loss")
     assert [(m.step, m.value) for m in history] == [(1, 0.5)]
 

@@ -9,7 +9,8 @@ file's content changes from test to test.
 
 The spec: ``after_epoch``, ``marker`` (a file: the fault happens once), optional ``stage``
 (default 0), ``settle_seconds`` and ``pause_seconds`` (instead of dying, the worker waits that
-long: a test then preempts or kills its node, tests/cloud_local.py), and ``mid_epoch`` (die
+long: a test then preempts or kills its node, tests/cloud_local.py), ``resume`` (a file whose
+appearance ends the pause early), and ``mid_epoch`` (die
 halfway through the epoch after ``after_epoch``, between two steps, instead of right after its
 report: stream mode's decoders are then mid-pipeline).
 """
@@ -70,8 +71,12 @@ def maybe_inject_fault(
         raise RuntimeError("injected fault")
     time.sleep(float(fault.get("settle_seconds", 0)))
     if fault.get("pause_seconds"):
-        # Not a crash: hold still (the marker says where) while the test takes the node away.
-        time.sleep(float(fault["pause_seconds"]))
+        # Not a crash: hold still (the marker says where) while the test takes the node away,
+        # or until the file ``resume`` names exists (the test did what the pause waited for).
+        deadline = time.monotonic() + float(fault["pause_seconds"])
+        resume = fault.get("resume")
+        while time.monotonic() < deadline and not (resume and os.path.exists(resume)):
+            time.sleep(0.1)
         return
     os._exit(1)  # a hard worker crash, not an exception Ray could see coming
 
