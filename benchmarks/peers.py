@@ -654,6 +654,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backbone", choices=tuple(BACKBONES), default="resnet18")
     parser.add_argument("--resolution", type=int, default=32, help="image side in pixels")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0, help="torch seed of every run")
     parser.add_argument("--train-images", type=int, default=None,
                         help="images in train/ (default 4000; --quick 536)")
     parser.add_argument("--epochs", type=int, default=None,
@@ -687,6 +688,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--resolution must be >= 16 (small_cnn halves the image three times)")
     settings = matched_settings(args.method, args.backbone, args.resolution, args.threads,
                                 quick=args.quick, epochs=args.epochs)
+    settings = replace(settings, seed=args.seed)
     if args.train_images is not None:
         if args.train_images < 2 * settings.batch_size + 24:
             raise SystemExit(f"--train-images must be >= {2 * settings.batch_size + 24} "
