@@ -186,15 +186,15 @@ def raycl_vs_plain(args: argparse.Namespace, device: torch.device, batches: Batc
 
 
 def training_variants(args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
-    """The default (``amp: auto``, channels_last as raycl sets it for a convolutional network
-    on either device, no compile), then one knob at a time."""
+    """The default (``amp: auto``, channels_last on CUDA, no compile), then one knob at a time."""
     cuda = device.type == "cuda"
     default_amp = resolve_amp("auto", device)
-    variants = [("default", default_amp, True, False)]
+    variants = [("default", default_amp, cuda, False)]
     amps = ["off", "fp16", "bf16"] if cuda else (["off", "bf16"] if not args.quick else [])
-    variants += [(f"amp {amp}", amp, True, False) for amp in amps if amp != default_amp]
+    variants += [(f"amp {amp}", amp, cuda, False) for amp in amps if amp != default_amp]
     if cuda or not args.quick:
-        variants.append(("channels_last off", default_amp, False, False))
+        variants.append((f"channels_last {'off' if cuda else 'on'}", default_amp, not cuda,
+                         False))
     return run_variants(args, device, variants)
 
 
@@ -206,10 +206,10 @@ def compile_variant(args: argparse.Namespace, device: torch.device) -> list[dict
         return []
     if out_of_time(args):
         return [{"label": "torch.compile", "amp": resolve_amp("auto", device),
-                 "channels_last": True, "compile": True,
+                 "channels_last": device.type == "cuda", "compile": True,
                  "error": "skipped: --time-budget spent"}]
     return run_variants(args, device, [("torch.compile", resolve_amp("auto", device),
-                                        True, True)])
+                                        device.type == "cuda", True)])
 
 
 def run_variants(args: argparse.Namespace, device: torch.device,

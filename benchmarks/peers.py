@@ -122,7 +122,8 @@ def quick_settings(settings: Settings) -> Settings:
 
 
 def matched_settings(method: str, backbone: str, resolution: int, threads: int, *,
-                     quick: bool = False, epochs: int | None = None) -> Settings:
+                     quick: bool = False, epochs: int | None = None,
+                     train_images: int | None = None, seed: int = 0) -> Settings:
     """The settings of one benchmark run, from its command line.
 
     Args:
@@ -132,18 +133,34 @@ def matched_settings(method: str, backbone: str, resolution: int, threads: int, 
         threads: torch threads of every training process.
         quick: ``--quick``'s sizes (:func:`quick_settings`).
         epochs: epochs per run (the first is warm-up), or None for the default.
+        train_images: images in ``train/``, or None for the default.
+        seed: torch seed of every run.
 
     Returns:
         The settings every side trains with.
+
+    Raises:
+        ValueError: an unknown backbone, fewer than 2 epochs, or too few images for two full
+            batches after raycl's validation share.
     """
     if backbone not in BACKBONES:
         raise ValueError(f"backbone must be one of {', '.join(BACKBONES)}, got {backbone!r}")
     widths = Settings().projector
-    settings = Settings(method=method, threads=threads, backbone=backbone,
+    settings = Settings(method=method, threads=threads, backbone=backbone, seed=seed,
                         resolution=resolution, projector=(BACKBONES[backbone], *widths[1:]))
     if quick:
         settings = quick_settings(settings)
-    return settings if epochs is None else replace(settings, epochs=epochs)
+    if epochs is not None:
+        if epochs < 2:
+            raise ValueError("--epochs must be >= 2 (the first epoch is warm-up, not measured)")
+        settings = replace(settings, epochs=epochs)
+    if train_images is not None:
+        least = 2 * settings.batch_size + 24
+        if train_images < least:
+            raise ValueError(f"--train-images must be >= {least} "
+                             "(two full batches after raycl's validation share)")
+        settings = replace(settings, train_images=train_images)
+    return settings
 
 
 def settings_rows(settings: Settings) -> list[tuple[str, str]]:
@@ -671,8 +688,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
-    if args.epochs is not None and args.epochs < 2:
-        raise SystemExit("--epochs must be >= 2 (the first epoch is warm-up, not measured)")
     import torch
 
     if args.device == "auto":
@@ -686,14 +701,12 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.resolution < 16:
         raise SystemExit("--resolution must be >= 16 (small_cnn halves the image three times)")
-    settings = matched_settings(args.method, args.backbone, args.resolution, args.threads,
-                                quick=args.quick, epochs=args.epochs)
-    settings = replace(settings, seed=args.seed)
-    if args.train_images is not None:
-        if args.train_images < 2 * settings.batch_size + 24:
-            raise SystemExit(f"--train-images must be >= {2 * settings.batch_size + 24} "
-                             "(two full batches after raycl's validation share)")
-        settings = replace(settings, train_images=args.train_images)
+    try:
+        settings = matched_settings(args.method, args.backbone, args.resolution, args.threads,
+                                    quick=args.quick, epochs=args.epochs,
+                                    train_images=args.train_images, seed=args.seed)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     sides = (args.sides.split(",") if args.sides
              else ["raycl", "lightly", "plain"] if args.quick else list(SIDES))
     unknown = sorted(set(sides) - set(SIDES))

@@ -98,5 +98,12 @@ def test_a_small_cnn_run_matches_the_model_on_every_side(tmp_path: Path) -> None
     assert (config.model.backbone, config.model.width) == ("small_cnn", peers.SMALL_CNN_WIDTH)
     assert config.data.resolution == 16 and config.train.epochs == 2
     assert peers.matched_settings("simclr", "resnet18", 32, 2).projector == (512, 512, 128)
+    full = peers.matched_settings("simclr", "resnet18", 32, 2, epochs=2, train_images=2560,
+                                  seed=1)
+    assert (full.epochs, full.train_images, full.seed) == (2, 2560, 1)
     with pytest.raises(ValueError, match="backbone must be one of"):
         peers.matched_settings("simclr", "vit", 32, 2)
+    with pytest.raises(ValueError, match="--epochs must be >= 2"):
+        peers.matched_settings("simclr", "resnet18", 32, 2, epochs=1)
+    with pytest.raises(ValueError, match="--train-images must be >= 536"):
+        peers.matched_settings("simclr", "resnet18", 32, 2, train_images=500)
