@@ -53,9 +53,9 @@ if str(REPO) not in sys.path:  # run as a script: raycl from this checkout
 METHODS: tuple[str, ...] = ("simclr", "nnclr", "mocov2")
 SIDES: tuple[str, ...] = ("raycl", "raycl-ray", "lightly", "plain")
 # resnet18: the issue's backbone (compute-bound on a CPU at 32 px); small_cnn: a cheap model,
-# where the data pipeline decides the speed. Their feature widths (the projector's input).
-BACKBONES: dict[str, int] = {"resnet18": 512, "small_cnn": 256}
-SMALL_CNN_WIDTH = 32  # raycl's default model.width
+# where the data pipeline decides the speed.
+BACKBONES: tuple[str, ...] = ("resnet18", "small_cnn")
+SMALL_CNN_WIDTH = 32  # raycl's default model.width (test_peers_bench checks it stays so)
 # The line printed (and the row shown) when lightly is not installed.
 LIGHTLY_MISSING = ("lightly is not installed: its rows are skipped "
                    "(pip install -e '.[peers]' installs lightly 1.6.0)")
@@ -128,7 +128,7 @@ def matched_settings(method: str, backbone: str, resolution: int, threads: int, 
 
     Args:
         method: simclr, nnclr or mocov2.
-        backbone: a key of :data:`BACKBONES`; the projector's input is its feature width.
+        backbone: one of :data:`BACKBONES`; the projector's input is its feature width.
         resolution: image side in pixels.
         threads: torch threads of every training process.
         quick: ``--quick``'s sizes (:func:`quick_settings`).
@@ -145,9 +145,12 @@ def matched_settings(method: str, backbone: str, resolution: int, threads: int, 
     """
     if backbone not in BACKBONES:
         raise ValueError(f"backbone must be one of {', '.join(BACKBONES)}, got {backbone!r}")
+    from raycl.models.backbones import build_backbone
+
+    features = build_backbone(backbone, 3, SMALL_CNN_WIDTH)[1]
     widths = Settings().projector
     settings = Settings(method=method, threads=threads, backbone=backbone, seed=seed,
-                        resolution=resolution, projector=(BACKBONES[backbone], *widths[1:]))
+                        resolution=resolution, projector=(features, *widths[1:]))
     if quick:
         settings = quick_settings(settings)
     if epochs is not None:
@@ -668,7 +671,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="2 batches per epoch, 2 epochs, no Ray Train worker (< 10 min)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--method", choices=METHODS, default="simclr")
-    parser.add_argument("--backbone", choices=tuple(BACKBONES), default="resnet18")
+    parser.add_argument("--backbone", choices=BACKBONES, default="resnet18")
     parser.add_argument("--resolution", type=int, default=32, help="image side in pixels")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0, help="torch seed of every run")

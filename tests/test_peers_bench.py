@@ -96,6 +96,9 @@ def test_a_small_cnn_run_matches_the_model_on_every_side(tmp_path: Path) -> None
     assert len(list((folder / "train").rglob("*.png"))) == 600
     config = peers.raycl_config(folder, tmp_path, settings, 0, "cpu", "name")
     assert (config.model.backbone, config.model.width) == ("small_cnn", peers.SMALL_CNN_WIDTH)
+    from raycl.config.training import ModelConfig
+
+    assert ModelConfig.model_fields["width"].default == peers.SMALL_CNN_WIDTH
     assert config.data.resolution == 16 and config.train.epochs == 2
     assert peers.matched_settings("simclr", "resnet18", 32, 2).projector == (512, 512, 128)
     full = peers.matched_settings("simclr", "resnet18", 32, 2, epochs=2, train_images=2560,

@@ -10,9 +10,9 @@ file's content changes from test to test.
 The spec: ``after_epoch``, ``marker`` (a file: the fault happens once), optional ``stage``
 (default 0), ``settle_seconds`` and ``pause_seconds`` (instead of dying, the worker waits that
 long: a test then preempts or kills its node, tests/cloud_local.py), ``resume`` (a file whose
-appearance ends the pause early), and ``mid_epoch`` (die
-halfway through the epoch after ``after_epoch``, between two steps, instead of right after its
-report: stream mode's decoders are then mid-pipeline).
+appearance ends the pause early), and ``mid_epoch`` (die halfway through the epoch after
+``after_epoch``, between two steps, instead of right after its report: stream mode's decoders
+are then mid-pipeline).
 """
 
 from __future__ import annotations
