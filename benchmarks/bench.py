@@ -183,8 +183,8 @@ def steady(rates: list[float]) -> float:
 def between_stages(args: argparse.Namespace, root: Path, repeats: int) -> dict[str, Any]:
     """raycl's embedding pass vs a bare no_grad loop over the same training images (both on
     ``args.device``, in the precision raycl's evaluation uses there), and k-means."""
-    from raycl.cluster import kmeans
     from raycl.data import load_dataset
+    from raycl.kmeans import kmeans
     from raycl.methods import build_method
     from raycl.worker.cuda import prefer_channels_last
     from raycl.worker.embed import embed_images

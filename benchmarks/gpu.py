@@ -360,7 +360,7 @@ def kmeans_timing(args: argparse.Namespace, device: torch.device) -> dict[str, A
         return {"points": args.kmeans_points, "dim": args.kmeans_dim, "k": args.kmeans_k,
                 "faiss_gpus": f"faiss not installed ({exc})"}
 
-    from raycl.cluster import kmeans
+    from raycl.kmeans import kmeans
 
     features = np.random.default_rng(0).standard_normal(
         (args.kmeans_points, args.kmeans_dim)).astype(np.float32)

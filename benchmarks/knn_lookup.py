@@ -3,7 +3,7 @@
 All4One looks up the k = 5 nearest queue entries for the momentum projections of *both* views
 every step (2 lookups of B queries each; NNCLR: k = 1, 1 or 2 lookups). For each queue size Q
 this measures, side by side in one process, the median time of one step's lookups (2 calls of
-:func:`raycl.queues.cosine_topk`, B queries each, D-wide L2-normalised float32 keys):
+:func:`raycl.methods.queues.cosine_topk`, B queries each, D-wide L2-normalised float32 keys):
 
 - ``torch``: matmul + ``topk`` on ``--device``;
 - ``faiss``: ``faiss.knn`` exact inner product on the host. With ``--device cuda`` (no
@@ -18,7 +18,7 @@ fraction of equal top-k positions; ties aside they agree). With ``--steps-json``
 ``benchmarks/method_steps.py`` result holding an ``all4one`` and/or ``nnclr`` step time) the
 lookups are also given as a share of that step (All4One's for k > 1, NNCLR's for k = 1; a
 symmetric NNCLR also looks up both views). Needs torch, numpy and faiss only (no Ray, no
-MLflow: ``raycl.queues`` imports nothing else):
+MLflow: ``raycl.methods.queues`` imports nothing else):
 
     .venv/bin/python benchmarks/knn_lookup.py --steps-json benchmarks/method_steps_all4one.json \\
         --out benchmarks/knn_lookup.json                      # CPU, Q = 16k, 64k, 98k, k = 5
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from raycl.queues import FeatureQueue, cosine_topk  # noqa: E402
+from raycl.methods.queues import FeatureQueue, cosine_topk  # noqa: E402
 
 
 def timed(fn: Callable[[], object], device: torch.device) -> float:

@@ -20,8 +20,8 @@ import argparse
 import os
 import sys
 
-from raycl.closed_stdout import CLOSED_EXIT_CODE, stdout_closed
 from raycl.config.sweep import add_tracking_uri_option, resolve_tracking_uri
+from raycl.tracking.closed_stdout import CLOSED_EXIT_CODE, stdout_closed
 from raycl.tracking.retry import RETRY_ENV, TrackingUnavailableError
 from raycl.tracking.runs import ROLE_TAG, mlflow_client
 from raycl.tracking.trial_table import ColumnChoice, print_leaderboard

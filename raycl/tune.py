@@ -1,7 +1,7 @@
 """``python -m raycl.tune SEARCH.yaml``: run (or resume) a sweep.
 
-Every trial is :func:`raycl.pipeline.run_trial`, which builds and fits one ``TorchTrainer`` for
-all its stages (the Ray Train V2 pattern); Optuna proposes the trials (feasible ones only), ASHA
+Every trial is :func:`raycl.trial.trainable.run_trial`, which builds and fits one ``TorchTrainer``
+for all its stages (the Ray Train V2 pattern); Optuna proposes the trials (feasible ones only), ASHA
 stops weak ones early on the validation objective, and :class:`raycl.tracking.MLflowSweepCallback`
 mirrors everything into MLflow. With an empty search space the trials are repeats that differ only
 by seed, each run to the end.
@@ -18,14 +18,12 @@ import os
 import sys
 from typing import Any
 
-from raycl.closed_stdout import CLOSED_EXIT_CODE, stdout_closed
 from raycl.config.problems import with_checks
 from raycl.config.schema import ConfigError, CoreConfig, error_lines
 from raycl.config.search_config import apply_overrides, schema_markdown
 from raycl.data.listed_once import listed_once
 from raycl.data.load import LoaderChoice, choose_loader
 from raycl.data.sources.folders import skip_notice
-from raycl.dry_run import collapse_notices, print_dry_run
 from raycl.launch.checks import ENVIRONMENT_CHECKS, run_checks
 from raycl.launch.feasibility import max_reports
 from raycl.launch.identity import store_settings
@@ -36,6 +34,8 @@ from raycl.launch.ray_nodes import smallest_node_memory
 from raycl.launch.reservations import trial_resources
 from raycl.launch.stream_rate import stream_cpus_warning
 from raycl.launch.sweep_plan import SweepPlan, plan_sweep, resolved_storage, storage_child
+from raycl.sweep.dry_run import collapse_notices, print_dry_run
+from raycl.tracking.closed_stdout import CLOSED_EXIT_CODE, stdout_closed
 
 EPILOG = """\
 examples:
@@ -143,7 +143,7 @@ def tuner_search(config: CoreConfig) -> tuple[dict[str, Any], Any, int, Any]:
     from ray import tune
     from ray.tune.schedulers import FIFOScheduler
 
-    from raycl.searchers import FinishingASHA, build_searcher
+    from raycl.sweep.searchers import FinishingASHA, build_searcher
 
     if not config.tune.search_space:
         # Nothing searched: repeats of one configuration that differ only by seed, all run to
@@ -151,7 +151,7 @@ def tuner_search(config: CoreConfig) -> tuple[dict[str, Any], Any, int, Any]:
         seeds = [config.seed + i for i in range(config.tune.num_samples)]
         return {"seed": tune.grid_search(seeds)}, None, 1, FIFOScheduler()
     if config.tune.scheduler.type in ("pbt", "pb2"):  # random first values, then mutations
-        from raycl.pbt import population_tuner_parts
+        from raycl.sweep.pbt import population_tuner_parts
 
         return population_tuner_parts(config)
     # The searcher owns the space (define-by-run, feasible combinations only).
@@ -175,18 +175,18 @@ def build_tuner(
     after ``ray.init``: it starts this driver's MLflow relay, which trials log through.
 
     ``loader``: ``data.loader`` as :func:`settle_loader` settled it for the trials. raycl's
-    progress lines (:class:`raycl.sweep_display.ProgressDisplay`) replace Tune's tables unless
+    progress lines (:class:`raycl.sweep.display.ProgressDisplay`) replace Tune's tables unless
     ``verbose``. A restored sweep keeps the callbacks and verbosity it was started with.
     ``plan``: what :func:`plan_sweep` decided before Ray started (None: decided here).
     """
     from ray import tune
 
-    from raycl.baseline_run import with_baseline
-    from raycl.pbt_train import reuses_trial_actors
     from raycl.results.run_encoder import RunEncoderCallback
-    from raycl.sweep_display import ProgressDisplay
+    from raycl.sweep.baseline import with_baseline
+    from raycl.sweep.display import ProgressDisplay
     from raycl.tracking.callback import MLflowSweepCallback
     from raycl.tracking.relay import start_relay
+    from raycl.trial.population_workers import reuses_trial_actors
 
     plan = plan or plan_sweep(config, search_file, fresh)
     start_relay()  # trials on other nodes log to MLflow through this one
@@ -205,7 +205,7 @@ def build_tuner(
     run_config = tune.RunConfig(
         name=config.name,
         storage_path=storage,
-        # eval.baseline's one task (raycl.baseline_run) before the tracker: the parent run's
+        # eval.baseline's one task (raycl.sweep.baseline) before the tracker: the parent run's
         # last leaderboard, written by the tracker at the end, then has its row.
         callbacks=[*with_baseline(trial_config, MLflowSweepCallback(trial_config, search_file)),
                    # after the tracker, which ends the trial's run first
@@ -213,7 +213,7 @@ def build_tuner(
         failure_config=tune.FailureConfig(max_failures=config.tune.max_failures),
         # Two, so a corrupt latest checkpoint can fall back to the one before it.
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-        verbose=1 if verbose else 0,  # 0: raycl.sweep_display prints the sweep
+        verbose=1 if verbose else 0,  # 0: raycl.sweep.display prints the sweep
     )
     experiment_path = plan.experiment_path
     if plan.resume:
@@ -257,7 +257,7 @@ def _trainable(config: CoreConfig, storage_path: str) -> Any:
     reserves (its worker group reserves its own, decoders included: raycl.launch.reservations)."""
     from ray import tune
 
-    from raycl.pipeline import run_trial
+    from raycl.trial.trainable import run_trial
 
     trainable = tune.with_parameters(run_trial, base_config=config.to_dict(),
                                      storage_path=storage_path)
@@ -333,8 +333,8 @@ def init_ray(quiet: bool = False, **init_kwargs: Any) -> None:
 
     ``quiet`` (a sweep without ``-v``): the job's processes log warnings and errors only
     (``ray.LoggingConfig``: no "Checkpoint successfully created" per epoch; Ray Train's own
-    ``ray.train`` loggers follow ``RAYCL_TRAIN_LOG_LEVEL``, read by :mod:`raycl.pipeline`), and
-    the dashboard's address is printed in one line.
+    ``ray.train`` loggers follow ``RAYCL_TRAIN_LOG_LEVEL``, read by :mod:`raycl.trial.trainable`),
+    and the dashboard's address is printed in one line.
 
     A Ray started here (no cluster to join) listens on 127.0.0.1 only, every process of it;
     so does one joined through a loopback address. A cluster is joined as Ray does
@@ -351,10 +351,10 @@ def init_ray(quiet: bool = False, **init_kwargs: Any) -> None:
         init_kwargs.setdefault("logging_config", ray.LoggingConfig(log_level="WARNING"))
     before = _loopback_only(init_kwargs.get("address"), init_kwargs.get("_temp_dir"))
     try:
-        # Every worker process names its cluster (raycl.ray_workarounds says why).
+        # Every worker process names its cluster (raycl.sweep.worker_setup says why).
         context = ray.init(runtime_env={
             "env_vars": env_vars,
-            "worker_process_setup_hook": "raycl.ray_workarounds.name_this_cluster"},
+            "worker_process_setup_hook": "raycl.sweep.worker_setup.name_this_cluster"},
             **init_kwargs)
     finally:
         _restore_cluster_mode(before)
@@ -368,8 +368,8 @@ def run(config: CoreConfig, search_file: str | None = None, fresh: bool = False,
         address: str | None = None, verbose: bool = False, plan: SweepPlan | None = None) -> int:
     """Run the sweep on the current (or a new embedded) Ray; return the process exit code.
     Ray's, Tune's and Optuna's own output is turned down to warnings unless ``verbose``
-    (:func:`raycl.sweep_display.quiet_ray`)."""
-    from raycl.sweep_display import quiet_ray
+    (:func:`raycl.sweep.display.quiet_ray`)."""
+    from raycl.sweep.display import quiet_ray
 
     with quiet_ray(verbose):
         return _run(config, search_file, fresh, address, verbose, plan)
@@ -377,10 +377,11 @@ def run(config: CoreConfig, search_file: str | None = None, fresh: bool = False,
 
 def _confirm(config: CoreConfig, search_file: str | None, results: Any, loader: str,
              verbose: bool) -> list[str]:
-    """Seed confirmation (``tune.confirm``) after the search: :mod:`raycl.confirm_run` re-runs
+    """Seed confirmation (``tune.confirm``) after the search: :mod:`raycl.sweep.confirm_tuner`
+    re-runs
     the best configurations over fresh seeds (or resumes doing so) and writes ``confirm.csv``
     on the parent run; returns the lines printed under the leaderboard (none if interrupted)."""
-    from raycl.confirm_run import confirmation_tuner, report_confirmation
+    from raycl.sweep.confirm_tuner import confirmation_tuner, report_confirmation
     from raycl.tracking.callback import INTERRUPTED
 
     absolute = with_absolute_paths(config)  # as build_tuner gives the search's trials

@@ -167,7 +167,7 @@ def run_sweep(config: Any, fault: dict[str, Any] | None = None) -> dict[str, Any
     keyword arguments of :func:`faults.injected_fault`, installed while the sweep runs."""
     from raycl.launch.checks import run_checks
     from raycl.launch.placement import CLUSTER_CHECKS
-    from raycl.sweep_display import quiet_ray
+    from raycl.sweep.display import quiet_ray
     from raycl.tune import build_tuner
 
     started = time.monotonic()

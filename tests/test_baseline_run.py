@@ -1,4 +1,4 @@
-"""The sweep's baseline (eval.baseline, raycl.baseline_run): what the parent run gets, the
+"""The sweep's baseline (eval.baseline, raycl.sweep.baseline): what the parent run gets, the
 resumed sweep that does not score it again, and a failed task that costs one warning.
 
 No Ray and no tracking store: Ray's calls and MLflow's client are stand-ins recording what
@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import ray
 
-from raycl.baseline_run import (
+from raycl.config.schema import CoreConfig
+from raycl.sweep.baseline import (
     SweepBaseline,
     baseline_report,
     baseline_scope,
@@ -22,13 +23,12 @@ from raycl.baseline_run import (
     log_baseline,
     with_baseline,
 )
-from raycl.config.schema import CoreConfig
 from raycl.tracking.reference_points import BASELINE_SCOPE_TAG
 
 
 @dataclass
 class FakeClient:
-    """MLflow's client, as far as raycl.baseline_run uses it: one run's metrics and tags."""
+    """MLflow's client, as far as raycl.sweep.baseline uses it: one run's metrics and tags."""
 
     metrics: dict[str, float] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)

@@ -24,7 +24,7 @@ import ray.train
 import torch
 from torch import nn
 
-import raycl.pipeline
+import raycl.trial.trainable
 import raycl.worker.checkpoints as checkpoints
 from raycl.methods import SearchConfig
 from raycl.worker.checkpoints import restore, write_checkpoint
@@ -320,9 +320,9 @@ def test_the_trial_process_reads_only_the_diagnostics_of_the_final_checkpoint(
             return SimpleNamespace(metrics={"epoch": 1}, checkpoint=ray.train.Checkpoint(
                 str(final), filesystem=counting.filesystem()))
 
-    monkeypatch.setattr(raycl.pipeline, "TorchTrainer", Trainer)
+    monkeypatch.setattr(raycl.trial.trainable, "TorchTrainer", Trainer)
     config = SearchConfig.model_validate({"name": "final", "scaling": {"num_workers": 1}})
-    output = raycl.pipeline.fit_trial(config, str(tmp_path / "storage"))
+    output = raycl.trial.trainable.fit_trial(config, str(tmp_path / "storage"))
     assert output.checkpoint_dir is not None
     assert counting.read_names() == {DIAGNOSTICS_FILE}
     with np.load(output.checkpoint_dir / DIAGNOSTICS_FILE) as arrays:

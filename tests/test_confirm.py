@@ -22,7 +22,8 @@ from test_end_to_end import NO_PLOTS, quickstart_args, runs_of
 from test_tracking_faults import wait_until
 
 from raycl.config.schema import ConfigError
-from raycl.confirm import (
+from raycl.launch.load import load_search
+from raycl.sweep.confirmation import (
     CONFIRM_TAG,
     SEED_STRIDE,
     Confirmed,
@@ -35,7 +36,6 @@ from raycl.confirm import (
     t_interval,
     top_configurations,
 )
-from raycl.launch.load import load_search
 from raycl.tracking import PARENT_TAG
 from raycl.tracking.trial_table import leaderboard_rows
 from raycl.tune import main
@@ -147,7 +147,7 @@ def test_confirm_needs_a_search_space_and_is_off_by_default() -> None:
 def test_confirm_space_pins_each_seeds_configuration() -> None:
     from ray.tune.search.variant_generator import generate_variants
 
-    from raycl.confirm_run import confirm_space
+    from raycl.sweep.confirm_tuner import confirm_space
 
     space = confirm_space([{"lr": 0.1, "tau": 0.2}, {"lr": 0.3, "tau": 0.4}], [[11, 12], [21, 22]])
     configs = [config for _, config in generate_variants(space)]
@@ -299,7 +299,7 @@ def test_resumed_confirmation_keeps_its_choice_and_a_stale_one_is_set_aside(tmp_
     name (another parent run: --fresh) is moved aside, never restored into this one."""
     from types import SimpleNamespace
 
-    from raycl.confirm_run import CHOICE_FILE, _choose, _write_choice, confirm_path
+    from raycl.sweep.confirm_tuner import CHOICE_FILE, _choose, _write_choice, confirm_path
 
     config = load_search(REPO / "searches" / "quickstart.yaml", [
         "name=resumed", f"tune.storage_path={tmp_path}", "tune.confirm={top_k: 1, seeds: 2}"])

@@ -109,7 +109,8 @@ def test_a_workers_bundle_holds_its_decoders_and_tune_holds_the_trial_process_on
 ) -> None:
     """What Ray is given: the worker group's bundles (ScalingConfig.resources_per_worker) hold
     training's CPUs plus data.stream_cpus; the trial's own placement group one bundle."""
-    from raycl import pipeline, tune
+    from raycl import tune
+    from raycl.trial import trainable
 
     config = sweep("stream", cpus_per_worker=1, use_gpu=False)
     config = apply_overrides(config, {"data.stream_cpus": 0.5})
@@ -122,9 +123,9 @@ def test_a_workers_bundle_holds_its_decoders_and_tune_holds_the_trial_process_on
         seen["worker"] = scaling_config.resources_per_worker
         raise Stop
 
-    monkeypatch.setattr(pipeline, "TorchTrainer", fake_trainer)
+    monkeypatch.setattr(trainable, "TorchTrainer", fake_trainer)
     with pytest.raises(Stop):
-        pipeline.fit_trial(config, "/tmp/unused")
+        trainable.fit_trial(config, "/tmp/unused")
     assert seen["worker"] == {"CPU": 1.5}
 
     import ray.tune

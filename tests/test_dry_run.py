@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from raycl.dry_run import collapse_notices, dry_run_dict, used_sections
 from raycl.launch.load import load_search
+from raycl.sweep.dry_run import collapse_notices, dry_run_dict, used_sections
 
 REPO = Path(__file__).resolve().parents[1]
 

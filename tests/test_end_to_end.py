@@ -75,7 +75,7 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
     parent = parents[0]
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["raycl.version"]
-    # The untrained backbone, scored once for the sweep (eval.baseline, raycl.baseline_run),
+    # The untrained backbone, scored once for the sweep (eval.baseline, raycl.sweep.baseline),
     # is on the parent run with chance on val and its size: what the leaderboard reads first.
     assert 0.0 <= parent.data.metrics["baseline/val/linear/mean"] <= 1.0
     assert parent.data.metrics["data/val_size"] > 0
@@ -159,7 +159,7 @@ def test_quickstart_sweep_lands_in_mlflow(ray_session, data_cache, tmp_path, cap
 
 def assert_progress_display(out: str, err: str, names: list[str]) -> None:
     """raycl's own progress lines, in MLflow's trial names, instead of Ray's and Optuna's
-    chatter (raycl.sweep_display)."""
+    chatter (raycl.sweep.display)."""
     lines = out.splitlines()
     for name in names:
         assert sum(f"] {name}: started with " in line for line in lines) == 1, name

@@ -21,10 +21,10 @@ from threadpoolctl import threadpool_info, threadpool_limits
 import raycl.eval.image_retrieval as image_retrieval
 import raycl.eval.knn as knn
 import raycl.eval.scoring as scoring
-from raycl.cluster import l2_normalize
 from raycl.eval.knn import evaluate_knn, knn_accuracy
 from raycl.eval.linear import torch_linear_probe_scores
 from raycl.eval.queries import sample_queries
+from raycl.kmeans import l2_normalize
 from raycl.methods import SearchConfig
 
 

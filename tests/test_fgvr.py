@@ -27,8 +27,8 @@ from raycl.methods.fgvr import (
     perturb,
 )
 from raycl.methods.mocov2 import MoCoV2
+from raycl.methods.queues import FeatureQueue
 from raycl.models.decoder import FeatureDecoder, upsampling_plan
-from raycl.queues import FeatureQueue
 from raycl.worker.optim import build_optimizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score
 
-from raycl.cluster import l2_normalize
 from raycl.eval.image_retrieval import retrieval_scores
+from raycl.kmeans import l2_normalize
 
 # Unit vectors whose cosines are exact in float32: 0 and 1 are a duplicate pair, 2 and 3 are
 # mirror images (so any query on the x axis scores them the same: a tie).

@@ -10,7 +10,6 @@ import pytest
 from PIL import Image
 
 import raycl.eval.image_text as image_text
-from raycl.cluster import l2_normalize
 from raycl.data.sources.captions import CAPTION_ORDER, WORDS, describe
 from raycl.eval.image_text import (
     caption_recall,
@@ -21,6 +20,7 @@ from raycl.eval.image_text import (
     zero_shot_accuracy,
 )
 from raycl.eval.mmvp import MMVPSet, load_mmvp_vlm, synthetic_mmvp
+from raycl.kmeans import l2_normalize
 
 # ---------------------------------------------------------------------------- MMVP pair metric
 

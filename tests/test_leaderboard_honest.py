@@ -224,7 +224,7 @@ def test_eval_baseline_is_on_by_default_and_says_what_it_costs() -> None:
 @pytest.fixture(scope="module")
 def parent_sweep(sweep_uri: str) -> str:
     """Experiment ``honest-parent`` in the same store: a sweep whose baseline is on its parent
-    run (raycl.baseline_run: 0.3, with chance and the val size, and model.width searched), and
+    run (raycl.sweep.baseline: 0.3, with chance and the val size, and model.width searched), and
     one trial that also reported a baseline of its own (0.41, as an older raycl's did) but no
     chance; returns the tracking URI."""
     client = mlflow_client(sweep_uri)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from raycl.cluster import ami_matrix
+from raycl.kmeans import ami_matrix
 from raycl.losses import nt_xent, same_label_mask
 from raycl.methods import SearchConfig
-from raycl.pipeline import log_trial_figures
+from raycl.trial.trainable import log_trial_figures
 from raycl.worker.samplers import PseudoLabelBatchSampler
 from raycl.worker.stage_integration import (
     MCL_AMI,

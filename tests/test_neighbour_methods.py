@@ -28,9 +28,9 @@ from raycl.losses import info_nce, redundancy_reduction_loss, sinusoidal_positio
 from raycl.methods import METHODS, Batch, build_method
 from raycl.methods.all4one import All4One, CentroidEncoder, centroid_positions, shift
 from raycl.methods.nnclr import NNCLR
+from raycl.methods.queues import FeatureQueue
 from raycl.methods.simclr import SimCLR
 from raycl.models.momentum import momentum_coefficient
-from raycl.queues import FeatureQueue
 from raycl.tune import main
 from raycl.worker.optim import build_optimizer
 

@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 
 from raycl.config.schema import ScalingSection
 from raycl.launch.load import load_search
-from raycl.searchers import OptunaSearch, build_searcher
+from raycl.sweep.searchers import OptunaSearch, build_searcher
 from raycl.tracking.pareto import (
     dominates,
     mark_front,

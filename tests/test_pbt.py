@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from raycl.config.schema import ConfigError, Domain
 from raycl.config.sweep import SchedulerConfig
 from raycl.launch.load import load_search
-from raycl.pbt import (
+from raycl.sweep.pbt import (
     ClampToDomains,
     copy_run_files,
     exploit_summary,
@@ -62,7 +62,7 @@ def test_perturbations_need_an_evaluation_and_a_checkpoint() -> None:
             "eval.every_n_epochs=2") in message
     assert "tune.num_samples: pbt needs a population of at least 2" in problems_of(
         "tune.num_samples=1")
-    # Ray Train workers train a population too (raycl.pbt_train): no refusal.
+    # Ray Train workers train a population too (raycl.trial.population_workers): no refusal.
     assert load_search(QUICKSTART, [*PBT, "scaling.num_workers=1"]).scaling.num_workers == 1
 
 
@@ -131,8 +131,8 @@ def test_a_trial_start_brings_the_stage_features_its_checkpoint_refers_to(
     beside Tune's copy of each checkpoint; only the files missing there are copied."""
     import pyarrow.fs
 
-    from raycl.pbt import copy_missing_files
-    from raycl.pbt_train import generation_run_name
+    from raycl.sweep.pbt import copy_missing_files
+    from raycl.trial.population_workers import generation_run_name
 
     source, target = tmp_path / "run-a" / "stage_features", tmp_path / "run-b" / "stage_features"
     source.mkdir(parents=True)
@@ -154,7 +154,7 @@ def test_a_start_deletes_only_its_own_trials_earlier_train_runs(tmp_path: Path) 
     deleted, never this start's, another trial's (a longer trial id too) or anything else."""
     import pyarrow.fs
 
-    from raycl.pbt_train import drop_earlier_runs, generation_run_name
+    from raycl.trial.population_workers import drop_earlier_runs, generation_run_name
 
     trial = "pbt-ab12_00001"
     earlier, this = generation_run_name(trial), generation_run_name(trial)
@@ -173,7 +173,7 @@ def test_every_worker_process_names_its_cluster(ray_session) -> None:
     """Ray Train's placement-group cleaner asks the State API about its controller without an
     address: with two Rays on the machine it fails, and a paused PBT trial's workers stay
     reserved for good. Every worker of raycl's Ray has RAY_ADDRESS set to its own cluster
-    (raycl.ray_workarounds), the nested ones too."""
+    (raycl.sweep.worker_setup), the nested ones too."""
     import os
 
     import ray
@@ -240,7 +240,7 @@ class PbtSweep:
                 if run.data.tags.get(ROLE_TAG) == "trial"]
 
     def exploit_tags(self) -> dict[tuple[str, str], str]:
-        from raycl.pbt import EXPLOIT_TAG
+        from raycl.sweep.pbt import EXPLOIT_TAG
 
         return {(run.info.run_id, key): text for run in self.trial_runs()
                 for key, text in run.data.tags.items() if key.startswith(EXPLOIT_TAG)}
@@ -249,7 +249,7 @@ class PbtSweep:
         """Every trial finished with every epoch logged once; each exploit names its donor and
         the values it changed, the next epoch trained with them, and the mutated values change
         at exploits only. Returns each exploit's text by (exploiting run id, epoch)."""
-        from raycl.pbt import EXPLOIT_TAG, MUTATION_PREFIX
+        from raycl.sweep.pbt import EXPLOIT_TAG, MUTATION_PREFIX
 
         epochs = list(range(1, self.epochs + 1))
         runs = self.trial_runs()
@@ -383,7 +383,7 @@ def test_explorations_repeat_with_the_seed_whatever_else_draws() -> None:
 
     import numpy as np
 
-    from raycl.pbt import population_scheduler
+    from raycl.sweep.pbt import population_scheduler
 
     def explorations(seed: int, outside: int) -> list[dict]:
         config = load_search(QUICKSTART, [*PBT, f"seed={seed}",

@@ -280,7 +280,7 @@ def test_resources_per_worker_is_checked_at_load(tmp_path: Path, resources: str,
 
 def test_resources_per_worker_reach_ray_trains_scaling_config(monkeypatch) -> None:
     """What the TorchTrainer is given: the same bundle the placement check reasons about."""
-    from raycl import pipeline
+    from raycl.trial import trainable
 
     seen: dict[str, Any] = {}
 
@@ -291,10 +291,10 @@ def test_resources_per_worker_reach_ray_trains_scaling_config(monkeypatch) -> No
         seen["resources"] = scaling_config.resources_per_worker
         raise Stop
 
-    monkeypatch.setattr(pipeline, "TorchTrainer", fake_trainer)
+    monkeypatch.setattr(trainable, "TorchTrainer", fake_trainer)
     wanted = config({"num_workers": 2, "resources_per_worker": {"gpu_node": 1}})
     with pytest.raises(Stop):
-        pipeline.fit_trial(wanted, "/tmp/unused")
+        trainable.fit_trial(wanted, "/tmp/unused")
     assert seen["resources"] == {"CPU": 1.0, "gpu_node": 1.0}
 
 

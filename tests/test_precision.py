@@ -18,8 +18,8 @@ from torch import nn
 from raycl.methods import SearchConfig, build_method
 from raycl.methods.clip import clip_loss
 from raycl.methods.fgvr import gradcam_scores
+from raycl.methods.queues import cosine_topk
 from raycl.models.backbones import build_backbone
-from raycl.queues import cosine_topk
 from raycl.worker.cuda import configure_cuda_backends, prefer_channels_last
 from raycl.worker.embed import embed_images
 from raycl.worker.optim import autocast_and_scaler, inference_autocast, resolve_amp

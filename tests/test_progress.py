@@ -14,7 +14,7 @@ import pytest
 
 from raycl.config.search_config import search_config_class
 from raycl.methods import SearchConfig
-from raycl.sweep_display import ProgressDisplay, fmt_duration, quiet_ray
+from raycl.sweep.display import ProgressDisplay, fmt_duration, quiet_ray
 from raycl.tracking.trial_table import format_table
 from raycl.worker.outcome import FAIL_REASON_KEY, FAILED_KEY
 
@@ -138,7 +138,7 @@ def test_asha_time_left_follows_its_rungs() -> None:
     """A sweep of 16 pending trials of 16 epochs, grace 1, reduction 4 (rungs 1 and 4): a trial
     makes 1 + 3/4 + 12/16 = 2.5 epochs on average, not 16 (the estimate used to assume every
     trial ran to its end, several times too long)."""
-    from raycl.sweep_display import asha_expected_reports
+    from raycl.sweep.display import asha_expected_reports
 
     assert asha_expected_reports(1, 4, 16) == pytest.approx(2.5)
     # A running trial past rung 1 makes 3 more, and a quarter of the 12 after rung 4; past
@@ -175,7 +175,7 @@ def test_summary_says_where_each_running_trial_is() -> None:
 def test_display_never_breaks_a_sweep(caplog: pytest.LogCaptureFixture, capsys) -> None:
     display = ProgressDisplay(_config())
     broken = FakeTrial("x", None, "1")  # type: ignore[arg-type]
-    with caplog.at_level(logging.WARNING, logger="raycl.sweep_display"):
+    with caplog.at_level(logging.WARNING, logger="raycl.sweep.display"):
         display.on_trial_start(0, [], broken)
         display.on_trial_start(0, [], broken)
     assert [r.message for r in caplog.records].count(

@@ -1,4 +1,4 @@
-"""Tests for raycl.queues (the support-set FeatureQueue, incl. a 2-process gloo run) and
+"""Tests for raycl.methods.queues (the support-set FeatureQueue, incl. a 2-process gloo run) and
 raycl.models.momentum (EMA copies and their schedule)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from fake_world import run_fake_world
 from torch import Tensor, nn
 
-from raycl.queues import FeatureQueue, KnnBackend, cosine_topk, queue_buffer_names
+from raycl.methods.queues import FeatureQueue, KnnBackend, cosine_topk, queue_buffer_names
 
 
 def random_rows(rows: int, dim: int, seed: int) -> Tensor:

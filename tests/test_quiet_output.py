@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from raycl.quiet_lines import DropLines
-from raycl.sweep_display import quiet_ray
+from raycl.sweep.display import quiet_ray
+from raycl.sweep.quiet_lines import DropLines
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ KEPT = [
     "[00:34] t01 τ=0.24 lr=0.0026: epoch 1/1: val/linear/mean 0.6613, train/loss 4.156",
     "\u26a0\ufe0f Dataset dataset_9_0 execution failed",
     "(run_trial pid=4242) Traceback (most recent call last):",
-    "  File \"raycl/pipeline.py\", line 1, in run_trial",
+    "  File \"raycl/trial/trainable.py\", line 1, in run_trial",
     "raycl: warning: scaling.num_workers: trials wait until an autoscaler adds nodes",
 ]
 

@@ -12,11 +12,11 @@ import pytest
 from mlflow import MlflowClient
 from test_tracking import StubTrial
 
-from raycl import confirm_run
 from raycl.config.search_config import SearchConfig
-from raycl.confirm import SEED_STRIDE
-from raycl.confirm_run import ConfirmCallback, confirm_path, confirmation_tuner
 from raycl.launch.load import load_search
+from raycl.sweep import confirm_tuner
+from raycl.sweep.confirm_tuner import ConfirmCallback, confirm_path, confirmation_tuner
+from raycl.sweep.confirmation import SEED_STRIDE
 from raycl.tracking import MLflowSweepCallback
 from raycl.tracking.callback import INTERRUPTED
 from raycl.tracking.tune_stop import handler_event, tune_stop_requested, unfinished_trials
@@ -101,7 +101,7 @@ def test_ctrl_c_after_the_search_interrupts_the_sweep_before_its_confirmation(
     client = MlflowClient(tracking_uri=uri)
     parent = client.create_run(client.create_experiment("late")).info.run_id
     client.set_terminated(parent, status="FINISHED")  # as the search's callback left it
-    monkeypatch.setattr(confirm_run, "_parent_run", lambda config, results: parent)
+    monkeypatch.setattr(confirm_tuner, "_parent_run", lambda config, results: parent)
     results = [SimpleNamespace(config={"train.lr": 0.004}, error=None,
                                metrics={"val/linear/mean": 0.9})]
     signal.raise_signal(signal.SIGINT)

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-import raycl.warm_start as warm_start
+import raycl.sweep.warm_start as warm_start
 from raycl.config.schema import Domain
 from raycl.launch.feasibility import JointDomain
 from raycl.launch.load import load_search
-from raycl.searchers import build_searcher
+from raycl.sweep.searchers import build_searcher
+from raycl.sweep.warm_start import Seed, fit_to_space, in_domain, seed_count, warm_start_tag
 from raycl.tune import main
-from raycl.warm_start import Seed, fit_to_space, in_domain, seed_count, warm_start_tag
 
 BASE = """
 name: warm

@@ -69,7 +69,7 @@ TRANSFER_FAMILIES: tuple[str, ...] = (LINEAR, KNN, RETRIEVAL, LINEAR_SGD)
 # The mean over a family's attributes: ``val/linear/mean``.
 MEAN = "mean"
 # The sweep's backbone at initialisation, scored once by the trials' val probes (eval.baseline;
-# on the parent run, raycl.baseline_run): a name behind this prefix (``baseline/val/linear/
+# on the parent run, raycl.sweep.baseline): a name behind this prefix (``baseline/val/linear/
 # mean``); no objective, no column: the leaderboard's "at init" row.
 BASELINE_PREFIX = "baseline/"
 

@@ -95,7 +95,7 @@ class Domain(Section):
 class SchedulerConfig(Section):
     type: Literal["asha", "none", "pbt", "pb2"] = Field(
         "asha", description="asha: stop weak trials early; none: run every trial to the end; "
-        "pbt / pb2: population-based training (raycl.pbt, docs/searches.md): every "
+        "pbt / pb2: population-based training (raycl.sweep.pbt, docs/searches.md): every "
         "perturbation_interval epochs the worse trials copy a better trial's whole checkpoint "
         "and train on with its values of the search space's keys perturbed (pbt) or chosen "
         "by a GP bandit (pb2: loguniform/uniform keys only). Every search_space key is mutable "
@@ -139,7 +139,7 @@ class SchedulerConfig(Section):
 
 
 class ConfirmConfig(Section):
-    """Seed confirmation after the search (raycl.confirm)."""
+    """Seed confirmation after the search (raycl.sweep.confirmation)."""
 
     top_k: int = Field(
         1, ge=1, description="Best configurations of the search (by the validation objective) "

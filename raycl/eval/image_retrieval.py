@@ -16,9 +16,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from raycl.cluster import l2_normalize
 from raycl.eval.queries import sample_queries
 from raycl.eval.threads import exact_float32_matmul
+from raycl.kmeans import l2_normalize
 
 # Queries per block are chosen so one block holds about this many (query, item) pairs: the
 # similarities and the per-pair work arrays of a block stay at a few hundred MB.

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 RAYCL_MEAN, RAYCL_STD = 0.5, 0.5
 # How raycl's readers square an image before the encoder sees it (raycl.data.decode).
 RAYCL_CROP = "centre square crop, bicubic resize to resolution x resolution"
-# The floor on a row's norm in the MCL integration (raycl.cluster.l2_normalize's eps).
+# The floor on a row's norm in the MCL integration (raycl.kmeans.l2_normalize's eps).
 _NORM_EPS = 1e-12
 
 

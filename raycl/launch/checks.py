@@ -48,7 +48,7 @@ from raycl.launch.optimizer_check import check_optimizer
 from raycl.launch.paper_check import check_paper
 from raycl.launch.pbt_check import check_pbt
 from raycl.launch.placement import check_gpu_sharing
-from raycl.warm_start import check_warm_start
+from raycl.sweep.warm_start import check_warm_start
 
 Check = Callable[[CoreConfig], Iterator[Problem]]
 

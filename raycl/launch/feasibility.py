@@ -9,8 +9,8 @@ Two constraints decide whether a trial can run at all, and both are known before
 A config with fixed values is rejected at load (:func:`trial_problem`, run by
 :func:`raycl.launch.checks.check_feasible`). When the keys involved are searched,
 :func:`joint_domain` enumerates their combinations and keeps the feasible ones; the searcher
-(:mod:`raycl.searchers`) then offers Optuna only those, as one categorical parameter, so no trial
-slot is spent on a configuration that cannot train.
+(:mod:`raycl.sweep.searchers`) then offers Optuna only those, as one categorical parameter, so no
+trial slot is spent on a configuration that cannot train.
 """
 
 from __future__ import annotations
@@ -46,12 +46,12 @@ def stage_budget_problem(
     """MCL's constraint K^N <= M/b in the paper's literal form (Eq. 4).
 
     One stage (N = 1) never clusters, so K is irrelevant there and nothing is checked.
-    :func:`raycl.cluster.check_stage_budget` explains why K^(N-1) would suffice; the literal
+    :func:`raycl.kmeans.check_stage_budget` explains why K^(N-1) would suffice; the literal
     form is K times stricter and guarantees every last-stage group averages K batches.
     """
     if stages == 1:
         return None
-    from raycl.cluster import check_stage_budget  # late: faiss is slow to import
+    from raycl.kmeans import check_stage_budget  # late: faiss is slow to import
 
     problem = check_stage_budget(clusters, stages, train_size, batch_size,
                                  count_final_clustering=True)

@@ -1,6 +1,6 @@
 """Population-based training's pre-launch check (``tune.scheduler.type: pbt | pb2``): which
 searched keys may change mid-training, and the schedule's fit with evaluation and checkpoints.
-Imports no Ray (it runs with every config check); the scheduler is :mod:`raycl.pbt`."""
+Imports no Ray (it runs with every config check); the scheduler is :mod:`raycl.sweep.pbt`."""
 
 from __future__ import annotations
 

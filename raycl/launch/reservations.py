@@ -1,6 +1,6 @@
 """What one trial reserves from Ray, bundle by bundle: the one place that arithmetic lives, read
 by the trainable's resources (:mod:`raycl.tune`), the worker group's ``ScalingConfig``
-(:mod:`raycl.pipeline`) and the pre-launch checks (:mod:`raycl.launch.placement`,
+(:mod:`raycl.trial.trainable`) and the pre-launch checks (:mod:`raycl.launch.placement`,
 :mod:`raycl.launch.packing`).
 
 A trial with Ray Train workers (``scaling.num_workers`` >= 1) holds two placement groups under

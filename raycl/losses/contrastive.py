@@ -170,8 +170,8 @@ def moco_infonce(queries: Tensor, keys: Tensor, negatives: Tensor, temperature: 
     ``L_i = -log( exp(q_i . k_i / tau) / (exp(q_i . k_i / tau) + sum_j exp(q_i . n_j / tau)) )``
     on L2-normalised rows, i.e. cross entropy of the logits ``[q_i . k_i, q_i . N^T] / tau`` with
     target 0. No batch negatives and no gathering: a query meets its own key and the queue only,
-    and the queue is already global (:meth:`raycl.queues.FeatureQueue.enqueue` gathers the keys of
-    every rank), so the mean over the local queries, averaged over ranks by DDP, is the
+    and the queue is already global (:meth:`raycl.methods.queues.FeatureQueue.enqueue` gathers the
+    keys of every rank), so the mean over the local queries, averaged over ranks by DDP, is the
     global-batch loss. Keys and negatives come from the momentum encoder and receive no gradient
     (detached here). The logits are computed in float32 with autocast disabled, so the similarity
     to each of the (up to 65 536) negatives is not rounded to half precision.
@@ -181,7 +181,7 @@ def moco_infonce(queries: Tensor, keys: Tensor, negatives: Tensor, temperature: 
         keys: (B, D) momentum-encoder projections ``k``; row i is query i's positive;
             normalised and detached here.
         negatives: (K, D) the queue's entries (earlier keys), K >= 1; normalised and detached
-            here (a :class:`raycl.queues.FeatureQueue` stores them normalised already).
+            here (a :class:`raycl.methods.queues.FeatureQueue` stores them normalised already).
         temperature: tau > 0 (MoCo v2: 0.2).
 
     Returns:

@@ -24,9 +24,10 @@ are what the planned methods need; keep them generic:
   ``"lr_scale"`` (multiplied into the base learning rate by the trainer), e.g. a predictor
   trained at 10x lr, an absolute ``"lr"`` (All4One's transformer), or ``"weight_decay"``
   overrides. Every group follows the same warmup-cosine schedule. Frozen parameters are left out.
-- **Support sets.** A method with a queue of past samples (:class:`raycl.queues.FeatureQueue`)
-  answers :meth:`Method.neighbour_retrieval`; the loop scores it against labels at every
-  evaluation (``val/nn_retrieval/<attribute>``). DDP does not re-broadcast queue buffers.
+- **Support sets.** A method with a queue of past samples
+  (:class:`raycl.methods.queues.FeatureQueue`) answers :meth:`Method.neighbour_retrieval`; the
+  loop scores it against labels at every evaluation (``val/nn_retrieval/<attribute>``). DDP does
+  not re-broadcast queue buffers.
 - **Config checks across sections** (e.g. All4One's heads must divide ``model.projector_dim``)
   go in :meth:`Method.config_problems`, which the loader runs before anything is launched.
 - **Phases.** A method that trains in several phases (FGVR pre-trains its decoder on the frozen

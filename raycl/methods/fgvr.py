@@ -52,9 +52,9 @@ from torch import Tensor, nn
 from raycl.config.schema import Section
 from raycl.losses import nt_xent
 from raycl.methods.base import TRAIN_PHASE, Batch, EncoderMethod, Method, Phase
+from raycl.methods.queues import FeatureQueue
 from raycl.methods.registry import METHODS, register
 from raycl.models.decoder import FeatureDecoder
-from raycl.queues import FeatureQueue
 
 if TYPE_CHECKING:
     from raycl.config.schema import CoreConfig

@@ -4,7 +4,7 @@ in a support set with the predictor output of the other view.
 For each sample, ``nn^1`` is the support-set entry most cosine-similar to the projection ``z^1``
 of view 1 and the loss is InfoNCE between ``nn^1`` and ``q(z^2)`` over the batch (All4One paper
 eq. 1); ``nnclr.symmetric`` adds the swapped term and averages (NNCLR's paper does). The support
-set is a global, checkpointed FIFO queue of online projections (:class:`raycl.queues
+set is a global, checkpointed FIFO queue of online projections (:class:`raycl.methods.queues
 .FeatureQueue`); neighbours are looked up before the batch is enqueued, so no sample is its own
 neighbour within its step.
 """
@@ -21,10 +21,10 @@ from torch import Tensor
 from raycl.config.schema import Section
 from raycl.losses import info_nce
 from raycl.methods.base import Batch, Encoder, EncoderMethod
+from raycl.methods.queues import FeatureQueue, KnnBackend
 from raycl.methods.registry import register
 from raycl.methods.two_view import encode_views
 from raycl.models import projection_mlp
-from raycl.queues import FeatureQueue, KnnBackend
 
 
 class NNCLRConfig(Section):

@@ -8,7 +8,7 @@ the top knobs (``knobs that mattered (fANOVA over 12 trials): lr 0.61, ...``).
 
 The importances are Optuna's (:func:`optuna.importance.get_param_importances`): an in-memory
 study is built from the finished trials (:func:`optuna.trial.create_trial`), each knob under
-the distribution raycl's searcher gives Optuna (:func:`raycl.searchers.suggest`, reused, not
+the distribution raycl's searcher gives Optuna (:func:`raycl.sweep.searchers.suggest`, reused, not
 redone), the objective as its value. fANOVA (the default) fits a random forest seeded with the
 config's seed, so the same trials give the same numbers.
 
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raycl.config.schema import CoreConfig, Domain
-from raycl.confirm import CONFIRM_TAG
 from raycl.launch.feasibility import JOINT_PREFIX
+from raycl.sweep.confirmation import CONFIRM_TAG
 from raycl.tracking.runs import ENDED_TAG, SEARCHED_TAG
 from raycl.tracking.trial_table import searched_values
 
@@ -100,7 +100,7 @@ def required_trials(knob_count: int) -> int:
 
 def optuna_distributions(space: Mapping[str, Domain]) -> dict[str, BaseDistribution]:
     """The Optuna distribution of every searched knob: the one raycl's searcher suggests from
-    (:func:`raycl.searchers.suggest` on a throwaway trial), so the two never disagree. Keys
+    (:func:`raycl.sweep.searchers.suggest` on a throwaway trial), so the two never disagree. Keys
     the searcher ties into one joint parameter get their own domain's distribution here.
 
     Args:
@@ -112,7 +112,7 @@ def optuna_distributions(space: Mapping[str, Domain]) -> dict[str, BaseDistribut
     """
     import optuna
 
-    from raycl.searchers import suggest
+    from raycl.sweep.searchers import suggest
 
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "study created" line

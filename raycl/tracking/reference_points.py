@@ -7,7 +7,7 @@ backbone, the val split's resolution, and the winner at the epoch a stopped tria
   ``val/linear/mean`` is read against;
 - the baseline: the sweep's backbone before any training, scored by the same val probes
   (``baseline/val/...``, ``eval.baseline``), the leaderboard's "at init" row: on the sweep's
-  parent run (:mod:`raycl.baseline_run`, once per sweep), else (sweeps of an older raycl) on a
+  parent run (:mod:`raycl.sweep.baseline`, once per sweep), else (sweeps of an older raycl) on a
   trial run;
 - the resolution: two binomial standard errors at the best accuracy on ``data/val_size``
   images (:func:`noise_level`);
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 CHANCE_PREFIX = metric_name(DATA, "chance", "x")[:-1]  # "data/chance/"
 VAL_SIZE_METRIC = metric_name(DATA, None, "val_size")
 # The parent run's tag naming the searched model.* keys at the base values the baseline scored
-# (raycl.baseline_run): trials of other values started from another network.
+# (raycl.sweep.baseline): trials of other values started from another network.
 BASELINE_SCOPE_TAG = "raycl.baseline_scope"
 
 # Families whose score is a classifier's accuracy: what chance is the floor of.

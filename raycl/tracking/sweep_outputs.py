@@ -10,8 +10,8 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from raycl.sweep.warm_start import WARM_START_TAG, find_seeds, warm_start_tag
 from raycl.tracking.pareto_log import log_pareto
-from raycl.warm_start import WARM_START_TAG, find_seeds, warm_start_tag
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

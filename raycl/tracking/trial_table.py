@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raycl.closed_stdout import stdout_closed
 from raycl.config.metric_names import (
     DIAG,
     I2T,
@@ -44,7 +43,8 @@ from raycl.config.metric_names import (
 )
 from raycl.config.paper import PaperConfig, compare_to_paper, comparison_line, paper_from_params
 from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
-from raycl.confirm import CONFIRM_TAG
+from raycl.sweep.confirmation import CONFIRM_TAG
+from raycl.tracking.closed_stdout import stdout_closed
 from raycl.tracking.pareto import (
     OBJECTIVES_TAG,
     front_run_ids,

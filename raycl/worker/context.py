@@ -1,6 +1,7 @@
 """The trial's context: what the trial process hands its worker loop, once per trial.
 
-:func:`raycl.pipeline.fit_trial` builds it; every Ray Train worker receives a copy (pickled with
+:func:`raycl.trial.trainable.fit_trial` builds it; every Ray Train worker receives a copy (pickled
+with
 the loop function) and :func:`raycl.worker.loop.run_trial_loop` reads it, as does the in-process
 loop of ``scaling.num_workers: 0`` and of the tests.
 """
@@ -27,8 +28,8 @@ class TrialContext:
         started_at: ``time.time()`` when the trial began, on the trial process's clock:
             ``perf/startup_seconds`` counts from it. None: from when the loop starts.
         data_placement_group: hex id of a placement group whose bundle on each rank's node
-            holds stream mode's decoders; None (what :func:`raycl.pipeline.fit_trial` passes):
-            each rank's own bundle holds them (:func:`raycl.worker.stream_loader
+            holds stream mode's decoders; None (what :func:`raycl.trial.trainable.fit_trial`
+            passes): each rank's own bundle holds them (:func:`raycl.worker.stream_loader
             .decoder_bundle`).
     """
 

@@ -127,7 +127,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]
     ``initial_lr``, ``weight_decay``, ``momentum``, ...).
 
     torch's ``load_state_dict`` replaces every group's hyperparameters with the checkpoint's:
-    a population-based training exploit (raycl.pbt) resumes another trial's checkpoint under
+    a population-based training exploit (raycl.sweep.pbt) resumes another trial's checkpoint under
     mutated values, which would be silently undone (ray-project/ray#62173 is this bug in
     RLlib's PBT). Resuming a trial's own checkpoint changes nothing: its config built the same.
 

@@ -1,6 +1,6 @@
 """How a trial says how it ended: report keys that the driver side reads, and how they read.
 
-The worker and the trial (:mod:`raycl.pipeline`) report these keys; the searcher, the MLflow
+The worker and the trial (:mod:`raycl.trial.trainable`) report these keys; the searcher, the MLflow
 callback and the progress display read them, so they live in a module that imports nothing
 else of raycl.
 """

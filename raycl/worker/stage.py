@@ -33,7 +33,7 @@ from raycl.distributed import single_rank_section
 from raycl.eval.multimodal import EvalSets
 from raycl.methods import build_method, method_class, stage_epochs, stage_phases
 from raycl.methods.base import Method, Phase
-from raycl.queues import queue_buffer_names
+from raycl.methods.queues import queue_buffer_names
 from raycl.worker.checkpoints import Restored, write_checkpoint
 from raycl.worker.context import TrialContext
 from raycl.worker.cuda import prefer_channels_last
@@ -239,7 +239,7 @@ def data_parallel(method: Method, session: Session, sync_bn: bool = False) -> nn
 def _end_epoch(stage: _Stage, run: PhaseRun, stats: EpochStats, completed: int) -> StageResult:
     """After epoch ``completed`` of the phase: its metrics, the evaluation when due, the
     checkpoint when due (rank 0), and the report. (The untrained backbone's scores,
-    ``eval.baseline``, are the sweep's, once: :mod:`raycl.baseline_run`.)"""
+    ``eval.baseline``, are the sweep's, once: :mod:`raycl.sweep.baseline`.)"""
     config, inputs, session = stage.config, stage.inputs, stage.session
     method = stage.parts.method
     last = completed == run.epochs and run.index == len(stage.phases) - 1

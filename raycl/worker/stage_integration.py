@@ -29,7 +29,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from raycl.cluster import (
+from raycl.config.metric_names import LINEAR, TEST, maybe_metric
+from raycl.distributed import CollectiveInSingleRankSection
+from raycl.kmeans import (
     ami_matrix,
     group_size_histogram,
     kmeans,
@@ -37,8 +39,6 @@ from raycl.cluster import (
     l2_normalize,
     pseudo_label_codes,
 )
-from raycl.config.metric_names import LINEAR, TEST, maybe_metric
-from raycl.distributed import CollectiveInSingleRankSection
 
 if TYPE_CHECKING:
     from raycl.config.schema import CoreConfig
@@ -75,7 +75,7 @@ StageWeights = dict[str, Tensor]
 def soup_weights(method: nn.Module) -> StageWeights:
     """The entries of ``method.state_dict()`` that differ between stages: every parameter that
     trains and every floating-point buffer, copied to the CPU."""
-    from raycl.queues import queue_buffer_names
+    from raycl.methods.queues import queue_buffer_names
 
     trained = {name for name, param in method.named_parameters() if param.requires_grad}
     # Queues of past samples are training state, not part of the model a soup averages.

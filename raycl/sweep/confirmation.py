@@ -1,9 +1,10 @@
 """Seed confirmation (``tune.confirm: {top_k: K, seeds: S}``): the pure parts.
 
 After a search, the K best configurations (by the validation objective) are re-run to the end
-with S fresh seeds each (:mod:`raycl.confirm_run` runs them); this module chooses them, derives
-their seeds, and summarises each over its seeds: mean and 95 % t-interval, validation and test,
-as the rows of the parent run's ``confirm.csv`` and the lines printed at the end of the sweep.
+with S fresh seeds each (:mod:`raycl.sweep.confirm_tuner` runs them); this module chooses them,
+derives their seeds, and summarises each over its seeds: mean and 95 % t-interval, validation
+and test, as the rows of the parent run's ``confirm.csv`` and the lines printed at the end of the
+sweep.
 Nothing here needs Ray or MLflow.
 """
 

@@ -5,7 +5,7 @@ The earlier sweep's best trials (:func:`raycl.results.trials.find_trials`, ranke
 objective, the first of its ``tune.objectives``) give their resolved configs; of each, only the
 keys this sweep searches whose values lie inside this search space's domains are kept (a line
 says what is dropped), and Optuna is handed them as enqueued trials (Ray's ``OptunaSearch``
-``points_to_evaluate``, :func:`raycl.searchers.build_searcher`). Keys searched together as one
+``points_to_evaluate``, :func:`raycl.sweep.searchers.build_searcher`). Keys searched together as one
 feasible combination (:class:`raycl.launch.feasibility.JointDomain`) are seeded as that
 combination's label, or dropped together when it is not one. The parent run's tag
 ``raycl.warm_start`` lists the seeded configurations (:func:`warm_start_tag`).
@@ -106,7 +106,7 @@ def fit_to_space(values: Mapping[str, Any], space: Mapping[str, Domain],
     if joint is not None:
         combination = tuple(values.get(key) for key in joint.keys)
         if combination in joint.combinations:
-            # The label exactly as the searcher offers it (raycl.searchers.ConstrainedSpace).
+            # The label exactly as the searcher offers it (raycl.sweep.searchers.ConstrainedSpace).
             point[joint.name] = joint.labels()[joint.combinations.index(combination)]
         else:
             given = ", ".join(f"{key}={value!r}"

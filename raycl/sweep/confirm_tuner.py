@@ -1,4 +1,5 @@
-"""Seed confirmation's Ray and MLflow side (``tune.confirm``; the pure parts: :mod:`raycl.confirm`).
+"""Seed confirmation's Ray and MLflow side (``tune.confirm``; the pure parts:
+:mod:`raycl.sweep.confirmation`).
 
 After the search's ``Tuner.fit()``, :func:`confirmation_tuner` builds a second Tuner: a grid over
 the confirmation seeds (each seed names its configuration, whose searched values are pinned
@@ -21,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides
 from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
-from raycl.confirm import (
+from raycl.launch.identity import read_stored_json, write_stored_json
+from raycl.launch.sweep_plan import resolved_storage, set_aside, storage_child
+from raycl.sweep.confirmation import (
     CONFIRM_TAG,
     CSV_NAME,
     Confirmed,
@@ -33,8 +36,6 @@ from raycl.confirm import (
     top_configurations,
     write_confirm_csv,
 )
-from raycl.launch.identity import read_stored_json, write_stored_json
-from raycl.launch.sweep_plan import resolved_storage, set_aside, storage_child
 from raycl.tracking.callback import INTERRUPTED, MLflowSweepCallback
 from raycl.tracking.naming import trial_run_name
 from raycl.tracking.runs import (
@@ -217,7 +218,7 @@ def confirmation_tuner(config: CoreConfig, trial_config: CoreConfig, search_file
     from ray.tune.schedulers import FIFOScheduler
 
     from raycl.results.run_encoder import RunEncoderCallback
-    from raycl.sweep_display import ProgressDisplay
+    from raycl.sweep.display import ProgressDisplay
 
     parent = _parent_run(config, results)
     if _stopped_after_search(config, parent):

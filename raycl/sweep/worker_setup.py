@@ -14,8 +14,8 @@ def name_this_cluster() -> None:
     alive without naming the cluster. With more than one Ray on the machine (two users, a test
     run beside another) that raises ``ConnectionError`` ("Found multiple active Ray
     instances"), its monitor thread dies, and a controller that dies without ending its run (a
-    paused PBT trial's, :mod:`raycl.pbt_train`) leaves its worker group's placement group
-    reserved for good: the population waits forever for those CPUs (seen in CI). The State API
+    paused PBT trial's, :mod:`raycl.trial.population_workers`) leaves its worker group's placement
+    group reserved for good: the population waits forever for those CPUs (seen in CI). The State API
     reads ``RAY_ADDRESS`` first. Upstream: ray-project/ray#65447 (open) only catches the error.
     """
     import ray

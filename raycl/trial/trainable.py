@@ -9,7 +9,7 @@ a reference to their frozen features, written once beside the checkpoints
 (``stage_inputs.npz``, :mod:`raycl.worker.checkpoints`). A restarted trial resumes from Tune's
 checkpoint (in-process mode) or re-creates its trainer under the same run name, which Ray Train
 resumes from storage; a PBT trial's trainer starts a fresh run from Tune's checkpoint at every
-start instead (:mod:`raycl.pbt_train`).
+start instead (:mod:`raycl.trial.population_workers`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,11 @@ from raycl.eval.diagnostics import SPECTRUM, plot_diagnostics
 from raycl.eval.figures import mcl_figure, method_figures
 from raycl.launch.feasibility import trial_problem
 from raycl.launch.reservations import worker_resources
-from raycl.pbt_train import PopulationStart, StartingSession, trains_population_with_workers
+from raycl.trial.population_workers import (
+    PopulationStart,
+    StartingSession,
+    trains_population_with_workers,
+)
 from raycl.worker.context import TrialContext
 from raycl.worker.loop import run_trial_loop, train_loop_per_worker
 from raycl.worker.outcome import FAILED_KEY, SKIP_REASON_KEY, SKIPPED_KEY
@@ -96,7 +100,7 @@ def fit_trial(
 
     ``scaling.num_workers >= 1``: one ``TorchTrainer`` whose run name is stable per trial, so a
     restarted trial's trainer resumes from Ray Train's storage (a PBT trial's: from Tune's
-    checkpoint, :mod:`raycl.pbt_train`). ``0``: the same loop in this
+    checkpoint, :mod:`raycl.trial.population_workers`). ``0``: the same loop in this
     process (see :class:`raycl.worker.session.InProcessSession`), resuming from Tune's checkpoint.
     """
     # Stream mode's decoders need no placement group named here: each worker's bundle holds
@@ -112,7 +116,8 @@ def fit_trial(
 
     run_name, callbacks, population = f"{config.name}-{_trial_id()}", [], None
     if _in_tune() and trains_population_with_workers(config):
-        # PBT: every start a fresh Train run from Tune's checkpoint (raycl.pbt_train says why)
+        # PBT: every start a fresh Train run from Tune's checkpoint (raycl.trial.population_workers
+        # says why)
         population = PopulationStart(run_name, storage_path)
         run_name, callbacks = population.run_name, population.callbacks()
     elif _in_tune():
@@ -136,8 +141,8 @@ def fit_trial(
             failure_config=FailureConfig(max_failures=config.scaling.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             callbacks=callbacks,
-            # WARNING for a quiet sweep (raycl.tune.init_ray sets it): Ray Train's controller
-            # and workers otherwise log every checkpoint at INFO.
+            # WARNING for a quiet sweep (raycl.sweep.local_ray.init_ray sets it): Ray Train's
+            # controller and workers otherwise log every checkpoint at INFO.
             logging_config=LoggingConfig(
                 log_level=os.environ.get("RAYCL_TRAIN_LOG_LEVEL", "INFO")),
         ),
@@ -161,7 +166,8 @@ def _train_loop(context: TrialContext, start: ray.train.Checkpoint | None = None
     if level:
         for name in ("", "ray.train"):
             logging.getLogger(name).setLevel(level)
-    if start is not None:  # a population trial's start: from Tune's checkpoint (raycl.pbt_train)
+    if start is not None:  # a population trial's start, from Tune's checkpoint
+        # (raycl.trial.population_workers)
         run_trial_loop(context, StartingSession(start))
     else:
         train_loop_per_worker(context)

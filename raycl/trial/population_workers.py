@@ -3,7 +3,8 @@
 
 Ray 2.60's "Tune function fits a TorchTrainer" pattern (``ray.tune.integration.ray_train
 .TuneReportCallback``) gives Tune's PBT nothing to exploit, and a restarted trial would train on
-from the wrong weights. The workarounds, all here (the scheduler's own are in :mod:`raycl.pbt`):
+from the wrong weights. The workarounds, all here (the scheduler's own are in
+:mod:`raycl.sweep.pbt`):
 
 - **Checkpoints reach Tune.** ``TuneReportCallback`` (in the Train controller) queues the metrics
   and the checkpoint's path only; the trial's Tune session reports them without a checkpoint
@@ -35,7 +36,7 @@ from the wrong weights. The workarounds, all here (the scheduler's own are in :m
   function trainable). :func:`reuses_trial_actors` turns reuse off for these sweeps: a paused
   trial's process ends, and its controller and workers (owned by it) with it. Their placement
   group is then removed by Ray Train's cleaner, which needs every worker to know its cluster's
-  address when two Rays share a machine (:mod:`raycl.ray_workarounds`).
+  address when two Rays share a machine (:mod:`raycl.sweep.worker_setup`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from ray.train.v2.api.callback import UserCallback
 
 from raycl.config.schema import CoreConfig
 from raycl.launch.pbt_check import POPULATION_SCHEDULERS
-from raycl.pbt import copy_missing_files
+from raycl.sweep.pbt import copy_missing_files
 from raycl.worker.session import RayTrainSession
 from raycl.worker.stage_integration import STAGE_FEATURES_DIR
 

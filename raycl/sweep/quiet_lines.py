@@ -1,7 +1,7 @@
 """The lines of Ray's, Ray Data's and Optuna's output that a quiet sweep leaves out.
 
 Other processes' output reaches the driver through Ray, which prints it to ``sys.stdout`` and
-``sys.stderr`` (no logging filter in the driver reaches it). :func:`raycl.sweep_display.quiet_ray`
+``sys.stderr`` (no logging filter in the driver reaches it). :func:`raycl.sweep.display.quiet_ray`
 wraps both streams in :class:`DropLines` for a sweep's length; ``-v`` keeps everything.
 """
 

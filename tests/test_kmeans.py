@@ -1,4 +1,4 @@
-"""Tests for raycl.cluster: k-means, pseudo-label codes, AMI matrix, stage budget."""
+"""Tests for raycl.kmeans: k-means, pseudo-label codes, AMI matrix, stage budget."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from sklearn.metrics import adjusted_mutual_info_score
 
-from raycl.cluster import (
+from raycl.kmeans import (
     ami_matrix,
     check_stage_budget,
     group_size_histogram,
@@ -149,7 +149,7 @@ def test_check_stage_budget() -> None:
 def test_kmeans_fits_on_every_point_unless_capped() -> None:
     """faiss's default fits on 256 points per centroid (512 of 4 000 for K=2); ours fits on all
     of them, so each centroid is the mean of every point assigned to it (Lloyd's fixed point)."""
-    from raycl.cluster import fit_kmeans, l2_normalize
+    from raycl.kmeans import fit_kmeans, l2_normalize
 
     rng = np.random.default_rng(0)
     data = l2_normalize(np.concatenate([rng.normal(0, 1, (2000, 8)) + 3,

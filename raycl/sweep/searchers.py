@@ -15,7 +15,7 @@ from ray.tune.search.optuna import OptunaSearch as _RayOptunaSearch
 
 from raycl.config.schema import CoreConfig, Domain
 from raycl.launch.feasibility import JOINT_PREFIX, JointDomain, joint_domain
-from raycl.warm_start import find_seeds
+from raycl.sweep.warm_start import find_seeds
 from raycl.worker.outcome import FAILED_KEY
 
 if TYPE_CHECKING:

@@ -10,7 +10,8 @@ It prints plain, flushed lines to stdout: the same text in a terminal, in ``tee`
 :func:`quiet_ray` turns Ray's, Tune's and Optuna's own chatter down to warnings for the length
 of a sweep (``python -m raycl.tune -v`` keeps it); errors and tracebacks still reach the
 terminal, while other processes' chatter that Ray forwards is left out
-(:mod:`raycl.quiet_lines`). A failure inside the display is logged once and never stops a sweep.
+(:mod:`raycl.sweep.quiet_lines`). A failure inside the display is logged once and never stops
+a sweep.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ray.tune import Callback
 
-from raycl.closed_stdout import stdout_closed
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides
 from raycl.launch.feasibility import max_reports
-from raycl.quiet_lines import DROPPED_LINES, DropLines
+from raycl.sweep.quiet_lines import DROPPED_LINES, DropLines
+from raycl.tracking.closed_stdout import stdout_closed
 from raycl.tracking.naming import format_value, trial_index, trial_run_name
 from raycl.worker.outcome import FAIL_REASON_KEY, SKIP_REASON_KEY, trial_ending
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Reported by raycl.pipeline for a trial that cannot train (MCL's K^N > M/b).
+# Reported by raycl.trial.trainable for a trial that cannot train (MCL's K^N > M/b).
 SUMMARY_INTERVAL_S = 30.0
 RUNNING_SHOWN = 4  # running trials whose position the summary names
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -395,7 +396,7 @@ _QUIET_LOGGERS = ("ray", "ray.tune", "ray.train", "ray.air", "ray.data", "mlflow
 
 class _DropMessages(logging.Filter):
     """Drops the records :data:`_DROPPED` names, and the chatter
-    :data:`raycl.quiet_lines.DROPPED_LINES` matches when the driver logs it itself (Optuna's
+    :data:`raycl.sweep.quiet_lines.DROPPED_LINES` matches when the driver logs it itself (Optuna's
     ``Study.stop`` warning, through Tune's logger); everything else passes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -420,7 +421,7 @@ def quiet_env() -> dict[str, str]:
 def quiet_ray(verbose: bool = False) -> Iterator[None]:
     """For the sweep's length: Ray, Tune, MLflow and Optuna log warnings and errors only in
     the driver, the messages raycl replaces are dropped, and so are the lines of other
-    processes' chatter Ray forwards (:class:`raycl.quiet_lines.DropLines`). ``verbose``
+    processes' chatter Ray forwards (:class:`raycl.sweep.quiet_lines.DropLines`). ``verbose``
     changes nothing (Ray's full output, as before). Everything is restored afterwards."""
     if verbose:
         yield

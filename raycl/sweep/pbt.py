@@ -16,7 +16,7 @@ Design (docs/searches.md, "Population-based training"):
 - No perturbation at the last epoch: there is nothing left to train with the new values.
 
 Trials train in their Tune process (``scaling.num_workers: 0``) or with Ray Train workers; the
-latter's Tune function and its workarounds are :mod:`raycl.pbt_train`.
+latter's Tune function and its workarounds are :mod:`raycl.trial.population_workers`.
 
 Workarounds (Ray 2.60), in :class:`_RayclPopulation`:
 
@@ -482,12 +482,12 @@ def _pb2_class() -> type:
         class RayclPB2(_RayclPopulation, PB2):
             """Ray's ``PB2`` with raycl's additions (:class:`_RayclPopulation`)."""
 
-        RayclPB2.__qualname__ = "RayclPB2"  # pickled (with the tuner) as raycl.pbt.RayclPB2
+        RayclPB2.__qualname__ = "RayclPB2"  # pickled (with the tuner) as raycl.sweep.pbt.RayclPB2
         globals()["RayclPB2"] = RayclPB2
     return globals()["RayclPB2"]
 
 
-def __getattr__(name: str) -> Any:  # raycl.pbt.RayclPB2, built on demand (unpickling too)
+def __getattr__(name: str) -> Any:  # raycl.sweep.pbt.RayclPB2, built on demand (unpickling too)
     if name == "RayclPB2":
         return _pb2_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

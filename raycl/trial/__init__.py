@@ -1,0 +1,1 @@
+"""A Tune trial: the trainable that runs in a trial process."""
