@@ -154,7 +154,7 @@ def plain_loop_in_ray_worker(config: Any, threads: int, device: torch.device) ->
 
 def raycl_trial(config: Any) -> dict[str, Any]:
     """One real Tune trial; its per-epoch images/s, start-up and peak RSS."""
-    from raycl.tune import build_tuner
+    from raycl.sweep.tuner import build_tuner
 
     started = time.perf_counter()
     results = build_tuner(config, None).fit()
@@ -372,7 +372,7 @@ def memory(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 def sweep_efficiency(root: Path) -> dict[str, Any]:
     """The quickstart space with its ASHA scheduler against every trial run to the end."""
     from raycl.launch.load import load_search
-    from raycl.tune import build_tuner
+    from raycl.sweep.tuner import build_tuner
 
     out = {}
     for label, scheduler in (("asha", "asha"), ("run_to_end", "none")):
@@ -489,7 +489,7 @@ def main() -> None:
     if args.augmentation_only:
         augmentation_only(args, root)
         return
-    from raycl.tune import init_ray
+    from raycl.sweep.local_ray import init_ray
 
     # One more logical CPU than threads: a worker trial also holds its own small reservation.
     init_ray(num_cpus=args.threads + 1, log_to_driver=False)

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def trial_seconds(stages: int, num_workers: int, epochs: int, samples: int) -> float:
     from raycl.launch.load import load_search
-    from raycl.tune import build_tuner
+    from raycl.sweep.tuner import build_tuner
 
     root = Path(tempfile.mkdtemp(prefix="raycl-mcl-bench-"))
     config = load_search(REPO / "searches" / "mcl_k_n.yaml", [
@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json")
     args = parser.parse_args()
-    from raycl.tune import init_ray
+    from raycl.sweep.local_ray import init_ray
 
     init_ray(num_cpus=4, log_to_driver=False)
     out: dict[str, list[float]] = {"in_process": [], "one_worker": []}

@@ -362,7 +362,8 @@ def run_raycl(settings: Settings, folder: Path, root: Path, device: str, workers
     """One raycl trial through its real entry; its per-epoch images/s, peak RSS and kNN."""
     from raycl.data.augment import to_float
     from raycl.export.encoder import trained_encoder
-    from raycl.tune import build_tuner, init_ray
+    from raycl.sweep.local_ray import init_ray
+    from raycl.sweep.tuner import build_tuner
 
     # One more logical CPU than threads: a worker trial also holds its own small reservation.
     init_ray(num_cpus=settings.threads + 1, log_to_driver=False)

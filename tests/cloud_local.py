@@ -163,12 +163,12 @@ def sweep_config(name: str, storage: str, tracking_uri: str, *extra: str) -> Any
 
 
 def run_sweep(config: Any, fault: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What ``python -m raycl.tune`` does once Ray is up (raycl.tune._run); ``fault``: the
+    """What ``python -m raycl.tune`` does once Ray is up (raycl.sweep.run._run); ``fault``: the
     keyword arguments of :func:`faults.injected_fault`, installed while the sweep runs."""
     from raycl.launch.checks import run_checks
     from raycl.launch.placement import CLUSTER_CHECKS
     from raycl.sweep.display import quiet_ray
-    from raycl.tune import build_tuner
+    from raycl.sweep.tuner import build_tuner
 
     started = time.monotonic()
     with quiet_ray(), injected_fault(**fault) if fault else nullcontext():
@@ -609,7 +609,7 @@ def autoscale(root: Path, storage: str) -> dict[str, Any]:
     to its first epoch, then until the idle nodes are gone."""
     import ray
 
-    from raycl.tune import init_ray
+    from raycl.sweep.local_ray import init_ray
 
     spawned, address = start_autoscaling_head(root)
     head = spawned.process
@@ -678,7 +678,7 @@ def main(root: Path, scenarios: list[str]) -> None:
     mark("start")
     import ray
 
-    from raycl.tune import init_ray
+    from raycl.sweep.local_ray import init_ray
 
     mark("imported ray, raycl.tune")
     server, endpoint, storage = start_bucket()

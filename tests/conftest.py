@@ -52,7 +52,7 @@ def ray_session(data_cache: Path):
     """Started after data_cache so that Ray's workers inherit RAYCL_CACHE."""
     import ray
 
-    from raycl.tune import init_ray
+    from raycl.sweep.local_ray import init_ray
 
     # Ray Train's PreemptionWatcher (one more actor process per worker-group start, ~1.5 s of
     # CPU) reports node drains, which only the cloud tests' own clusters see: off for this

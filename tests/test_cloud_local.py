@@ -280,6 +280,6 @@ def test_an_autoscaler_adds_worker_nodes_for_trials_and_removes_them(data_cache:
     assert scaled["most_workers"] == 2
     assert "first_epoch_s" in scaled  # measured: sweep start to the first epoch in MLflow
     # Both go once idle: no detached actor of Ray Train's is left on one (ray#58481; the
-    # workaround is raycl.tune._keep_train_coordinator_on_this_node).
+    # workaround is raycl.sweep.tuner._keep_train_coordinator_on_this_node).
     assert scaled["workers_after_idle"] == 0
     assert all(node == HEAD_NODE for _, node in scaled["actors_left"])

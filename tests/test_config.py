@@ -520,7 +520,7 @@ def test_a_pickled_config_unpickles_in_a_process_that_imported_no_method() -> No
 def test_train_coordinator_is_pinned_only_for_sweeps_with_train_workers(tmp_path: Path) -> None:
     """raycl.tune pins Ray Train's coordinator actor (ray-project/ray#58481) only where a trial
     may start a Train controller: scaling.num_workers > 0, or searched with such a value."""
-    from raycl.tune import _trains_with_workers
+    from raycl.sweep.tuner import _trains_with_workers
 
     path = write(tmp_path, BASE)
     assert not _trains_with_workers(load_search(path, ["scaling.num_workers=0"]))

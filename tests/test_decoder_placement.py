@@ -25,7 +25,7 @@ from raycl.launch.placement import (
     trial_resources,
     worker_resources,
 )
-from raycl.tune import settle_loader
+from raycl.sweep.run import settle_loader
 
 LOCAL = "the local Ray this command started has no autoscaler"
 GPU_NODE = {"CPU": 64.0, "GPU": 8.0, "memory": 400e9}  # a p4d/p5-like 8-GPU node
@@ -109,7 +109,7 @@ def test_a_workers_bundle_holds_its_decoders_and_tune_holds_the_trial_process_on
 ) -> None:
     """What Ray is given: the worker group's bundles (ScalingConfig.resources_per_worker) hold
     training's CPUs plus data.stream_cpus; the trial's own placement group one bundle."""
-    from raycl import tune
+    from raycl.sweep.tuner import sweep_trainable
     from raycl.trial import trainable
 
     config = sweep("stream", cpus_per_worker=1, use_gpu=False)
@@ -132,7 +132,7 @@ def test_a_workers_bundle_holds_its_decoders_and_tune_holds_the_trial_process_on
 
     monkeypatch.setattr(ray.tune, "with_resources",
                         lambda trainable, resources: seen.update(trial=resources))
-    tune._trainable(config, "/tmp/unused")
+    sweep_trainable(config, "/tmp/unused")
     assert seen["trial"] == {"CPU": 0.01}
 
 

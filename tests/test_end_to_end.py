@@ -18,9 +18,10 @@ from raycl.launch.feasibility import max_reports
 from raycl.launch.identity import read_identity
 from raycl.launch.load import load_search
 from raycl.results import find_trials
+from raycl.sweep.tuner import build_tuner
 from raycl.tracking import PARENT_TAG, ROLE_TAG
 from raycl.tracking.trial_table import leaderboard_rows
-from raycl.tune import build_tuner, main
+from raycl.tune import main
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from raycl.evaluate import as_transfer, main, print_table
+from raycl.evaluate import main, print_table
+from raycl.results.reevaluate import as_transfer
 from tests.data_fixtures import write_imagenet
 from tests.finished_sweep import (
     CLASSES,

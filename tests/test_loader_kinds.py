@@ -18,7 +18,7 @@ from raycl.data import load_dataset
 from raycl.data.load import settled_loader
 from raycl.launch.placement import data_cpus
 from raycl.methods import build_method
-from raycl.tune import settle_loader
+from raycl.sweep.run import settle_loader
 from raycl.worker.batches import TrainBatch
 from raycl.worker.loader import (
     DeviceImages,
@@ -50,7 +50,7 @@ def test_auto_is_settled_at_launch_and_reaches_the_worker_unchanged(
                          "data.stream_cpus=0.5")
     assert config.data.loader == "auto"
     decoded = CLASSES * PER_CLASS * 3 * 16 * 16
-    monkeypatch.setattr("raycl.tune.smallest_node_memory", lambda _config: float(decoded))
+    monkeypatch.setattr("raycl.sweep.run.smallest_node_memory", lambda _config: float(decoded))
     settled = settle_loader(config)
     assert settled.data.loader == "stream"
     assert capsys.readouterr().out.count("raycl: data.loader auto -> stream (") == 1

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from raycl.config.schema import ConfigError, Domain
 from raycl.config.sweep import SchedulerConfig
 from raycl.launch.load import load_search
-from raycl.sweep.pbt import (
+from raycl.sweep.population import (
     ClampToDomains,
     copy_run_files,
     exploit_summary,
@@ -131,7 +131,7 @@ def test_a_trial_start_brings_the_stage_features_its_checkpoint_refers_to(
     beside Tune's copy of each checkpoint; only the files missing there are copied."""
     import pyarrow.fs
 
-    from raycl.sweep.pbt import copy_missing_files
+    from raycl.sweep.population import copy_missing_files
     from raycl.trial.population_workers import generation_run_name
 
     source, target = tmp_path / "run-a" / "stage_features", tmp_path / "run-b" / "stage_features"
@@ -240,7 +240,7 @@ class PbtSweep:
                 if run.data.tags.get(ROLE_TAG) == "trial"]
 
     def exploit_tags(self) -> dict[tuple[str, str], str]:
-        from raycl.sweep.pbt import EXPLOIT_TAG
+        from raycl.sweep.population import EXPLOIT_TAG
 
         return {(run.info.run_id, key): text for run in self.trial_runs()
                 for key, text in run.data.tags.items() if key.startswith(EXPLOIT_TAG)}
@@ -249,7 +249,7 @@ class PbtSweep:
         """Every trial finished with every epoch logged once; each exploit names its donor and
         the values it changed, the next epoch trained with them, and the mutated values change
         at exploits only. Returns each exploit's text by (exploiting run id, epoch)."""
-        from raycl.sweep.pbt import EXPLOIT_TAG, MUTATION_PREFIX
+        from raycl.sweep.population import EXPLOIT_TAG, MUTATION_PREFIX
 
         epochs = list(range(1, self.epochs + 1))
         runs = self.trial_runs()

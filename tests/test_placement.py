@@ -301,7 +301,7 @@ def test_resources_per_worker_reach_ray_trains_scaling_config(monkeypatch) -> No
 def test_a_storage_uri_keeps_its_options_after_the_sweeps_directory() -> None:
     """``--storage s3://b/raycl?endpoint_override=...``: the sweep's and Ray Train's directories
     go before the query, which pyarrow reads the S3 options from."""
-    from raycl.tune import storage_child
+    from raycl.launch.sweep_plan import storage_child
 
     uri = "s3://b/raycl?endpoint_override=127.0.0.1:9000&scheme=http"
     assert storage_child(uri, "sweep-train") == (

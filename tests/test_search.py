@@ -13,7 +13,7 @@ from raycl.config.search_config import apply_overrides
 from raycl.launch.feasibility import JOINT_PREFIX, joint_domain, trial_problem
 from raycl.launch.load import load_search
 from raycl.sweep.searchers import FinishingASHA, build_searcher
-from raycl.tune import tuner_search
+from raycl.sweep.tuner import tuner_search
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -98,9 +98,9 @@ def test_stream_mode_on_gpus_with_one_decoder_cpu_is_warned_before_launch(
     printed with the launch's other warnings (not an error); none with enough decoders, on CPU
     workers or in memory mode."""
     from raycl.launch.stream_rate import STREAM_CPUS_PER_GPU, stream_cpus_warning
-    from raycl.tune import _warn_if_trials_wait
+    from raycl.sweep.run import _warn_if_trials_wait
 
-    monkeypatch.setattr("raycl.tune.placement_warning", lambda config: None)
+    monkeypatch.setattr("raycl.sweep.run.placement_warning", lambda config: None)
     base = tiny_config(tmp_path, "quickstart.yaml")
     few = apply_overrides(base, {"data.loader": "stream", "scaling.use_gpu": True,
                                  "data.stream_cpus": 1.0})

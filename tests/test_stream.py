@@ -20,7 +20,8 @@ from raycl.data.load import choose_loader
 from raycl.data.stream.files import FileRows, TooManyUnreadable
 from raycl.launch.checks import check_loader
 from raycl.launch.placement import data_cpus, trial_bundles, trial_demand
-from raycl.tune import build_tuner, settle_loader
+from raycl.sweep.run import settle_loader
+from raycl.sweep.tuner import build_tuner
 from raycl.worker.loader import IndexedImages, build_loader, trial_training_images
 from raycl.worker.stage_integration import StageInputs
 from raycl.worker.stream_loader import FileStreamLoader
@@ -149,7 +150,7 @@ def test_loader_choice_and_the_decoders_reservation(
     choice, why = choose_loader(config.data, node_memory=decoded)
     assert choice == "stream" and "over data.memory_share (0.5)" in why
     # Settled once at launch, printed, and every trial gets the choice.
-    monkeypatch.setattr("raycl.tune.smallest_node_memory", lambda _config: float(decoded))
+    monkeypatch.setattr("raycl.sweep.run.smallest_node_memory", lambda _config: float(decoded))
     assert settle_loader(config).data.loader == "stream"
     assert "raycl: data.loader auto -> stream (" in capsys.readouterr().out
     assert data_cpus(config) == 0.0

@@ -29,6 +29,7 @@ def test_raycl_has_no_import_circle_no_long_function_and_no_large_file() -> None
     assert structure.floor_imports(graph) == []  # raycl/config/ imports nothing above it
     assert structure.long_functions() == []
     assert structure.large_files() == []
+    assert structure.top_level_problems(graph=graph) == []  # a row of doors and helpers
 
 
 @pytest.fixture
@@ -62,7 +63,7 @@ def test_every_kind_of_import_counts_toward_a_circle(toy_package: Path) -> None:
 
 
 def test_long_functions_and_large_files_are_named(toy_package: Path) -> None:
-    assert structure.long_functions(toy_package) == ["raycl/c.py:2 f (82 lines)"]
+    assert structure.long_functions(toy_package) == ["raycl/c.py:2 f (82 lines of code)"]
     assert structure.large_files(toy_package, limit=50) == ["raycl/c.py (83 lines)"]
 
 
@@ -94,6 +95,42 @@ def test_the_ground_floor_imports_nothing_above_it(tmp_path: Path) -> None:
     (config / "section.py").write_text("")
     assert structure.floor_imports(structure.import_graph(tmp_path)) == []
     assert structure.import_cycles(structure.import_graph(tmp_path)) == []
+
+
+def test_a_functions_docstring_comments_and_blank_lines_are_not_code(tmp_path: Path) -> None:
+    package = tmp_path / "raycl"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    body = '    """A docstring\n' + "    of many lines.\n" * 30 + '    """\n'
+    body += "    # a comment\n\n" * 30 + "    x = 1\n" * 49
+    (package / "m.py").write_text("def f():\n" + body)
+    assert structure.long_functions(tmp_path) == []  # def + 49 lines: 50 of code
+    (package / "m.py").write_text("def f():\n" + body + "    return x\n")
+    assert structure.long_functions(tmp_path) == ["raycl/m.py:1 f (51 lines of code)"]
+
+
+def test_the_top_level_is_a_row_of_doors_and_ground_floor_helpers(tmp_path: Path) -> None:
+    """raycl/*.py: at most 8 modules; an entry point (``__main__``) of at most 150 lines; any
+    other module imports nothing above the ground floor."""
+    package = tmp_path / "raycl"
+    (package / "config").mkdir(parents=True)
+    (package / "sweep").mkdir()
+    for name in ("__init__.py", "config/__init__.py", "sweep/__init__.py", "sweep/run.py"):
+        (package / name).write_text("")
+    door = 'from raycl.sweep.run import run\n\nif __name__ == "__main__":\n    run()\n'
+    (package / "tune.py").write_text(door)
+    (package / "helper.py").write_text("from raycl.config import x\n")
+    assert structure.top_level_problems(tmp_path) == []
+    (package / "tune.py").write_text(door + "# work\n" * 147)
+    (package / "helper.py").write_text("from raycl.sweep import run\n")
+    assert structure.top_level_problems(tmp_path) == [
+        "raycl/helper.py: neither an entry point nor a ground-floor helper (it imports "
+        "raycl.sweep.run): move it into the package it serves",
+        "raycl/tune.py: a door of 151 lines (at most 150): its work belongs in a package"]
+    for index in range(7):
+        (package / f"extra{index}.py").write_text("")
+    assert structure.top_level_problems(tmp_path)[0].startswith(
+        "raycl/ has 10 modules beside its packages (at most 8): __init__.py, extra0.py")
 
 
 @pytest.mark.xdist_group("canary")

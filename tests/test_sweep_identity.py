@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
+import raycl.sweep.run
 import raycl.tune
 from raycl.config.schema import ConfigError, CoreConfig
 from raycl.data.listed_once import listed_once
@@ -170,7 +171,7 @@ def test_cli_rerun_with_other_data_or_settings_stops_before_ray_starts(
     experiment = launched(tmp_path, with_absolute_paths(config), plan.data)
     assert read_identity(experiment)["data"]["data"]["files"][0][0] == "circle/0.png"
     ray_started: list[Any] = []
-    monkeypatch.setattr(raycl.tune, "init_ray", lambda *a, **k: ray_started.append(a))
+    monkeypatch.setattr(raycl.sweep.run, "init_ray", lambda *a, **k: ray_started.append(a))
 
     (folder / "square" / "30.png").write_bytes((folder / "square" / "0.png").read_bytes())
     assert main(args) == 2
@@ -196,7 +197,7 @@ def test_cli_rerun_with_other_data_or_settings_stops_before_ray_starts(
     def start_ray(*args: Any, **kwargs: Any) -> None:
         raise RayStarts
 
-    monkeypatch.setattr(raycl.tune, "init_ray", start_ray)
+    monkeypatch.setattr(raycl.sweep.run, "init_ray", start_ray)
     with pytest.raises(RayStarts):
         main([*args, "--fresh"])
     assert not Path(experiment).exists()  # set aside, before Ray started

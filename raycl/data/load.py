@@ -208,7 +208,7 @@ def choose_loader(cfg: DataConfig, node_memory: float | None) -> tuple[LoaderCho
 
 def settled_loader(cfg: DataConfig) -> LoaderChoice:
     """``data.loader`` as every reader after the launch takes it: the launch's settled choice
-    (:func:`raycl.tune.settle_loader` wrote it into the trials' config); a config that never
+    (:func:`raycl.sweep.run.settle_loader` wrote it into the trials' config); a config that never
     went through a launch (a test, a benchmark) still saying ``auto`` gets :func:`choose_loader`
     with no node measured."""
     return choose_loader(cfg, None)[0]

@@ -3,8 +3,8 @@
 Models and methods compute arrays (:meth:`raycl.methods.Method.diagnostic_arrays`, MCL's
 summary in :func:`raycl.worker.stage_integration.mcl_summary`); they travel in the trial's last
 checkpoint (``diagnostics.npz``), and :mod:`raycl.trial.trainable` draws them here and logs the
-PNGs to the trial's MLflow run. Nothing here trains or clusters: every figure is a function of its
-arrays. The spectrum and principal-angle figures are :func:`raycl.eval.diagnostics
+PNGs to the trial's MLflow run. Nothing here trains or clusters: every figure is a function of
+its arrays. The spectrum and principal-angle figures are :func:`raycl.eval.diagnostics
 .plot_diagnostics`.
 """
 

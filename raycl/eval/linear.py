@@ -191,32 +191,9 @@ def torch_linear_probe_scores(
     classes = np.unique(train_labels)
     # Map labels to 0..C-1; evaluation labels unseen in training can never be predicted.
     train_targets = torch.as_tensor(np.searchsorted(classes, train_labels), device=target_device)
-
-    train_feats = torch.as_tensor(train_np, dtype=torch.float32, device=target_device)
-    mean = train_feats.mean(dim=0)
-    std = train_feats.std(dim=0, unbiased=False).clamp_min(1e-6)
-    # as_tensor shares a float32 numpy array's memory on the CPU: that one is standardised into
-    # one new array (the caller's features stay as they are); a copy made above in place.
-    shared = target_device.type == "cpu" and train_np.dtype == np.float32
-    train_feats = torch.sub(train_feats, mean) if shared else train_feats.sub_(mean)
-    train_feats.div_(std)
-
-    head = torch.nn.Linear(train_feats.shape[1], len(classes)).to(target_device)
-    torch.nn.init.zeros_(head.weight)
-    torch.nn.init.zeros_(head.bias)
-    optimizer = torch.optim.Adam(head.parameters(), lr=lr, weight_decay=weight_decay)
-    generator = torch.Generator().manual_seed(seed)
-    num_train = train_feats.shape[0]
-    with torch.enable_grad():
-        for _ in range(epochs):
-            order = torch.randperm(num_train, generator=generator).to(target_device)
-            for start in range(0, num_train, batch_size):
-                rows = order[start : start + batch_size]
-                logits = head(train_feats[rows])
-                loss = torch.nn.functional.cross_entropy(logits, train_targets[rows])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
+    train_feats, mean, std = _standardised(train_np, target_device)
+    head = _fit_linear_head(train_feats, train_targets, len(classes), epochs=epochs, lr=lr,
+                            weight_decay=weight_decay, batch_size=batch_size, seed=seed)
     scores = {}
     with torch.no_grad():
         for name, (features, labels) in checked.items():
@@ -228,6 +205,44 @@ def torch_linear_probe_scores(
                 for start in range(0, len(features), PREDICT_BLOCK)])
             scores[name] = float(np.mean(classes[predicted] == labels))
     return scores
+
+
+def _standardised(train_np: np.ndarray, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(features standardised by their own statistics, mean, std)`` on ``device``."""
+    train_feats = torch.as_tensor(train_np, dtype=torch.float32, device=device)
+    mean = train_feats.mean(dim=0)
+    std = train_feats.std(dim=0, unbiased=False).clamp_min(1e-6)
+    # as_tensor shares a float32 numpy array's memory on the CPU: that one is standardised into
+    # one new array (the caller's features stay as they are); a copy made above in place.
+    shared = device.type == "cpu" and train_np.dtype == np.float32
+    train_feats = torch.sub(train_feats, mean) if shared else train_feats.sub_(mean)
+    return train_feats.div_(std), mean, std
+
+
+def _fit_linear_head(train_feats: torch.Tensor, train_targets: torch.Tensor, num_classes: int,
+                     *, epochs: int, lr: float, weight_decay: float, batch_size: int,
+                     seed: int) -> torch.nn.Linear:
+    """A softmax linear head fitted with Adam from zero weights, mini-batches in a seeded
+    order (one full batch when the set fits in ``batch_size``)."""
+    device = train_feats.device
+    head = torch.nn.Linear(train_feats.shape[1], num_classes).to(device)
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.zeros_(head.bias)
+    optimizer = torch.optim.Adam(head.parameters(), lr=lr, weight_decay=weight_decay)
+    generator = torch.Generator().manual_seed(seed)
+    num_train = train_feats.shape[0]
+    with torch.enable_grad():
+        for _ in range(epochs):
+            order = torch.randperm(num_train, generator=generator).to(device)
+            for start in range(0, num_train, batch_size):
+                rows = order[start : start + batch_size]
+                logits = head(train_feats[rows])
+                loss = torch.nn.functional.cross_entropy(logits, train_targets[rows])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+    return head
 
 
 def torch_linear_probe_accuracy(

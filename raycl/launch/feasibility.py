@@ -9,8 +9,8 @@ Two constraints decide whether a trial can run at all, and both are known before
 A config with fixed values is rejected at load (:func:`trial_problem`, run by
 :func:`raycl.launch.checks.check_feasible`). When the keys involved are searched,
 :func:`joint_domain` enumerates their combinations and keeps the feasible ones; the searcher
-(:mod:`raycl.sweep.searchers`) then offers Optuna only those, as one categorical parameter, so no
-trial slot is spent on a configuration that cannot train.
+(:mod:`raycl.sweep.searchers`) then offers Optuna only those, as one categorical parameter, so
+no trial slot is spent on a configuration that cannot train.
 """
 
 from __future__ import annotations

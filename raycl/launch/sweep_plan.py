@@ -5,7 +5,7 @@ A sweep of the name that exists resumes only with the settings and data it was l
 (:mod:`raycl.launch.identity`); otherwise the launch stops with one line (exit 2) before Ray has
 spent its ~10 s starting. ``--fresh`` sets the old state aside (renamed, never deleted) and
 starts over. A new sweep's identity is stored when its ``Tuner`` is built
-(:func:`raycl.tune.build_tuner`), so a dry run or a refused launch writes nothing.
+(:func:`raycl.sweep.tuner.build_tuner`), so a dry run or a refused launch writes nothing.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ logits ``[q . k, q . queue^T] / tau`` and target 0; ``mocov2.symmetric`` adds th
 term and averages (the common modern variant, e.g. solo-learn's ``mocov2plus``).
 
 **The queue holds keys.** After the loss, the batch's *key* (momentum-encoder) projections are
-enqueued, gathered from every rank by :meth:`raycl.methods.queues.FeatureQueue.enqueue`: view 2's
-keys, or both views' keys when symmetric. Never the online queries (a public implementation enqueues
-those, which makes the negatives move with the online encoder and drops MoCo's consistency
+enqueued, gathered from every rank by :meth:`raycl.methods.queues.FeatureQueue.enqueue`: view
+2's keys, or both views' keys when symmetric. Never the online queries (a public implementation
+enqueues those, which makes the negatives move with the online encoder and drops MoCo's consistency
 argument). The enqueue comes after the loss, so a batch never meets its own keys among its
 negatives. The queue starts as random unit vectors, as MoCo's does.
 

@@ -4,7 +4,7 @@
 Ray 2.60's "Tune function fits a TorchTrainer" pattern (``ray.tune.integration.ray_train
 .TuneReportCallback``) gives Tune's PBT nothing to exploit, and a restarted trial would train on
 from the wrong weights. The workarounds, all here (the scheduler's own are in
-:mod:`raycl.sweep.pbt`):
+:mod:`raycl.sweep.population`):
 
 - **Checkpoints reach Tune.** ``TuneReportCallback`` (in the Train controller) queues the metrics
   and the checkpoint's path only; the trial's Tune session reports them without a checkpoint
@@ -53,7 +53,7 @@ from ray.train.v2.api.callback import UserCallback
 
 from raycl.config.schema import CoreConfig
 from raycl.launch.pbt_check import POPULATION_SCHEDULERS
-from raycl.sweep.pbt import copy_missing_files
+from raycl.sweep.population import copy_missing_files
 from raycl.worker.session import RayTrainSession
 from raycl.worker.stage_integration import STAGE_FEATURES_DIR
 

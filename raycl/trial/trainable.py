@@ -116,8 +116,8 @@ def fit_trial(
 
     run_name, callbacks, population = f"{config.name}-{_trial_id()}", [], None
     if _in_tune() and trains_population_with_workers(config):
-        # PBT: every start a fresh Train run from Tune's checkpoint (raycl.trial.population_workers
-        # says why)
+        # PBT: every start a fresh Train run from Tune's checkpoint
+        # (raycl.trial.population_workers says why)
         population = PopulationStart(run_name, storage_path)
         run_name, callbacks = population.run_name, population.callbacks()
     elif _in_tune():

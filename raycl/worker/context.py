@@ -1,9 +1,8 @@
 """The trial's context: what the trial process hands its worker loop, once per trial.
 
 :func:`raycl.trial.trainable.fit_trial` builds it; every Ray Train worker receives a copy (pickled
-with
-the loop function) and :func:`raycl.worker.loop.run_trial_loop` reads it, as does the in-process
-loop of ``scaling.num_workers: 0`` and of the tests.
+with the loop function) and :func:`raycl.worker.loop.run_trial_loop` reads it, as does the
+in-process loop of ``scaling.num_workers: 0`` and of the tests.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Which training images each rank sees, batch by batch: the kind of loader a trial reads them
 with, its sampler, and each stage's loader.
 
-``data.loader`` arrives settled (the launch resolved ``auto``: :func:`raycl.tune.settle_loader`);
-:func:`trial_training_images`, once per trial, turns it into one of four kinds, each a small
-record that builds its stage's :class:`~raycl.worker.batches.TrainLoader`:
+``data.loader`` arrives settled (the launch resolved ``auto``:
+:func:`raycl.sweep.run.settle_loader`); :func:`trial_training_images`, once per trial, turns it into
+one of four kinds, each a small record that builds its stage's
+:class:`~raycl.worker.batches.TrainLoader`:
 
 - :class:`HostImages` (``memory``): the uint8 training images in host memory, a view into the
   node's memory-mapped cache read a batch's rows at a time in DataLoader workers;
