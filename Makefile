@@ -51,12 +51,16 @@ demo: install
 # fault sweep, ...) are handed out longest first, so both stay busy to the end (tests/conftest.py,
 # tests/xdist_order.py). `make test PYTEST_WORKERS=0` runs them in one process. OMP_WAIT_POLICY:
 # OpenMP threads that wait without spinning, on cores the processes share (tests/conftest.py).
+# PYTHONDONTWRITEBYTECODE (set on some machines, CI's included) is emptied for the tests: every
+# process the suite starts (xdist workers, Ray trials and workers, drivers: hundreds) would
+# otherwise compile raycl's modules and the tests from source again (~0.3 s of CPU each).
 PYTEST_WORKERS ?= 2
 
 test: install data browser
 	$(PY) -m ruff check .
 	$(PY) tools/structure.py
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=40
+	OMP_WAIT_POLICY=PASSIVE PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(PYTEST_WORKERS) \
+		--dist loadgroup --durations=40
 
 # An MLflow server on 127.0.0.1:5000 over ./mlflow.db (sweeps: --tracking-uri http://127.0.0.1:5000).
 server: install

@@ -192,31 +192,50 @@ def assert_each_epoch_logged_once(client: MlflowClient, run_id: str, epochs: int
     assert steps == (evaluated or list(range(1, epochs + 1)))
 
 
-def test_trial_resumes_after_crash_and_logs_each_epoch_once(
+def test_a_crashed_trial_resumes_and_a_diverged_one_fails_while_the_sweep_goes_on(
     ray_session, data_cache, tmp_path
 ) -> None:
-    """A crash right after a report, in-process, with no checkpoint at that epoch: the restarted
-    trial replays epoch 1, MLflow holds every epoch exactly once, and the trial finishes. (A Ray
-    Train worker killed after a report, where the controller may or may not have registered that
-    checkpoint, is test_all4one_under_data_parallelism_survives_a_worker_crash.)"""
-    config = tiny_config(tmp_path, "quickstart.yaml", "train.epochs=3", "tune.num_samples=1",
-                         "tune.search_space={}", "scaling.num_workers=0",
-                         "train.checkpoint_every=2", "scaling.cpus_per_worker=1", "name=crash0",
-                         NO_PLOTS)
+    """One in-process sweep of three trials (one of them at lr=1e30), two behaviours:
+
+    - A crash right after a report, with no checkpoint at that epoch: the restarted trial
+      replays epoch 1, MLflow holds every epoch exactly once, and the trial finishes. (A Ray
+      Train worker killed after a report, where the controller may or may not have registered
+      that checkpoint, is test_all4one_under_data_parallelism_survives_a_worker_crash.)
+    - lr=1e30 overflows within the first epoch: that trial is FAILED in MLflow with the step and
+      the loss value, is not retried, and the sweep's other trials finish."""
+    config = tiny_config(tmp_path, "quickstart.yaml", "train.epochs=3", "tune.num_samples=3",
+                         "tune.searcher=random", "tune.scheduler.type=none",
+                         "tune.search_space={train.lr: {choice: [1.0e+30, 0.002]}}",
+                         "scaling.num_workers=0", "train.checkpoint_every=2",
+                         "scaling.cpus_per_worker=1", "name=e2e-crash-nan", NO_PLOTS)
     marker = tmp_path / "crashed"
-    with injected_fault(after_epoch=1, marker=marker):
+    with injected_fault(after_epoch=1, marker=marker):  # the first healthy trial, once
         results = build_tuner(config, None).fit()
     assert marker.read_text() == "1"
-    result = results[0]
-    assert result.error is None
-    assert result.metrics["epoch"] == 3
-    assert result.metrics["resumed_from_epoch"] == 0  # no checkpoint at epoch 1
+    assert all(result.error is None for result in results)
+    finished = [result for result in results if result.metrics.get("epoch") == 3]
+    assert len(finished) == 2
+    # No checkpoint at epoch 1: the crashed trial started over, and nothing else resumed.
+    assert all(result.metrics["resumed_from_epoch"] == 0 for result in finished)
 
-    client, _, children = runs_of(tmp_path, "crash0")
-    (child,) = children
-    assert child.info.status == "FINISHED"
-    assert_each_epoch_logged_once(client, child.info.run_id, 3)
-    assert "test/linear/mean" in child.data.metrics
+    client, _, children = runs_of(tmp_path, "e2e-crash-nan")
+    assert len(children) == 3
+    diverged = [c for c in children if float(c.data.params["train.lr"]) > 1]
+    healthy = [c for c in children if float(c.data.params["train.lr"]) < 1]
+    # The seeded random sampler draws both (0.002, 1e30, 0.002).
+    assert len(diverged) == 1 and len(healthy) == 2
+    for child in diverged:
+        assert child.info.status == "FAILED"
+        assert child.data.tags["raycl.ended"] == "diverged"
+        reason = child.data.tags["raycl.error"]
+        assert "non-finite loss at stage 0, epoch 1, step" in reason
+        assert "loss=nan" in reason or "loss=inf" in reason
+        assert "train/loss" not in child.data.metrics  # no epoch was reported as trained
+    for child in healthy:  # the crashed one among them
+        assert child.info.status == "FINISHED"
+        assert_each_epoch_logged_once(client, child.info.run_id, 3)
+        assert "val/linear/mean" in child.data.metrics
+        assert "test/linear/mean" in child.data.metrics
 
 
 def test_quickstart_shortened_to_one_epoch(ray_session, data_cache, tmp_path, capsys) -> None:
@@ -455,34 +474,6 @@ def test_all4one_under_data_parallelism_survives_a_worker_crash(
     assert child.data.params["all4one.queue_size"] == "4096"
     assert len(client.get_metric_history(child.info.run_id, "train/redundancy_loss")) == 2
     assert_each_epoch_logged_once(client, child.info.run_id, 2, evaluated=[2])
-
-
-def test_diverged_trial_fails_in_mlflow_and_the_sweep_goes_on(
-    ray_session, data_cache, tmp_path
-) -> None:
-    """lr=1e30 overflows within the first epoch: that trial is FAILED in MLflow with the step and
-    the loss value, is not retried, and the sweep's other trials finish."""
-    config = tiny_config(tmp_path, "quickstart.yaml", "train.epochs=1", "tune.num_samples=3",
-                         "tune.searcher=random", "tune.scheduler.type=none",
-                         "tune.search_space={train.lr: {choice: [1.0e+30, 0.002]}}",
-                         "name=e2e-nan", NO_PLOTS)
-    results = build_tuner(config, None).fit()
-    assert all(result.error is None for result in results)
-    _, _, children = runs_of(tmp_path, "e2e-nan")
-    assert len(children) == 3
-    diverged = [c for c in children if float(c.data.params["train.lr"]) > 1]
-    healthy = [c for c in children if float(c.data.params["train.lr"]) < 1]
-    assert diverged and healthy  # the seeded random sampler draws both (0.002, 1e30, 0.002)
-    for child in diverged:
-        assert child.info.status == "FAILED"
-        assert child.data.tags["raycl.ended"] == "diverged"
-        reason = child.data.tags["raycl.error"]
-        assert "non-finite loss at stage 0, epoch 1, step" in reason
-        assert "loss=nan" in reason or "loss=inf" in reason
-        assert "train/loss" not in child.data.metrics  # no epoch was reported as trained
-    for child in healthy:
-        assert child.info.status == "FINISHED"
-        assert "val/linear/mean" in child.data.metrics
 
 
 def test_two_concurrent_mcl_trials_share_one_sqlite_store_and_one_resumes_in_stage_1(
