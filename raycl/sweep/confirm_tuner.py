@@ -36,6 +36,7 @@ from raycl.sweep.confirmation import (
     top_configurations,
     write_confirm_csv,
 )
+from raycl.sweep.old_names import alias_moved_modules
 from raycl.tracking.callback import INTERRUPTED, MLflowSweepCallback
 from raycl.tracking.naming import trial_run_name
 from raycl.tracking.runs import (
@@ -232,6 +233,7 @@ def confirmation_tuner(config: CoreConfig, trial_config: CoreConfig, search_file
     space = confirm_space(choice["configurations"], choice["seeds"])
     if tune.Tuner.can_restore(path):
         print(f"raycl: resuming the seed confirmation of {config.name!r} from {path}", flush=True)
+        alias_moved_modules()  # one started before House III pickled the old names
         return tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=True,
                                   param_space=space), choice
     _write_choice(path, choice)

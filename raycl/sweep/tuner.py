@@ -15,6 +15,7 @@ from raycl.launch.identity import store_settings
 from raycl.launch.load import with_absolute_paths
 from raycl.launch.reservations import trial_resources
 from raycl.launch.sweep_plan import SweepPlan, plan_sweep, resolved_storage, storage_child
+from raycl.sweep.old_names import alias_moved_modules
 
 
 def _print_notice(notice: str | None) -> None:
@@ -135,6 +136,7 @@ def build_tuner(
     experiment_path = plan.experiment_path
     if plan.resume:
         print(f"raycl: resuming sweep {config.name!r} from {experiment_path}", flush=True)
+        alias_moved_modules()  # a sweep started before House III pickled the old names
         return tune.Tuner.restore(experiment_path, trainable, resume_unfinished=True,
                                   resume_errored=True, param_space=param_space)
     # What a re-run is compared with (the user's data.loader, not the settled one).
