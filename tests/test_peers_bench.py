@@ -3,27 +3,14 @@ one JSON line of issue 37, the table, and what it says when lightly is not insta
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from script_modules import load_script
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def load_peers() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("peers_bench", REPO / "benchmarks" / "peers.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-peers = load_peers()
+peers = load_script("benchmarks/peers.py", "peers_bench")
 
 
 def figures(images: float, knn: float, rss: float) -> dict[str, object]:

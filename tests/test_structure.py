@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from script_modules import load_script
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _structure():
-    spec = importlib.util.spec_from_file_location("structure", REPO / "tools" / "structure.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("structure", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-structure = _structure()
+structure = load_script("tools/structure.py", "structure")
 
 
 def test_raycl_has_no_import_circle_no_long_function_and_no_large_file() -> None:

@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from script_modules import load_script
 
-
-def _suite_cpu():
-    spec = importlib.util.spec_from_file_location("suite_cpu", REPO / "tools" / "suite_cpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("suite_cpu", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-suite_cpu = _suite_cpu()
+suite_cpu = load_script("tools/suite_cpu.py", "suite_cpu")
 
 
 def _record(pid: int, utime: int, stime: int, comm: bytes) -> bytes:

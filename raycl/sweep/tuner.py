@@ -92,9 +92,9 @@ def build_tuner(
     """A ``Tuner`` for the sweep, or the restored one when a sweep of that name exists. Call it
     after ``ray.init``: it starts this driver's MLflow relay, which trials log through.
 
-    ``loader``: ``data.loader`` as :func:`settle_loader` settled it for the trials. raycl's
-    progress lines (:class:`raycl.sweep.display.ProgressDisplay`) replace Tune's tables unless
-    ``verbose``. A restored sweep keeps the callbacks and verbosity it was started with.
+    ``loader``: ``data.loader`` as :func:`raycl.sweep.run.settle_loader` settled it for the trials.
+    raycl's progress lines (:class:`raycl.sweep.display.ProgressDisplay`) replace Tune's tables
+    unless ``verbose``. A restored sweep keeps the callbacks and verbosity it was started with.
     ``plan``: what :func:`plan_sweep` decided before Ray started (None: decided here).
     """
     from ray import tune
