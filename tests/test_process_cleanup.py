@@ -41,13 +41,16 @@ def servers():
     env, _ = marked_env()
     # A daemon in a session of its own, its starter gone: what `pg_ctl start` leaves.
     subprocess.run(["setsid", "-f", "sleep", "601"], env=env, check=True)
-    Path(os.environ["READY"]).write_text("")
     if os.environ["MODE"] == "raise":
+        Path(os.environ["READY"]).write_text("")
         raise RuntimeError("the fixture fails on purpose")
     yield
 
 
 def test_with_servers(servers):
+    # Ready only here: the outer test's signal lands in this test's sleep, not in pytest's own
+    # code between the fixture and the test (a SIGINT there once left the session hanging).
+    Path(os.environ["READY"]).write_text("")
     time.sleep(600)  # until the outer test interrupts or kills this session
 '''
 
@@ -89,9 +92,14 @@ def wait_until(condition: object, timeout_s: float = 60.0) -> bool:
     return False
 
 
-def exit_code(inner: Spawned, timeout_s: float = 60.0) -> int:
+def exit_code(inner: Spawned, log: Path, timeout_s: float = 60.0) -> int:
+    """The inner session's exit code; its output in the failure should it not end in time."""
     assert inner.process is not None
-    return inner.process.wait(timeout=timeout_s)
+    try:
+        return inner.process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        output = log.read_text(errors="replace")[-3000:] if log.is_file() else "(no output)"
+        pytest.fail(f"the inner session did not end within {timeout_s:.0f} s:\n{output}")
 
 
 @pytest.fixture
@@ -104,7 +112,7 @@ def test_a_fixture_that_fails_after_starting_servers_leaves_none(tmp_path: Path,
     """The fixture starts both and raises without stopping either: the session's end does."""
     inner, ready = inner_session(tmp_path, "raise", probe)
     try:
-        assert exit_code(inner) == pytest.ExitCode.TESTS_FAILED
+        assert exit_code(inner, tmp_path / "inner.log") == pytest.ExitCode.TESTS_FAILED
         log = (tmp_path / "inner.log").read_text()
         assert ready.exists() and "the fixture fails on purpose" in log, log
         assert survivors(probe) == []
@@ -119,7 +127,7 @@ def test_an_interrupted_session_leaves_none(tmp_path: Path, probe: str) -> None:
         assert wait_until(lambda: ready.exists() and len(survivors(probe)) == 3)
         assert inner.process is not None
         os.kill(inner.process.pid, signal.SIGINT)
-        assert exit_code(inner) == pytest.ExitCode.INTERRUPTED
+        assert exit_code(inner, tmp_path / "inner.log") == pytest.ExitCode.INTERRUPTED
         assert survivors(probe) == []
     finally:
         inner.stop(grace_s=5)
@@ -134,7 +142,7 @@ def test_a_killed_sessions_servers_are_stopped_by_the_next_session(tmp_path: Pat
         assert wait_until(lambda: ready.exists() and len(survivors(probe)) == 3)
         assert inner.process is not None
         os.kill(inner.process.pid, signal.SIGKILL)
-        exit_code(inner)
+        exit_code(inner, tmp_path / "inner.log")
         # The kernel signals the server at once; on a loaded machine (CI) it may take seconds to go.
         assert wait_until(lambda: len(survivors(probe)) == 1, 30), survivors(probe)
         assert survivors(probe) == ["sleep 601 "]
