@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -234,3 +235,70 @@ def test_only_rank0_holds_the_features_and_both_ranks_cluster_alike(tmp_path: Pa
     assert len(first["assignment"]) == 301
     assert 0.0 <= held[0]["val_linear"] <= 1.0 and held[1]["val_linear"] is None
     assert "mcl_ami" in held[0]["diagnostics"] and held[1]["diagnostics"] == []
+
+
+def test_the_papers_probe_reads_every_row_whatever_the_cheap_probes_caps(monkeypatch) -> None:
+    """Issue 46, finding 3: with ``eval.max_train_samples``/``max_eval_samples`` set (the caps
+    that keep the every-epoch probe cheap), the papers' protocol (``eval.linear_sgd``) still
+    trains on every training row, selects on every val row and tests on every test row, while
+    the closed-form probe scores the capped rows."""
+    import raycl.worker.linear_eval as linear_eval
+
+    reached: dict[str, int] = {}
+
+    def record(encoder, train, val, load_test, num_classes, settings, device, seed):
+        reached.update(train=len(train.images), val=len(val.images),
+                       test=len(load_test().images))
+        return {}
+
+    monkeypatch.setattr(linear_eval, "evaluate_linear_sgd", record)
+    data, labels = row_data((700, 100, 200))
+    config = config_of(max_train_samples=100, max_eval_samples=50,
+                       linear_sgd={"epochs": 1, "batch_size": 32})
+    method = RowFeatures(labels)
+    _, metrics, _ = evaluate_epoch(config, data, NO_SETS, StageInputs(), method, BareSession(),
+                                   last=True)
+    assert reached == {"train": 700, "val": 100, "test": 200}
+    assert metrics["data/val_size"] == 50  # the closed-form probe: the capped rows
+    assert len(seen_in(method, data, "train")) == 100  # only its rows embedded for it
+
+
+def _scoring_outlasts_the_group_timeout(rank: int, init_method: str, directory: str) -> None:
+    """One rank of the delayed-scoring test: the default group's timeout (2 s) stands for the
+    NCCL watchdog, rank 0's scoring takes 5 s (a paper-scale split), then both ranks enter the
+    next collective of the default group (the papers' probe, the next epoch's all_reduce)."""
+    import raycl.worker.evaluate as evaluate
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2,
+                            timeout=timedelta(seconds=2))
+    try:
+        if rank == 0:
+            score = evaluate._score
+
+            def slow_score(*args: Any) -> Any:
+                time.sleep(5)
+                return score(*args)
+
+            evaluate._score = slow_score
+        data, labels = row_data((200, 40, 40))
+        _, metrics, _ = evaluate_epoch(config_of(), data, NO_SETS, StageInputs(),
+                                       RowFeatures(labels), BareSession(rank, 2), last=True)
+        total = torch.ones(1)
+        dist.all_reduce(total)
+        Path(directory, f"rank{rank}.json").write_text(json.dumps(
+            {"total": total.item(), "val_linear": metrics.get("val/linear/mean")}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_other_ranks_wait_for_rank0s_scoring_outside_the_groups_timeout(
+        tmp_path: Path) -> None:
+    """Issue 46, finding 1: rank 0 scores alone for longer than the default group's timeout;
+    rank 1 waits in a barrier of its own instead of the next collective, so neither rank's
+    group aborts and both go on (before the fix rank 1 died in that all_reduce)."""
+    run_fake_world(_scoring_outlasts_the_group_timeout,
+                   (f"file://{tmp_path}/rendezvous", str(tmp_path)), nprocs=2, timeout=120)
+    held = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert [rank["total"] for rank in held] == [2.0, 2.0]
+    assert 0.0 <= held[0]["val_linear"] <= 1.0 and held[1]["val_linear"] is None

@@ -279,7 +279,8 @@ def test_resources_per_worker_is_checked_at_load(tmp_path: Path, resources: str,
 
 
 def test_resources_per_worker_reach_ray_trains_scaling_config(monkeypatch) -> None:
-    """What the TorchTrainer is given: the same bundle the placement check reasons about."""
+    """What the TorchTrainer is given: the same bundle the placement check reasons about, and
+    the default group's watchdog (``scaling.collective_timeout_s``) named, not inherited."""
     from raycl.trial import trainable
 
     seen: dict[str, Any] = {}
@@ -287,15 +288,17 @@ def test_resources_per_worker_reach_ray_trains_scaling_config(monkeypatch) -> No
     class Stop(Exception):
         pass
 
-    def fake_trainer(*args: Any, scaling_config: Any, **kwargs: Any) -> None:
+    def fake_trainer(*args: Any, scaling_config: Any, torch_config: Any, **kwargs: Any) -> None:
         seen["resources"] = scaling_config.resources_per_worker
+        seen["timeout_s"] = torch_config.timeout_s
         raise Stop
 
     monkeypatch.setattr(trainable, "TorchTrainer", fake_trainer)
-    wanted = config({"num_workers": 2, "resources_per_worker": {"gpu_node": 1}})
+    wanted = config({"num_workers": 2, "resources_per_worker": {"gpu_node": 1},
+                     "collective_timeout_s": 600})
     with pytest.raises(Stop):
         trainable.fit_trial(wanted, "/tmp/unused")
-    assert seen["resources"] == {"CPU": 1.0, "gpu_node": 1.0}
+    assert seen == {"resources": {"CPU": 1.0, "gpu_node": 1.0}, "timeout_s": 600}
 
 
 def test_a_storage_uri_keeps_its_options_after_the_sweeps_directory() -> None:

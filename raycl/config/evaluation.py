@@ -50,7 +50,9 @@ class TransferConfig(Section):
 
 class LinearSGDConfig(Section):
     """The papers' linear evaluation: a linear head on the frozen backbone, trained by SGD on
-    augmented images (MoCo's, HSCL's and FGVR's protocol), one head per learning rate."""
+    augmented images (MoCo's, HSCL's and FGVR's protocol), one head per learning rate. It reads
+    every row of the train, val and test splits: ``eval.max_train_samples`` and
+    ``eval.max_eval_samples`` cap the cheap every-epoch probe only."""
 
     epochs: int = Field(100, ge=1, description="Passes over the (labelled) training split.")
     batch_size: int = Field(
@@ -143,13 +145,14 @@ class EvalConfig(Section):
     max_train_samples: int | None = Field(
         None, ge=10, description="Cap on probe training samples, a seeded subset stratified on "
         "the first attribute (None: the whole train split). Only those rows are embedded for "
-        "the probe and kNN (MCL's clustering still embeds the whole split at a stage's end)."
+        "the probe and kNN (MCL's clustering still embeds the whole split at a stage's end; "
+        "eval.linear_sgd reads every row)."
     )
     max_eval_samples: int | None = Field(
         None, ge=10, description="Cap on the val and test rows each evaluation embeds and "
         "scores (probes, kNN, retrieval, image-text, diagnostics): a seeded subset stratified on "
         "the first attribute, the same rows at every evaluation of a trial (None: every row). "
-        "MMVP pairs and transfer sets are not capped."
+        "MMVP pairs, transfer sets and eval.linear_sgd are not capped."
     )
     label_fractions: list[float] = Field(
         default_factory=list, description="Also fit the linear probe on these shares of the "

@@ -41,6 +41,13 @@ class ScalingSection(Section):
         2, ge=0, description="Worker-group restarts before a trial fails (a preempted or lost "
         "node counts as one)."
     )
+    collective_timeout_s: int = Field(
+        1800, ge=60, description="How long a collective of the trial's default process group "
+        "(NCCL on GPUs, gloo on CPUs) waits for the slowest rank before the group aborts and "
+        "restarts: a hung rank costs this long. raycl's long single-rank phases (a node "
+        "building its data cache, rank 0 scoring an evaluation) wait outside it, so it only "
+        "needs to cover a training step's slowest rank (Ray Train's TorchConfig.timeout_s)."
+    )
 
     @field_validator("resources_per_worker")
     @classmethod

@@ -30,7 +30,7 @@ import ray.train
 import torch
 from ray import tune
 from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
+from ray.train.torch import TorchConfig, TorchTrainer
 
 import raycl.methods  # noqa: F401  (fills the schema's method sections in a trial process)
 from raycl.config.metric_names import MCL, metric_name
@@ -128,6 +128,9 @@ def fit_trial(
         # The context travels with the function (pickled once per worker): Ray Train's
         # per-worker config argument is a plain dict.
         functools.partial(_train_loop, context, population.start if population else None),
+        # The default group's watchdog, named rather than inherited (raycl's single-rank
+        # phases wait outside it: raycl.worker.evaluate, raycl.worker.data_barrier).
+        torch_config=TorchConfig(timeout_s=config.scaling.collective_timeout_s),
         scaling_config=ScalingConfig(
             num_workers=config.scaling.num_workers,
             use_gpu=config.scaling.use_gpu,

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -33,7 +34,7 @@ from raycl.data import SPLITS, DatasetSplits, ImageSet, stratified_subset
 from raycl.data.augment import BatchAugment, to_float
 from raycl.data.stream.files import FileRows
 from raycl.data.stream.shards import ShardRows
-from raycl.distributed import CollectiveInSingleRankSection, single_rank_section
+from raycl.distributed import CollectiveInSingleRankSection, barrier_after, single_rank_section
 from raycl.eval.diagnostics import representation_diagnostics
 from raycl.eval.multimodal import EvalSets, image_text_metrics
 from raycl.eval.scoring import evaluate_features, evaluate_transfer
@@ -55,6 +56,9 @@ logger = logging.getLogger(__name__)
 
 # Test images a method's end-of-trial pictures are drawn from (FGVR's reconstruction triples).
 DIAGNOSTIC_IMAGES = 8
+# How long the other ranks wait for rank 0's scoring of one evaluation (a paper-scale test split's
+# probes, kNN and end-of-trial diagnostics on one process).
+SCORING_WAIT = timedelta(hours=6)
 
 
 def evaluate_epoch(
@@ -68,9 +72,11 @@ def evaluate_epoch(
 ) -> tuple[Features, dict[str, float], dict[str, np.ndarray] | None]:
     """Embed (every rank, gathered on rank 0) and score (rank 0) one evaluation: val, and train
     where something reads it; after a stage's last epoch also test and the transfer sets; at the
-    trial's end the diagnostics and ``eval.linear_sgd`` (every rank, on the probe's rows:
-    :func:`raycl.worker.linear_eval.linear_sgd_evaluation`). MMVP-style pair sets are embedded
-    like splits (``mmvp:val``, ``mmvp:test``), so stages integrate them too.
+    trial's end the diagnostics and ``eval.linear_sgd`` (every rank, on every row of its splits
+    whatever the caps below: :func:`raycl.worker.linear_eval.linear_sgd_evaluation`). MMVP-style
+    pair sets are embedded like splits (``mmvp:val``, ``mmvp:test``), so stages integrate them
+    too. The other ranks wait for rank 0's scoring in a gloo barrier of :data:`SCORING_WAIT`,
+    never in a collective of the default group, whose watchdog would abort the trial.
 
     Only the rows scored are embedded: the probe's capped training rows
     (``eval.max_train_samples``) and val/test capped by ``eval.max_eval_samples``
@@ -112,16 +118,21 @@ def evaluate_epoch(
     metrics: dict[str, float] = {
         metric_name(PERF, None, "embed_seconds"): time.perf_counter() - started}
     diagnostics = None
-    if session.rank == 0:
-        started = time.perf_counter()
-        # Only rank 0 scores: a collective in here would wait forever for the other ranks.
-        with single_rank_section("rank 0's scoring and diagnostics"):
-            diagnostics = _score(config, data, scored_data, scored_rows, eval_sets, inputs,
-                                 (features, scored, integrated, projections),
-                                 (method, integrated_method), device, last, metrics)
-        metrics[metric_name(PERF, None, "eval_seconds")] = time.perf_counter() - started
+    # The other ranks wait for rank 0's scoring here, outside the default group's watchdog
+    # (scaling.collective_timeout_s): scoring a paper-scale split takes longer, and their next
+    # collective (the papers' probe, the next epoch's first all_reduce) would abort the group.
+    with barrier_after(SCORING_WAIT):
+        if session.rank == 0:
+            started = time.perf_counter()
+            # Only rank 0 scores: a collective in here would wait forever for the other ranks.
+            with single_rank_section("rank 0's scoring and diagnostics"):
+                diagnostics = _score(config, data, scored_data, scored_rows, eval_sets, inputs,
+                                     (features, scored, integrated, projections),
+                                     (method, integrated_method), device, last, metrics)
+            metrics[metric_name(PERF, None, "eval_seconds")] = time.perf_counter() - started
     if last and inputs.stage == config.num_stages - 1:  # the trial's end: the papers' probe
-        metrics.update(linear_sgd_evaluation(config, scored_data, method, session))
+        # Every row of its splits, whatever the closed-form probe's caps: the papers' number.
+        metrics.update(linear_sgd_evaluation(config, data, method, session))
     return features, metrics, diagnostics
 
 

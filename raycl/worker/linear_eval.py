@@ -7,11 +7,11 @@ Tune and MLflow record them with the closed-form probe's, and the checkpoint car
 trial resumed after it finished reports them again: :func:`raycl.worker.loop.report_finished`).
 The protocol itself is :func:`raycl.eval.linear_sgd.evaluate_linear_sgd` (no Ray).
 
-It reads the rows the closed-form probe scores (``eval.max_train_samples``,
-``eval.max_eval_samples``), as :func:`raycl.worker.evaluate.evaluate_epoch` selected them for
-that probe and passes them here, so the two protocols' numbers are of the same images; memory
-mode only (stream mode and MCL's several encoders are refused before launch,
-:func:`raycl.launch.checks.check_linear_sgd`).
+It reads every row of its splits: the closed-form probe's caps (``eval.max_train_samples``,
+``eval.max_eval_samples``, which make the every-epoch probe cheap) do not apply, so what is
+printed beside the paper's value is the papers' protocol on the whole training split (a probe
+of 10 000 ImageNet images, ~10 per class, is not it). Memory mode only (stream mode and MCL's
+several encoders are refused before launch, :func:`raycl.launch.checks.check_linear_sgd`).
 """
 
 from __future__ import annotations
@@ -46,15 +46,15 @@ def _labelled(part: ImageSet) -> LabelledImages:
 
 
 def linear_sgd_evaluation(
-    config: CoreConfig, scored: DatasetSplits, method: Method, session: Session
+    config: CoreConfig, data: DatasetSplits, method: Method, session: Session
 ) -> dict[str, float]:
     """``eval.linear_sgd`` of the trial's ``method`` on every rank of ``session`` (each takes its
     share of every batch; the result is the same on every rank).
 
     Args:
         config: the trial's config (``eval.linear_sgd``; None: nothing is run).
-        scored: the trial's splits (memory mode) cut to the rows the closed-form probe scores
-            (:func:`raycl.worker.evaluate.scored_subset`, as ``evaluate_epoch`` selected them).
+        data: the trial's splits (memory mode), every row: not the closed-form probe's
+            capped rows.
         method: the trial's trained method; its ``embed`` is the frozen backbone.
         session: this worker's rank, world and device.
 
@@ -67,7 +67,7 @@ def linear_sgd_evaluation(
         ValueError: a config the protocol does not cover yet (MCL's stages, stream mode).
     """
     settings = config.eval.linear_sgd
-    if settings is None or not scored.attributes:
+    if settings is None or not data.attributes:
         return {}
     if config.num_stages > 1:
         raise ValueError("eval.linear_sgd: not yet for MCL (its representation is several "
@@ -76,8 +76,8 @@ def linear_sgd_evaluation(
     encoder = FrozenEncoder(model=method, embed=method.embed,
                             autocast=inference_autocast(config, session.device))
     results = evaluate_linear_sgd(
-        encoder, _labelled(scored.train), _labelled(scored.val), lambda: _labelled(scored.test),
-        {attribute: scored.num_classes[attribute] for attribute in scored.attributes}, settings,
+        encoder, _labelled(data.train), _labelled(data.val), lambda: _labelled(data.test),
+        {attribute: data.num_classes[attribute] for attribute in data.attributes}, settings,
         session.device, config.seed)
     return {**linear_sgd_metrics(results),
             metric_name(PERF, None, "linear_sgd_seconds"): time.perf_counter() - started}
