@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 from raycl.evaluate import main, print_table
@@ -168,3 +169,33 @@ def test_a_ray_task_scores_the_trial_into_its_run(
     assert "transfer/by_ray/linear/mean" in _transfer(sweep, "t02")
     assert "transfer/by_ray/linear/mean" not in _transfer(sweep, "t03")
     assert np.load(tmp_path / "f" / "t02" / "test_features.npy").ndim == 2
+
+
+def test_the_papers_probe_on_new_data_reads_views_of_its_rows(monkeypatch) -> None:
+    """Issue 46, finding 9: ``eval.linear_sgd`` of ``raycl.evaluate`` reads its training and
+    selection rows as views of the new data's array (a memory-mapped cache in real use), never
+    a copy of the whole set: an ImageNet-size folder would be copied twice inside a Ray task."""
+    import raycl.eval.linear_sgd as linear_sgd
+    from raycl.data import DatasetSplits, ImageRows, ImageSet
+    from raycl.methods import SearchConfig
+    from raycl.results.reevaluate import _linear_sgd_scores
+
+    base = np.zeros((40, 1, 2, 2), dtype=np.uint8)
+    base.setflags(write=False)
+    labels = np.arange(40) % 2
+    train = ImageSet(ImageRows(base, np.arange(30)), {"parity": labels[:30]})
+    test = ImageSet(ImageRows(base, np.arange(30, 40)), {"parity": labels[30:]})
+    splits = DatasetSplits("new", train, test, test, ["parity"], {"parity": 2}, 1, 2)
+    seen: dict[str, object] = {}
+
+    def record(encoder, train, val, load_test, *args):
+        seen.update(train=train.images, val=val.images)
+        return {}
+
+    monkeypatch.setattr(linear_sgd, "evaluate_linear_sgd", record)
+    config = SearchConfig.model_validate({"name": "new", "method": "simclr",
+                                          "eval": {"linear_sgd": {"epochs": 1}}})
+    _linear_sgd_scores(config, torch.nn.Identity(), splits, torch.device("cpu"))
+    for images in (seen["train"], seen["val"]):
+        assert isinstance(images, ImageRows) and images.base is base
+    assert len(seen["train"]) + len(seen["val"]) == 30

@@ -254,6 +254,7 @@ def _linear_sgd_scores(config: CoreConfig, encoder: nn.Module, splits: DatasetSp
         evaluate_linear_sgd,
         linear_sgd_metrics,
     )
+    from raycl.worker.embed import select_images
 
     settings = config.eval.linear_sgd
     if settings is None:
@@ -261,11 +262,13 @@ def _linear_sgd_scores(config: CoreConfig, encoder: nn.Module, splits: DatasetSp
     first = splits.train.labels[splits.attributes[0]]
     val_rows = stratified_subset(first, max(1, round(SGD_VAL_SHARE * len(first))), config.seed)
     train_rows = np.setdiff1d(np.arange(len(first)), val_rows)
-    images = np.asarray(splits.train.images)
 
     def rows_of(rows: np.ndarray) -> LabelledImages:
-        return LabelledImages(images[rows], {name: labels[rows] for name, labels
-                                             in splits.train.labels.items()})
+        # A view of those rows (read a batch at a time), never a copy of the set: an
+        # ImageNet-size folder is hundreds of GB.
+        return LabelledImages(select_images(splits.train.images, rows),  # type: ignore[arg-type]
+                              {name: labels[rows] for name, labels
+                               in splits.train.labels.items()})
 
     results = evaluate_linear_sgd(
         FrozenEncoder(model=encoder, embed=encoder), rows_of(train_rows), rows_of(val_rows),
