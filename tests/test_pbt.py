@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -122,6 +123,70 @@ def test_an_exploit_copies_the_checkpoint_and_the_stage_features_it_refers_to(
     copied = tmp_path / "worse-trial"
     assert sorted(str(path.relative_to(copied)) for path in copied.rglob("*") if path.is_file()) \
         == ["pbt_epoch1/progress.json", "pbt_epoch1/sub/state.pt", "stage_features/stage_0_ab.npz"]
+
+
+def test_an_exploit_keeps_only_the_trials_newest_copy(tmp_path: Path) -> None:
+    """Issue 46, finding 10: Ray's checkpoint manager never sees the exploits' copies, so each
+    exploit deletes the trial's earlier ones (one full checkpoint per exploit otherwise, for
+    the sweep's life); the trial's own checkpoints and its stage features stay."""
+    import pyarrow.fs
+
+    from raycl.sweep.population import drop_earlier_copies
+
+    names = ["pbt_epoch2_from_a_00001_checkpoint_000001", "pbt_epoch4_from_b_00002_checkpoint_3",
+             "checkpoint_000004", "stage_features"]
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "state.pt").write_text(name)
+    dropped = drop_earlier_copies(pyarrow.fs.LocalFileSystem(), str(tmp_path), keep=names[1])
+    assert dropped == [names[0]]
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(names[1:])
+
+
+class _S3Like:
+    """A local directory that calls itself S3 (what decides a server-side copy), recording how
+    each file was copied."""
+
+    type_name = "s3"
+
+    def __init__(self) -> None:
+        import pyarrow.fs
+
+        self.local = pyarrow.fs.LocalFileSystem()
+        self.streamed: list[str] = []
+
+    def equals(self, other: object) -> bool:
+        return other is self
+
+    def create_dir(self, path: str, recursive: bool = True) -> None:
+        self.local.create_dir(path, recursive=recursive)
+
+    def open_input_stream(self, path: str) -> Any:
+        return self.local.open_input_stream(path)
+
+    def open_output_stream(self, path: str) -> Any:
+        self.streamed.append(Path(path).name)
+        return self.local.open_output_stream(path)
+
+
+def test_objects_above_s3s_single_copy_limit_are_streamed(tmp_path: Path, monkeypatch) -> None:
+    """Issue 46, finding 10: within one S3 store pyarrow copies an object with one CopyObject,
+    which S3 refuses above 5 GiB; such objects are streamed (a multipart upload) instead."""
+    import pyarrow.fs
+
+    from raycl.sweep import population
+
+    server_side: list[str] = []
+    monkeypatch.setattr(pyarrow.fs, "copy_files",
+                        lambda source, target, **kwargs: server_side.append(Path(source).name))
+    (tmp_path / "big.pt").write_bytes(bytes(range(100)))
+    (tmp_path / "small.json").write_text("{}")
+    store = _S3Like()
+    for name, size in (("big.pt", 100), ("small.json", 2)):
+        population.copy_file(store, str(tmp_path / name), store, str(tmp_path / "copy" / name),
+                             size, single_copy_limit=10)
+    assert store.streamed == ["big.pt"] and server_side == ["small.json"]
+    assert (tmp_path / "copy" / "big.pt").read_bytes() == bytes(range(100))
 
 
 def test_a_trial_start_brings_the_stage_features_its_checkpoint_refers_to(

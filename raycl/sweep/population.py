@@ -303,6 +303,11 @@ class RayclPopulation:
         target_run = trial.storage.trial_fs_path
         copy_run_files(checkpoint.filesystem, posixpath.dirname(source), name_of=source,
                        filesystem=filesystem, target_run=target_run, target_name=name)
+        try:  # Ray's checkpoint manager never sees the copies: without this they pile up
+            drop_earlier_copies(filesystem, target_run, keep=name)
+        except OSError:  # disk space is never worth a sweep
+            logger.warning("could not delete trial %s's earlier PBT copies", trial.trial_id,
+                           exc_info=True)
         return Checkpoint(posixpath.join(target_run, name), filesystem=filesystem)
 
     # -- MLflow ---------------------------------------------------------------------------
@@ -382,10 +387,68 @@ def copy_run_files(source_fs: Any, source_run: str, name_of: str, filesystem: An
 
     target = posixpath.join(target_run, target_name)
     filesystem.create_dir(target, recursive=True)  # pyarrow copies files into existing ones
-    pyarrow.fs.copy_files(name_of.rstrip("/"), target,
-                          source_filesystem=source_fs, destination_filesystem=filesystem)
+    selector = pyarrow.fs.FileSelector(name_of.rstrip("/"), recursive=True)
+    for info in source_fs.get_file_info(selector):
+        if info.type == pyarrow.fs.FileType.File:
+            copy_file(source_fs, info.path, filesystem, posixpath.join(
+                target, posixpath.relpath(info.path, name_of.rstrip("/"))), info.size)
     copy_missing_files(source_fs, posixpath.join(source_run, STAGE_FEATURES_DIR), filesystem,
                        posixpath.join(target_run, STAGE_FEATURES_DIR))
+
+
+# S3's CopyObject, which pyarrow uses for a copy within one S3 filesystem, refuses objects above
+# 5 GiB (a final ImageNet checkpoint can hold more): those are streamed, as a multipart upload.
+SINGLE_COPY_LIMIT = 5 * 2**30
+
+
+def copy_file(source_fs: Any, path: str, target_fs: Any, target: str, size: int | None,
+              single_copy_limit: int = SINGLE_COPY_LIMIT) -> None:
+    """Copy one file, server-side where the store allows it for its size.
+
+    Args:
+        source_fs: the source's pyarrow filesystem.
+        path: the file's path on it.
+        target_fs: the target's pyarrow filesystem.
+        target: the copy's path (its directory is created).
+        size: the file's size in bytes (None: unknown, copied as pyarrow does).
+        single_copy_limit: the largest object copied in one server-side request.
+    """
+    import pyarrow.fs
+
+    target_fs.create_dir(posixpath.dirname(target), recursive=True)
+    if not (size is not None and size > single_copy_limit
+            and source_fs.type_name == "s3" and source_fs.equals(target_fs)):
+        pyarrow.fs.copy_files(path, target, source_filesystem=source_fs,
+                              destination_filesystem=target_fs)
+        return
+    with source_fs.open_input_stream(path) as reader, \
+            target_fs.open_output_stream(target) as writer:
+        while chunk := reader.read(64 * 2**20):
+            writer.write(chunk)
+
+
+def drop_earlier_copies(filesystem: Any, trial_run: str, keep: str) -> list[str]:
+    """Delete a trial's earlier PBT copies (``pbt_epoch<E>_from_<trial>_<checkpoint>``): each
+    exploit replaces the trial's weights with the newest copy, and Ray's checkpoint manager,
+    which prunes the trial's own checkpoints, never knew of them.
+
+    Args:
+        filesystem: the sweep storage's pyarrow filesystem.
+        trial_run: the trial's directory in it.
+        keep: the newest copy's name, kept.
+
+    Returns:
+        The names deleted.
+    """
+    import pyarrow.fs
+
+    selector = pyarrow.fs.FileSelector(trial_run, allow_not_found=True)
+    dropped = sorted(info.base_name for info in filesystem.get_file_info(selector)
+                     if info.type == pyarrow.fs.FileType.Directory and info.base_name != keep
+                     and info.base_name.startswith("pbt_epoch") and "_from_" in info.base_name)
+    for name in dropped:
+        filesystem.delete_dir(posixpath.join(trial_run, name))
+    return dropped
 
 
 def copy_missing_files(source_fs: Any, source_dir: str, target_fs: Any,
@@ -412,7 +475,9 @@ def copy_missing_files(source_fs: Any, source_dir: str, target_fs: Any,
     missing = sorted(names(source_fs, source_dir) - names(target_fs, target_dir))
     if missing:
         target_fs.create_dir(target_dir, recursive=True)
+    sizes = {info.base_name: info.size for info in source_fs.get_file_info(
+        [posixpath.join(source_dir, name) for name in missing])}
     for name in missing:
-        pyarrow.fs.copy_files(posixpath.join(source_dir, name), posixpath.join(target_dir, name),
-                              source_filesystem=source_fs, destination_filesystem=target_fs)
+        copy_file(source_fs, posixpath.join(source_dir, name), target_fs,
+                  posixpath.join(target_dir, name), sizes.get(name))
     return missing
