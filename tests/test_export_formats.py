@@ -135,6 +135,18 @@ def test_timm_export_loads_strictly_into_timm(tmp_path: Path) -> None:
     batch = images()
     with torch.no_grad():
         assert torch.allclose(model.eval()(batch), raycl_embedding(method, batch), atol=1e-6)
+    # Issue 46, finding 12: the model card's own timm lines give a model whose data config says
+    # what the weights expect ((x - 0.5) / 0.5 at the trial's resolution), not timm's default
+    # ImageNet statistics, so timm's transform feeds it what raycl trained it on.
+    namespace: dict[str, Any] = {}
+    card = json.loads(card_path(out).read_text())
+    exec(card["how_to_load"].replace("'encoder_timm.pt'", repr(str(out))), namespace)
+    data_config = timm.data.resolve_data_config(model=namespace["model"])
+    assert data_config["mean"] == (0.5, 0.5, 0.5) and data_config["std"] == (0.5, 0.5, 0.5)
+    side = config.data.resolution
+    assert data_config["input_size"] == (3, side, side)
+    with torch.no_grad():
+        assert torch.allclose(namespace["model"](batch), raycl_embedding(method, batch), atol=1e-6)
 
 
 def test_safetensors_round_trip(tmp_path: Path) -> None:

@@ -301,7 +301,8 @@ def export_preprocessing(config: CoreConfig, channels: int, export_format: str) 
     return raycl_preprocessing(config, channels)
 
 
-def resnet_lines(backbone: str, stem: str, channels: int, library: str) -> list[str]:
+def resnet_lines(backbone: str, stem: str, channels: int, library: str,
+                 preprocessing: Preprocessing | None = None) -> list[str]:
     """Python lines building the empty ResNet an exported state dict loads into.
 
     Args:
@@ -309,12 +310,20 @@ def resnet_lines(backbone: str, stem: str, channels: int, library: str) -> list[
         stem: "cifar" or "imagenet".
         channels: image channels.
         library: "torchvision" or "timm".
+        preprocessing: what the weights expect; timm's model then carries it in its
+            ``pretrained_cfg`` (its default says ImageNet's mean and std, and
+            ``timm.data.resolve_data_config`` would build a transform the weights never saw).
 
     Returns:
         The lines (``model`` is the network).
     """
     if library == "timm":
-        lines = ["import timm, torch", f"model = timm.create_model({backbone!r}, num_classes=0)"]
+        overlay = "" if preprocessing is None else (
+            f", pretrained_cfg_overlay=dict(mean={tuple(preprocessing.mean)!r}, "
+            f"std={tuple(preprocessing.std)!r}, input_size=({preprocessing.channels}, "
+            f"{preprocessing.resolution}, {preprocessing.resolution}))")
+        lines = ["import timm, torch",
+                 f"model = timm.create_model({backbone!r}, num_classes=0{overlay})"]
     else:
         lines = ["import torch, torchvision",
                  f"model = torchvision.models.{backbone}()",
@@ -360,7 +369,8 @@ def how_to_load(config: CoreConfig, export_format: str, file: str, channels: int
     library = "timm" if export_format == "timm" else "torchvision"
     load = (f"safetensors.torch.load_file({file!r})" if export_format == "safetensors"
             else f"torch.load({file!r}, weights_only=True)")
-    lines = resnet_lines(kind.backbone, kind.stem, channels, library)
+    lines = resnet_lines(kind.backbone, kind.stem, channels, library,
+                         export_preprocessing(config, channels, export_format))
     if export_format == "safetensors":
         lines.insert(0, "import safetensors.torch")
     return "\n".join([*lines, f"model.load_state_dict({load}, strict=True)", "model.eval()"])
@@ -396,7 +406,8 @@ def concat_how_to_load(config: CoreConfig, export_format: str, file: str, channe
                           f"# each stage's keys, the prefix taken off, are those of {what}"])
     assert kind.stem is not None
     build = resnet_lines(kind.backbone, kind.stem, channels,
-                         "timm" if export_format == "timm" else "torchvision")
+                         "timm" if export_format == "timm" else "torchvision",
+                         export_preprocessing(config, channels, export_format))
     return "\n".join([
         build[0], *(["import safetensors.torch"] if export_format == "safetensors" else []),
         state,
