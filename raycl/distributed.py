@@ -76,14 +76,16 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def world_size() -> int:
-    """Returns the number of processes in the default group, 1 when not distributed."""
-    return dist.get_world_size() if is_distributed() else 1
+def world_size(group: dist.ProcessGroup | None = None) -> int:
+    """Returns the number of processes in ``group`` (None: the default group), 1 when not
+    distributed."""
+    return dist.get_world_size(group) if is_distributed() else 1
 
 
-def rank() -> int:
-    """Returns the rank of this process in the default group, 0 when not distributed."""
-    return dist.get_rank() if is_distributed() else 0
+def rank(group: dist.ProcessGroup | None = None) -> int:
+    """Returns the rank of this process in ``group`` (None: the default group), 0 when not
+    distributed."""
+    return dist.get_rank(group) if is_distributed() else 0
 
 
 def gather_with_grad(t: Tensor) -> Tensor:
@@ -188,20 +190,21 @@ def all_reduce_mean(t: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def all_reduce_sum(t: Tensor) -> Tensor:
+def all_reduce_sum(t: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
     """Sums ``t`` over all ranks (global-batch statistics such as HSCL's ``Bmat``).
 
     Args:
         t: tensor of identical shape on all ranks; floating point.
+        group: the ranks summed over (None: the default group, every rank).
 
     Returns:
         A new tensor holding the sum over ranks (no gradient); ``t`` itself when not distributed.
     """
     _entering("all_reduce (all_reduce_sum)")
-    if world_size() == 1:
+    if world_size(group) == 1:
         return t
     reduced = t.detach().clone()
-    dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+    dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=group)
     return reduced
 
 

@@ -246,7 +246,7 @@ def test_the_papers_probe_reads_every_row_whatever_the_cheap_probes_caps(monkeyp
 
     reached: dict[str, int] = {}
 
-    def record(encoder, train, val, load_test, num_classes, settings, device, seed):
+    def record(encoder, train, val, load_test, num_classes, settings, device, seed, group=None):
         reached.update(train=len(train.images), val=len(val.images),
                        test=len(load_test().images))
         return {}
@@ -302,3 +302,50 @@ def test_the_other_ranks_wait_for_rank0s_scoring_outside_the_groups_timeout(
     held = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
     assert [rank["total"] for rank in held] == [2.0, 2.0]
     assert 0.0 <= held[0]["val_linear"] <= 1.0 and held[1]["val_linear"] is None
+
+
+def _probe_on_rank0_alone(rank: int, init_method: str, directory: str) -> None:
+    """One rank of the sub-group test: the papers' probe with a global batch of 16, which two
+    ranks would split into 8 images each, below the probe's per-rank minimum."""
+    from raycl.worker.linear_eval import linear_sgd_evaluation
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
+    try:
+        data, labels = row_data((120, 40, 40))
+        method = RowFeatures(labels)
+        metrics = linear_sgd_evaluation(_probe_config(), data, method, BareSession(rank, 2))
+        total = torch.ones(1)
+        dist.all_reduce(total)  # both ranks go on together afterwards
+        Path(directory, f"rank{rank}.json").write_text(json.dumps(
+            {"metrics": metrics, "embedded": int(sum(len(rows) for rows in method.seen)),
+             "total": total.item()}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _probe_config() -> Any:
+    return config_of(linear_sgd={"epochs": 2, "batch_size": 16, "lrs": [0.1, 1.0],
+                                 "augment": False})
+
+
+def test_the_papers_probe_runs_on_as_many_ranks_as_its_batch_feeds(tmp_path: Path) -> None:
+    """Issue 46, finding 8: the probe's global batch is shared by at most batch / 32 ranks
+    (8 for the papers' 256, not 64 ranks of 4 images); here one rank of two runs it on a
+    process group of its own, the other waits outside the default group and embeds nothing,
+    and the scores are exactly one process's."""
+    from raycl.worker.linear_eval import linear_sgd_evaluation, probe_ranks
+
+    assert [probe_ranks(256, 64), probe_ranks(256, 4), probe_ranks(16, 8)] == [8, 4, 1]
+    run_fake_world(_probe_on_rank0_alone, (f"file://{tmp_path}/rendezvous", str(tmp_path)),
+                   nprocs=2, timeout=120)
+    held = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    data, labels = row_data((120, 40, 40))
+    alone = linear_sgd_evaluation(_probe_config(), data, RowFeatures(labels), BareSession())
+    scores = {key: value for key, value in alone.items() if not key.startswith("perf/")}
+    assert scores and "test/linear_sgd/mean" in scores
+    assert {key: held[0]["metrics"][key] for key in scores} == pytest.approx(scores, abs=1e-6)
+    assert held[0]["metrics"]["perf/linear_sgd_ranks"] == 1.0
+    assert held[0]["embedded"] > 0 and held[1]["embedded"] == 0
+    assert not any(key.startswith(("val/", "test/")) for key in held[1]["metrics"])
+    assert [rank["total"] for rank in held] == [2.0, 2.0]

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed import ProcessGroup
 
 from raycl.config.evaluation import LinearSGDConfig
 from raycl.config.metric_names import (
@@ -247,11 +248,11 @@ def _label_tensors(split: LabelledImages, attributes: Sequence[str], rows: np.nd
             .to(device) for attribute in attributes}
 
 
-def _sum_gradients(heads: StackedHeads) -> None:
+def _sum_gradients(heads: StackedHeads, group: ProcessGroup | None = None) -> None:
     """Every rank's gradients replaced by their sum over the ranks, in one all-reduce."""
     parameters = list(heads.parameters())
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
-    summed = all_reduce_sum(torch.cat([grad.reshape(-1) for grad in grads]))
+    summed = all_reduce_sum(torch.cat([grad.reshape(-1) for grad in grads]), group)
     for parameter, chunk in zip(parameters, summed.split([p.numel() for p in parameters]),
                                 strict=True):
         parameter.grad = chunk.view_as(parameter).clone()
@@ -270,6 +271,7 @@ def train_heads(
     settings: LinearSGDConfig,
     device: torch.device,
     seed: int,
+    group: ProcessGroup | None = None,
 ) -> StackedHeads:
     """Heads per learning rate of ``settings.lrs``, trained on ``train``'s ``rows``.
 
@@ -286,6 +288,7 @@ def train_heads(
             whether to augment.
         device: where the heads and batches live.
         seed: seeds the initial heads, the order of the rows and the augmentation.
+        group: the ranks sharing each batch (None: the default group).
 
     Returns:
         The trained heads (one layer per learning rate, in ``settings.lrs`` order).
@@ -302,22 +305,23 @@ def train_heads(
              for layer, lr in zip(heads.layers, settings.lrs, strict=True)],
             lr=settings.lrs[0], momentum=settings.momentum, weight_decay=settings.weight_decay)
         augment = paper_augment() if settings.augment else None
-        _train_epochs(encoder, train, rows, heads, optimizer, augment, settings, device, seed)
+        _train_epochs(encoder, train, rows, heads, optimizer, augment, settings, device, seed,
+                      group)
     return heads
 
 
 def _train_epochs(
     encoder: FrozenEncoder, train: LabelledImages, rows: np.ndarray, heads: StackedHeads,
     optimizer: torch.optim.Optimizer, augment: BatchAugment | None, settings: LinearSGDConfig,
-    device: torch.device, seed: int,
+    device: torch.device, seed: int, group: ProcessGroup | None,
 ) -> None:
     """:func:`train_heads`'s epochs, the encoder frozen."""
-    rank_index, ranks = rank(), world_size()
+    rank_index, ranks = rank(group), world_size(group)
     attributes = list(heads.attributes)
     for epoch in range(settings.epochs):
         factor = milestone_factor(epoch, settings.epochs, settings.lr_milestones)
-        for group, lr in zip(optimizer.param_groups, settings.lrs, strict=True):
-            group["lr"] = lr * factor
+        for parameters, lr in zip(optimizer.param_groups, settings.lrs, strict=True):
+            parameters["lr"] = lr * factor
         order = np.random.default_rng(_seed(seed, epoch)).permutation(rows)
         generator = torch.Generator(device=device).manual_seed(_seed(seed, epoch, rank_index))
         for start in range(0, len(order), settings.batch_size):
@@ -331,14 +335,14 @@ def _train_epochs(
                 # Divided by the global batch: the sum over ranks is the global mean's gradient.
                 loss = heads.loss_sum(logits, _label_tensors(train, attributes, local, device))
                 (loss / len(batch)).backward()
-            _sum_gradients(heads)
+            _sum_gradients(heads, group)
             optimizer.step()
 
 
 @torch.no_grad()
 def score_heads(
     encoder: FrozenEncoder, heads: StackedHeads, split: LabelledImages, batch_size: int,
-    device: torch.device,
+    device: torch.device, group: ProcessGroup | None = None,
 ) -> np.ndarray:
     """Accuracy of every layer's heads on ``split``, its rows shared among the ranks.
 
@@ -349,8 +353,8 @@ def score_heads(
     total = len(split.images)
     if total == 0:
         raise ValueError("eval.linear_sgd: an empty split cannot be scored")
-    shard = math.ceil(total / world_size())
-    start, stop = min(total, rank() * shard), min(total, (rank() + 1) * shard)
+    shard = math.ceil(total / world_size(group))
+    start, stop = min(total, rank(group) * shard), min(total, (rank(group) + 1) * shard)
     right = torch.zeros(len(heads.layers), len(heads.attributes), dtype=torch.float64,
                         device=device)
     with frozen(encoder.model):
@@ -359,7 +363,7 @@ def score_heads(
             images = to_float(read_rows(split.images, rows, device))
             logits = heads(batch_features(encoder.embed, images, encoder.autocast))
             right += heads.correct(logits, _label_tensors(split, heads.attributes, rows, device))
-    return (all_reduce_sum(right) / total).cpu().numpy()
+    return (all_reduce_sum(right, group) / total).cpu().numpy()
 
 
 def select_by_validation(val_by_lr: Mapping[float, Mapping[str, float]]) -> dict[str, float]:
@@ -387,6 +391,7 @@ def evaluate_linear_sgd(
     settings: LinearSGDConfig,
     device: torch.device,
     seed: int,
+    group: ProcessGroup | None = None,
 ) -> dict[str | None, LinearSGDResult]:
     """The whole protocol on every label share: train, select on validation, then test once.
 
@@ -403,6 +408,8 @@ def evaluate_linear_sgd(
             stratified on the first attribute (:func:`label_fraction_subset`).
         device: where heads and batches live.
         seed: seeds the heads, the order, the augmentation and the label subsets.
+        group: the ranks that share the work (None: the default group, every rank); every
+            rank of it calls this.
 
     Returns:
         Label share's percent (None: every label; "50": half) -> its result.
@@ -417,8 +424,8 @@ def evaluate_linear_sgd(
         chosen: dict[str | None, tuple[StackedHeads, dict[float, dict[str, float]],
                                        dict[str, float]]] = {}
         for percent, rows in subsets.items():
-            heads = train_heads(encoder, train, rows, num_classes, settings, device, seed)
-            scores = score_heads(encoder, heads, val, settings.batch_size, device)
+            heads = train_heads(encoder, train, rows, num_classes, settings, device, seed, group)
+            scores = score_heads(encoder, heads, val, settings.batch_size, device, group)
             val_by_lr = {lr: dict(zip(heads.attributes, map(float, scores[i]), strict=True))
                          for i, lr in enumerate(settings.lrs)}
             picked = select_by_validation(val_by_lr)
@@ -428,7 +435,8 @@ def evaluate_linear_sgd(
         test = load_test()  # the first read of the test split: every rate is chosen by now
         results = {}
         for percent, (final, val_by_lr, picked) in chosen.items():
-            test_scores = score_heads(encoder, final, test, settings.batch_size, device)[0]
+            test_scores = score_heads(encoder, final, test, settings.batch_size, device,
+                                      group)[0]
             results[percent] = LinearSGDResult(
                 val_by_lr=val_by_lr, chosen_lr=picked,
                 val={a: val_by_lr[picked[a]][a] for a in final.attributes},

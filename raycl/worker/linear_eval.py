@@ -12,18 +12,30 @@ It reads every row of its splits: the closed-form probe's caps (``eval.max_train
 printed beside the paper's value is the papers' protocol on the whole training split (a probe
 of 10 000 ImageNet images, ~10 per class, is not it). Memory mode only (stream mode and MCL's
 several encoders are refused before launch, :func:`raycl.launch.checks.check_linear_sgd`).
+
+It runs on the first :func:`probe_ranks` ranks only, in a process group of their own: the
+protocol's batch of 256 split over 64 GPUs is 4 images a step and no faster than over 8. The
+other ranks wait in a gloo barrier outside the default group, whose watchdog
+(``scaling.collective_timeout_s``) would otherwise end the trial during the probe's hours.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING
+
+import torch.distributed as dist
 
 from raycl.config.metric_names import PERF, metric_name
 from raycl.config.schema import CoreConfig
 from raycl.data import DatasetSplits, ImageSet
 from raycl.data.stream.files import FileRows
 from raycl.data.stream.shards import ShardRows
+from raycl.distributed import barrier_after, rank, world_size
 from raycl.eval.linear_sgd import (
     FrozenEncoder,
     LabelledImages,
@@ -35,6 +47,11 @@ from raycl.worker.optim import inference_autocast
 
 if TYPE_CHECKING:
     from raycl.worker.session import Session
+
+# The fewest images of each global batch a rank of the papers' probe takes (:func:`probe_ranks`).
+PROBE_ROWS_PER_RANK = 32
+# How long the ranks outside the probe wait for it (ImageNet's 100 epochs on 8 GPUs: hours).
+PROBE_WAIT = timedelta(hours=24)
 
 
 def _labelled(part: ImageSet) -> LabelledImages:
@@ -75,12 +92,58 @@ def linear_sgd_evaluation(
     started = time.perf_counter()
     encoder = FrozenEncoder(model=method, embed=method.embed,
                             autocast=inference_autocast(config, session.device))
-    results = evaluate_linear_sgd(
-        encoder, _labelled(data.train), _labelled(data.val), lambda: _labelled(data.test),
-        {attribute: data.num_classes[attribute] for attribute in data.attributes}, settings,
-        session.device, config.seed)
-    return {**linear_sgd_metrics(results),
-            metric_name(PERF, None, "linear_sgd_seconds"): time.perf_counter() - started}
+    ranks = probe_ranks(settings.batch_size, world_size())
+    metrics: dict[str, float] = {}
+    with probe_group(ranks) as group:
+        if group is not None:  # this rank is one of the probe's
+            results = evaluate_linear_sgd(
+                encoder, _labelled(data.train), _labelled(data.val),
+                lambda: _labelled(data.test),
+                {attribute: data.num_classes[attribute] for attribute in data.attributes},
+                settings, session.device, config.seed, group.group)
+            metrics.update(linear_sgd_metrics(results))
+    metrics[metric_name(PERF, None, "linear_sgd_ranks")] = float(ranks)
+    metrics[metric_name(PERF, None, "linear_sgd_seconds")] = time.perf_counter() - started
+    return metrics
+
+
+def probe_ranks(batch_size: int, world: int) -> int:
+    """How many ranks share the papers' probe: each takes at least :data:`PROBE_ROWS_PER_RANK`
+    images of every global batch (8 ranks for the papers' 256), at most the whole world. More
+    ranks only cut each step's batch further (4 images per GPU at 64 workers), and the probe's
+    ~450 k latency-bound steps, an all_reduce each, take as long as on 8.
+
+    Example:
+        >>> probe_ranks(256, 64), probe_ranks(256, 4), probe_ranks(16, 8)
+        (8, 4, 1)
+    """
+    return max(1, min(world, batch_size // PROBE_ROWS_PER_RANK))
+
+
+@contextmanager
+def probe_group(ranks: int) -> Iterator[_ProbeGroup | None]:
+    """Ranks ``0 .. ranks - 1`` as a process group of their own, for the body; None on the
+    other ranks, which wait for them in a gloo barrier outside the default group's watchdog
+    (:func:`raycl.distributed.barrier_after`). Every rank enters it. A world of one, or a
+    probe of every rank, is the default group (``group.group`` None): nothing is created."""
+    world = world_size()
+    if ranks >= world:
+        yield _ProbeGroup(None)
+        return
+    # Every rank creates the group (torch's rule), members or not.
+    group = dist.new_group(ranks=list(range(ranks)))
+    try:
+        with barrier_after(PROBE_WAIT):
+            yield _ProbeGroup(group) if rank() < ranks else None
+    finally:
+        dist.destroy_process_group(group)
+
+
+@dataclass(frozen=True)
+class _ProbeGroup:
+    """The probe's process group (None: the default one)."""
+
+    group: dist.ProcessGroup | None
 
 
 __all__ = ["linear_sgd_evaluation"]
