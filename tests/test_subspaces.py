@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from raycl.eval import subspaces
 from raycl.eval.subspaces import (
+    MAX_CLASSES,
     AngleSummary,
     class_principal_angles,
+    diagnosed_classes,
     energy_basis,
     plot_angle_histogram,
     principal_angles,
@@ -199,3 +202,187 @@ def test_plot_angle_histogram_writes_png(tmp_path: Path) -> None:
     plot_angle_histogram(summary, path, "test")
     assert path.stat().st_size > 0
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# The per-class computation as it was (and as appendix C.2 writes it): an SVD of each class's
+# and of each rest's (D, n) matrix of projections, for every class: N D^2 work per class. The
+# reference the Gram-based version must agree with.
+
+
+def _reference_floor(data: np.ndarray) -> float:
+    return float(np.linalg.norm(data, ord=2) * max(data.shape) * np.finfo(np.float64).eps)
+
+
+def _reference_basis(matrix: np.ndarray, energy: float, floor: float) -> np.ndarray:
+    if matrix.shape[1] > matrix.shape[0]:
+        matrix = np.linalg.qr(matrix.T, mode="r").T
+    left, values, _ = np.linalg.svd(matrix, full_matrices=False)
+    values = values[values > floor]
+    if values.size == 0:
+        return np.zeros((matrix.shape[0], 0))
+    ratios = np.cumsum(values**2) / np.sum(values**2)
+    return left[:, : min(int(np.sum(ratios <= energy)) + 1, values.size)]
+
+
+def _reference_angles(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.shape[1] < b.shape[1]:
+        a, b = b, a
+    if b.shape[1] == 0:
+        return np.zeros(0)
+    cosines = np.clip(np.linalg.svd(a.T @ b, compute_uv=False), 0.0, 1.0)
+    sines = np.clip(np.linalg.svd(b - a @ (a.T @ b), compute_uv=False)[::-1], 0.0, 1.0)
+    angles = np.where(sines < np.sqrt(0.5), np.arcsin(sines), np.arccos(cosines))
+    return np.sort(np.degrees(angles))
+
+
+def _reference_class_angles(
+    data: np.ndarray, targets: np.ndarray, energy: float = 0.995
+) -> dict[int, np.ndarray]:
+    classes = np.unique(targets)
+    floor = _reference_floor(data)
+    centres = np.stack([data[targets == c].mean(axis=0) for c in classes], axis=1)
+    centre_basis = _reference_basis(centres, 1.0, floor)
+    projected = data - (data @ centre_basis) @ centre_basis.T
+    result = {}
+    for c in classes:
+        inside = targets == c
+        if inside.sum() < 2:
+            continue
+        own = _reference_basis(projected[inside].T, energy, floor)
+        rest = _reference_basis(projected[~inside].T, energy, floor)
+        result[int(c)] = _reference_angles(own, rest)
+    return result
+
+
+def _mixed_case(
+    sizes: list[int], dim: int, seed: int, noise: float = 0.05
+) -> tuple[np.ndarray, np.ndarray]:
+    """Classes at random centres, varying along two shared directions, two private ones (at
+    random angles to everything else) and weak isotropic noise: angles near 0, in between and
+    near 90 degrees, and spectra with a tail for the energy cut to cut."""
+    rng = np.random.default_rng(seed)
+    shared = rng.standard_normal((2, dim))
+    blocks = []
+    for size in sizes:
+        private = rng.standard_normal((2, dim))
+        block = 3.0 * rng.standard_normal(dim) + rng.standard_normal((size, 2)) @ shared
+        block += rng.uniform(0.3, 1.0) * rng.standard_normal((size, 2)) @ private
+        blocks.append(block + noise * rng.standard_normal((size, dim)))
+    return np.concatenate(blocks), np.repeat(np.arange(len(sizes)), sizes)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "dim", "energy", "noise", "seed"),
+    [
+        ([40, 55, 70, 1, 33], 12, 0.995, 0.05, 0),  # rests of > D rows: the Gram path
+        ([40, 55, 70, 1, 33], 12, 0.9, 0.05, 1),
+        # Energy 1, no noise: every direction above the rounding floors, none below.
+        ([30] * 5, 40, 1.0, 0.0, 2),
+        ([6, 5, 7], 24, 0.995, 0.05, 3),  # rests of <= D rows: their own SVD
+        ([120, 9, 15, 4], 10, 0.995, 0.05, 4),  # a class of more than D rows: its QR first
+    ],
+)
+def test_class_angles_agree_with_the_per_class_svd_reference(
+    sizes: list[int], dim: int, energy: float, noise: float, seed: int
+) -> None:
+    features, labels = _mixed_case(sizes, dim, seed, noise)
+    expected = _reference_class_angles(features, labels, energy)
+    actual = class_principal_angles(features, labels, energy)
+    assert sorted(actual) == sorted(expected)
+    for label, angles in expected.items():
+        assert angles.size > 0 and actual[label].shape == angles.shape
+        np.testing.assert_allclose(actual[label], angles, atol=1e-6, rtol=0)
+    # The cases span the histogram, not only its ends.
+    every = np.concatenate(list(expected.values()))
+    assert every.min() < 10.0 and np.any((every > 20.0) & (every < 70.0))
+
+
+def test_the_structured_cases_agree_with_the_reference_too() -> None:
+    features, labels = _structured(noise=1e-3)
+    expected = _reference_class_angles(features, labels)
+    actual = class_principal_angles(features, labels)
+    for label, angles in expected.items():
+        np.testing.assert_allclose(actual[label], angles, atol=1e-6, rtol=0)
+
+
+def _recording(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[int, ...]]]:
+    """Every torch.linalg factorisation the diagnostic calls, with its input's shape."""
+    calls: list[tuple[str, tuple[int, ...]]] = []
+    for name in ("svd", "svdvals", "eigh", "eigvalsh", "qr"):
+        original = getattr(torch.linalg, name)
+
+        def recorded(matrix: torch.Tensor, *args, _name=name, _original=original, **kwargs):
+            calls.append((_name, tuple(matrix.shape)))
+            return _original(matrix, *args, **kwargs)
+
+        monkeypatch.setattr(torch.linalg, name, recorded)
+    return calls
+
+
+def test_a_thousand_classes_cost_max_classes_factorisations_of_d_rows(monkeypatch) -> None:
+    """1 000 classes of 3 rows, D = 8. The per-class SVD of each rest factorises 1 000
+    (2 997, 8) matrices; now 64 classes are diagnosed, each with factorisations of at most
+    D rows (the rest's (8, 8) Gram matrix), and only the class centres' (1 000, 8) QR, once,
+    sees more than D rows."""
+    rng = np.random.default_rng(0)
+    dim, classes = 8, 1000
+    labels = np.repeat(np.arange(classes), 3)
+    features = rng.standard_normal((labels.size, dim)) + 3.0 * rng.standard_normal((classes, dim))[
+        labels]
+    calls = _recording(monkeypatch)
+    per_class = class_principal_angles(features, labels)
+    assert len(per_class) == MAX_CLASSES == summarize_angles(per_class).classes
+    assert set(per_class) <= set(range(classes))
+    big = [call for call in calls if call[1][0] > dim]
+    assert big == [("qr", (classes, dim))]
+    assert ("eigh", (dim, dim)) in calls
+    # Own basis, rest basis, two angle SVDs per class; the centres' QR and SVD, the norm.
+    assert 0 < len(calls) <= 4 * MAX_CLASSES + 3
+    # Seeded: the same classes again; another seed, others; None, all of them.
+    monkeypatch.undo()
+    assert set(class_principal_angles(features, labels)) == set(per_class)
+    assert set(class_principal_angles(features, labels, seed=1)) != set(per_class)
+    assert len(class_principal_angles(features, labels, max_classes=None)) == classes
+
+
+def test_diagnosed_classes_skip_singletons_and_cap() -> None:
+    counts = np.array([5, 1, 2, 0, 9, 3])
+    np.testing.assert_array_equal(diagnosed_classes(counts, None), [0, 2, 4, 5])
+    np.testing.assert_array_equal(diagnosed_classes(counts, 10), [0, 2, 4, 5])
+    chosen = diagnosed_classes(counts, 2, seed=7)
+    assert chosen.size == 2 and set(chosen) <= {0, 2, 4, 5} and np.all(np.diff(chosen) > 0)
+    np.testing.assert_array_equal(diagnosed_classes(counts, 2, seed=7), chosen)
+    with pytest.raises(ValueError, match="max_classes"):
+        diagnosed_classes(counts, 0)
+    features, labels = _structured()
+    with pytest.raises(ValueError, match="max_classes"):
+        class_principal_angles(features, labels, max_classes=0)
+
+
+def test_failed_divide_and_conquer_falls_back_to_qr_iteration(monkeypatch) -> None:
+    """gesdd / syevd failing to converge (as on a SimSiam trial's features) is not the end:
+    LAPACK's QR-iteration drivers give the same factorisations."""
+    features, labels = _structured(noise=1e-3)
+    expected = class_principal_angles(features, labels)
+
+    def not_converging(*args, **kwargs):
+        raise torch.linalg.LinAlgError("failed to converge")
+
+    for name in ("svd", "svdvals", "eigh"):
+        monkeypatch.setattr(torch.linalg, name, not_converging)
+    actual = class_principal_angles(features, labels)
+    for label, angles in expected.items():
+        np.testing.assert_allclose(actual[label], angles, atol=1e-6, rtol=0)
+    gram = torch.from_numpy(features.T @ features)
+    values, vectors = subspaces._eigh_descending(gram)
+    assert torch.all(values[:-1] >= values[1:])
+    torch.testing.assert_close(vectors @ torch.diag(values) @ vectors.T, gram)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_class_angles_on_cuda_match_cpu() -> None:
+    features, labels = _mixed_case([40, 55, 70, 33], 12, 0)
+    expected = class_principal_angles(features, labels)
+    actual = class_principal_angles(features, labels, device="cuda")
+    for label, angles in expected.items():
+        np.testing.assert_allclose(actual[label], angles, atol=1e-6, rtol=0)

@@ -180,7 +180,8 @@ class EvalConfig(Section):
     diagnostics: bool = Field(
         True, description="End of trial: singular value spectrum and effective rank of the "
         "test-split features (diag/effective_rank), principal angles between each class and the "
-        "rest (diag/shared_directions, diag/subclass_directions), plots as artifacts."
+        "rest (diag/shared_directions, diag/subclass_directions; at most 64 classes, a fixed "
+        "draw), plots as artifacts."
     )
     mmvp: str | None = Field(
         None, description="MMVP-style pair benchmark for image-text methods (clip): "

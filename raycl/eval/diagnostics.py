@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from raycl.config.metric_names import DIAG, metric_name
 from raycl.eval.spectrum import effective_rank, singular_values
@@ -32,6 +33,7 @@ def representation_diagnostics(
     features: np.ndarray,
     labels: np.ndarray,
     projections: np.ndarray | None = None,
+    device: torch.device | str | None = None,
 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """Effective rank and principal-angle counts of one representation.
 
@@ -39,10 +41,13 @@ def representation_diagnostics(
         features: (N, D) features the probes see (the backbone's, or MCL's integration).
         labels: (N,) class labels (the dataset's first attribute).
         projections: optional (N, m) projector outputs, the embedding the loss shapes.
+        device: where the principal angles' float64 linear algebra runs (the trial's GPU
+            when it has one); None for the CPU.
 
     Returns:
         ``(metrics, arrays)``: ``diag/effective_rank``, ``diag/projection_effective_rank``,
-        ``diag/shared_directions``, ``diag/subclass_directions`` (mean per class), and the
+        ``diag/shared_directions``, ``diag/subclass_directions`` (mean per class, over at most
+        :data:`~raycl.eval.subspaces.MAX_CLASSES` classes), and the
         singular values and angles for :func:`plot_diagnostics`.
     """
     metrics = {metric_name(DIAG, None, "effective_rank"): effective_rank(features)}
@@ -51,7 +56,7 @@ def representation_diagnostics(
         metrics[metric_name(DIAG, None, "projection_effective_rank")] = effective_rank(
             projections)
         arrays[PROJECTION_SPECTRUM] = singular_values(projections)
-    summary = summarize_angles(class_principal_angles(features, labels))
+    summary = summarize_angles(class_principal_angles(features, labels, device=device))
     if summary.classes:
         metrics[metric_name(DIAG, None, "shared_directions")] = summary.shared
         metrics[metric_name(DIAG, None, "subclass_directions")] = summary.subclass

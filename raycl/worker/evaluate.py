@@ -365,7 +365,7 @@ def _trial_diagnostics(
     """
     try:
         diag_metrics, diagnostics = representation_diagnostics(
-            integrated["test"], data.test.labels[data.attributes[0]], projections)
+            integrated["test"], data.test.labels[data.attributes[0]], projections, device)
         diagnostics.update(method_diagnostics(config, data, method, device))
         metrics.update(diag_metrics)
     except CollectiveInSingleRankSection:
