@@ -414,3 +414,89 @@ def test_stage_features_and_a_rank_share_round_trip_through_a_bucket(tmp_path, m
         np.testing.assert_array_equal(rank1.inputs.pseudo_labels, rank0.inputs.pseudo_labels)
     finally:
         server.stop()
+
+
+def stored_features(root: Path) -> list[Path]:
+    """Every stage-features file under ``root``: a checkpoint's ``features.npz`` or a file of
+    ``stage_features/``."""
+    return sorted([*root.glob(f"checkpoint_*/{FEATURES_FILE}"),
+                   *root.glob(f"{STAGE_FEATURES_DIR}/*")])
+
+
+def test_a_checkpoint_holds_only_the_features_something_reads(
+    data_cache, tmp_path, one_torch_thread
+) -> None:
+    """Issue 46, finding 4: a single-stage trial's checkpoints hold no features (nothing reads
+    them: at ImageNet scale ~11 GB uploaded per trial), and the finished trial restarted still
+    reports its result; a 2-stage MCL (concat) trial keeps stage 0's features, every split,
+    in stage 0's last checkpoint (a trial resumed there clusters them for stage 1, whose
+    evaluation integrates them), referenced once from stage 1's, and none of stage 1's."""
+    from test_reliability import TINY, StoredSession
+
+    from raycl.worker.context import TrialContext
+    from raycl.worker.loop import run_trial_loop
+
+    class RunStoredSession(StoredSession):
+        def run_storage(self) -> StoredDirectory:
+            return StoredDirectory.local(self.root)
+
+    def run(root: Path, extra: dict[str, Any]) -> RunStoredSession:
+        session = RunStoredSession(root)
+        config = SearchConfig.model_validate({**TINY, **extra,
+                                              "train": {**TINY["train"], "epochs": 2}})
+        run_trial_loop(TrialContext(config=config), session)
+        return session
+
+    single = tmp_path / "single"
+    final = run(single, {}).reports[-1]
+    assert len(list(single.glob("checkpoint_*"))) == 2
+    assert stored_features(single) == []
+    again = run(single, {})  # restarted after its last checkpoint: nothing to train
+    assert [report["test/linear/mean"] for report in again.reports] == [final["test/linear/mean"]]
+
+    mcl = tmp_path / "mcl"
+    extra = {"method": "mcl", "mcl": {"stages": 2, "clusters": 2, "integration": "concat"}}
+    reference = run(mcl, extra).reports[-1]
+    checkpoints = [(json.loads((path / "progress.json").read_text()), path)
+                   for path in sorted(mcl.glob("checkpoint_*"))]
+    [boundary] = [path for progress, path in checkpoints
+                  if progress["stage"] == 0 and progress["stage_complete"]]
+    assert [path for path in stored_features(mcl) if path.parent.name != STAGE_FEATURES_DIR] \
+        == [boundary / FEATURES_FILE]
+    with np.load(boundary / FEATURES_FILE) as arrays:
+        assert {"train", "val", "test"} <= set(arrays.files)
+    assert len(list((mcl / STAGE_FEATURES_DIR).iterdir())) == 1  # stage 0's, referenced
+    # A restart at the stage boundary clusters the stored features and ends as before.
+    for _, path in checkpoints:
+        if path.name > boundary.name:
+            shutil.rmtree(path)
+    resumed = run(mcl, extra).reports[-1]
+    assert resumed["stage"] == 1
+    assert resumed["train/loss"] == pytest.approx(reference["train/loss"], rel=1e-4)
+    assert resumed["test/linear/mean"] == pytest.approx(reference["test/linear/mean"], abs=0.02)
+
+
+def test_a_finished_stage_keeps_what_its_integration_reads() -> None:
+    """Issue 46, finding 4: after the last stage (a single stage's too) no features go into a
+    checkpoint; before another, ``concat`` keeps every split (the later stages integrate them)
+    and a ``soup`` only ``train`` (the next stage's clustering): it integrates the stages'
+    weights, so stage 1 carries (and stores beside its checkpoints) none of stage 0's."""
+    from raycl.worker.stage_integration import checkpointed_features
+
+    features = stage_features(0)
+    single = SearchConfig.model_validate({"name": "single"})
+    assert checkpointed_features(single, 0, features) is None
+    for integration, kept in (("concat", sorted(SPLITS)), ("soup", ["train"])):
+        config = SearchConfig.model_validate({
+            "name": integration, "method": "mcl",
+            "mcl": {"stages": 2, "clusters": CLUSTERS, "integration": integration}})
+        assert checkpointed_features(config, 1, features) is None
+        assert sorted(checkpointed_features(config, 0, features) or {}) == kept
+        weights = {"w": torch.zeros(2)}
+        inputs = next_stage_inputs(config, StageInputs(), features, {},
+                                   np.arange(ROWS) % CLUSTERS, weights)
+        assert sorted(inputs.features[0]) == (sorted(SPLITS) if integration == "concat" else [])
+        # Without kept weights (older raycl) a soup is integrated as concat: features kept.
+        inputs = next_stage_inputs(config, StageInputs(), features, {},
+                                   np.arange(ROWS) % CLUSTERS)
+        assert sorted(inputs.features[0]) == sorted(SPLITS)

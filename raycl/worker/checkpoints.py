@@ -13,7 +13,9 @@ A checkpoint directory holds (file names in :mod:`raycl.worker.stage_integration
   where Ray's ``num_to_keep`` deletes nothing), so a checkpoint does not grow with the stage
   count. Without run storage (a session outside Ray Train and Tune), and in checkpoints of
   older raycl, the features are inline (``features_<j>_<split>``); both are read.
-- ``features.npz``: the stage's features per split, once the stage is complete.
+- ``features.npz``: once an MCL stage that another follows is complete, what of its features
+  a trial resumed there reads (:func:`~raycl.worker.stage_integration.checkpointed_features`);
+  none after the last stage (a single-stage trial's checkpoints never hold one).
 - ``metrics.json``: the metrics reported with the checkpoint.
 - ``diagnostics.npz``: the end-of-trial picture arrays, when there are any.
 - ``progress.json``: ``{"stage", "phase", "epoch", "stage_complete"}``, written last, so a
@@ -78,8 +80,9 @@ class Restored:
         inputs: what the checkpointed stage got from the stages before it.
         state: model/optimizer/scaler state of that stage, on the CPU; the stage takes each
             entry out (``pop``) as it loads it, so no reference keeps it in memory.
-        features: the stage's features per split, when the stage is complete (rank 0; empty
-            on other ranks).
+        features: the stage's features per split, when the stage is complete and its
+            checkpoint holds them (rank 0; None when it holds none, as after the last stage;
+            empty on other ranks).
         metrics: the metrics reported with the checkpoint.
     """
 
@@ -124,8 +127,11 @@ def _read_files(files: StoredDirectory, directory: Path, features: bool) -> Rest
     inputs = files.read(STAGE_INPUTS_FILE,
                         lambda file: StageInputs.load(file, weights, features=features))
     stage_features = None
-    if progress["stage_complete"]:
-        stage_features = files.read(FEATURES_FILE, _load_arrays) if features else {}
+    if progress["stage_complete"] and not features:
+        stage_features = {}
+    elif progress["stage_complete"] and files.exists(FEATURES_FILE):
+        # Absent after the last stage, which nothing follows (older raycl wrote it there too).
+        stage_features = files.read(FEATURES_FILE, _load_arrays)
     metrics = json.loads(files.read_bytes(METRICS_FILE))
     if inputs.stage != progress["stage"]:
         raise ValueError(f"stage_inputs is for stage {inputs.stage}, progress for "

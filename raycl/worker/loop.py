@@ -30,7 +30,7 @@ from raycl.distributed import broadcast_from_rank0, single_rank_section
 from raycl.eval.multimodal import EvalSets, load_mmvp_sets
 from raycl.eval.transfer import load_transfer_sets
 from raycl.methods import method_class
-from raycl.worker.checkpoints import Restored, restore
+from raycl.worker.checkpoints import CheckpointError, Restored, restore
 from raycl.worker.context import TrialContext
 from raycl.worker.cuda import configure_cuda_backends
 from raycl.worker.data_barrier import data_barrier
@@ -41,6 +41,7 @@ from raycl.worker.perf import Clock
 from raycl.worker.session import RayTrainSession, Session
 from raycl.worker.stage import train_stage
 from raycl.worker.stage_integration import (
+    FEATURES_FILE,
     Features,
     StageInputs,
     StageWeights,
@@ -140,7 +141,10 @@ def _resume_point(
         if session.rank != 0:  # only rank 0 integrates the earlier stages' features
             restored.inputs.features = [{} for _ in restored.inputs.features]
         return restored.inputs, restored
-    assert restored.features is not None
+    if restored.features is None:  # written by a raycl that keeps them before another stage
+        raise CheckpointError(f"the checkpoint of finished stage {restored.progress['stage']} "
+                              f"holds no {FEATURES_FILE}: stage "
+                              f"{restored.progress['stage'] + 1} clusters its training features")
     soup = restored.state.pop("soup", None)  # the stage's kept weights (soup share or encoder)
     restored.state.clear()  # the finished stage's model and optimizer: not needed, not kept
     inputs = between_stages(config, restored.inputs, restored.features, restored.metrics,
@@ -182,7 +186,7 @@ def between_stages(
 
 def report_finished(restored: Restored, session: Session) -> None:
     """A trial restarted after its last checkpoint: hand that checkpoint back (the trial process
-    reads its features) with the evaluation it carried, on rank 0."""
+    reads its diagnostics) with the evaluation it carried, on rank 0."""
     metrics = {key: value for key, value in restored.metrics.items() if "train/" not in key}
     if session.rank == 0:
         session.report(metrics, str(restored.directory))

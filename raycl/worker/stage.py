@@ -58,7 +58,13 @@ from raycl.worker.optim import (
 )
 from raycl.worker.perf import Clock, peak_rss_mb
 from raycl.worker.session import Session
-from raycl.worker.stage_integration import Features, StageInputs, StageWeights, kept_weights
+from raycl.worker.stage_integration import (
+    Features,
+    StageInputs,
+    StageWeights,
+    checkpointed_features,
+    kept_weights,
+)
 
 
 @dataclass
@@ -262,9 +268,11 @@ def _end_epoch(stage: _Stage, run: PhaseRun, stats: EpochStats, completed: int) 
     checkpoint_dir = None
     if session.rank == 0 and progress is not None:
         checkpoint_dir = tempfile.mkdtemp(prefix="raycl-ckpt-")
+        # Only the features a trial resumed after this stage reads: none after the last stage.
+        kept = checkpointed_features(config, inputs.stage, features) if last else None
         with single_rank_section("rank 0's checkpoint writing"):
             write_checkpoint(Path(checkpoint_dir), method, run.optimizer, stage.parts.scaler,
-                             progress, inputs, features if last else None, metrics,
+                             progress, inputs, kept, metrics,
                              diagnostics, soup, run=session.run_storage())
     report_epoch(stage.parts, metrics, checkpoint_dir, run.offset + completed)
     return StageResult(features=features, metrics=metrics, weights=soup)

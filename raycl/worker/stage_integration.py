@@ -281,6 +281,22 @@ def cluster_stage(
                   gpu=kmeans_gpu(device))
 
 
+def checkpointed_features(config: CoreConfig, stage: int, features: Features) -> Features | None:
+    """What of a finished stage's ``features`` its last checkpoint keeps: only what a trial
+    resumed there reads (at ImageNet scale every split's features are ~11 GB per checkpoint).
+
+    None after the last stage (a single stage's included): the trial process reads the final
+    checkpoint's diagnostics alone. Before another stage: ``train``, which the resumed trial
+    clusters for the next one, and, for ``concat``, every split, the frozen features the later
+    stages integrate; a ``soup`` integrates the stages' weights, not their features.
+    """
+    if stage >= config.num_stages - 1:
+        return None
+    if config.mcl.integration == "soup":
+        return {"train": features["train"]}
+    return features
+
+
 def next_stage_inputs(
     config: CoreConfig,
     inputs: StageInputs,
@@ -298,13 +314,21 @@ def next_stage_inputs(
     return StageInputs(
         stage=inputs.stage + 1,
         pseudo_labels=pseudo_label_codes(assignments, config.mcl.clusters),
-        features=[*inputs.features, features],
+        # A soup integrates weights: the features only a fallback to concat reads are not kept.
+        features=[*inputs.features, features if _integrates_features(config, weights) else {}],
         assignments=assignments,
         stage_metrics=[*inputs.stage_metrics, metrics or {}],
         weights=[*inputs.weights, weights] if weights is not None else inputs.weights,
         # The earlier stages' features already in the run's storage are not written again.
         feature_refs=dict(inputs.feature_refs),
     )
+
+
+def _integrates_features(config: CoreConfig, weights: StageWeights | None) -> bool:
+    """Whether the later stages integrate a finished stage's features: ``concat``, or a soup
+    stage that kept no weights (a checkpoint of older raycl), which
+    :func:`~raycl.worker.embed.integrate_stages` integrates as ``concat``."""
+    return weights is None or config.mcl.integration != "soup"
 
 
 def mcl_summary(
