@@ -296,24 +296,39 @@ def test_quickstart_confirms_its_winner_over_two_seeds_through_sigint_and_sigkil
 def test_resumed_confirmation_keeps_its_choice_and_a_stale_one_is_set_aside(tmp_path) -> None:
     """A re-run of the sweep (same parent run) confirms what the first run chose, even when the
     search's results would now choose otherwise; a confirmation left by an earlier sweep of the
-    name (another parent run: --fresh) is moved aside, never restored into this one."""
+    name (another parent run: --fresh) is moved aside, never restored into this one. A fresh
+    choice is among the trials whose runs may be ranked: never one still running (or failed,
+    killed), whatever its last objective."""
     from types import SimpleNamespace
 
     from raycl.sweep.confirm_tuner import CHOICE_FILE, _choose, _write_choice, confirm_path
+    from raycl.tracking.runs import ENDED_TAG, ROLE_TAG, TRIAL_TAG, mlflow_client
 
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     config = load_search(REPO / "searches" / "quickstart.yaml", [
-        "name=resumed", f"tune.storage_path={tmp_path}", "tune.confirm={top_k: 1, seeds: 2}"])
+        "name=resumed", f"tune.storage_path={tmp_path}", "tune.confirm={top_k: 1, seeds: 2}",
+        f"mlflow.tracking_uri={uri}"])
     path = confirm_path(config)
     stored = {"parent_run_id": "p1", "configurations": [{"train.lr": 0.001}],
               "seeds": [[SEED_STRIDE, SEED_STRIDE + 1]]}
     _write_choice(path, stored)
     Path(path, "tuner.pkl").write_bytes(b"")  # what Tuner.can_restore looks for
-    results = [SimpleNamespace(config={"train.lr": 0.004}, error=None,
-                               metrics={"val/linear/mean": 0.9})]
+    client = mlflow_client(uri)
+    experiment = client.create_experiment("resumed")
+    parent = client.create_run(experiment, tags={ROLE_TAG: "sweep"}).info.run_id
+    for trial_id, ended in (("a1", "completed"), ("a2", None)):  # a2's run still runs
+        run_id = client.create_run(experiment, tags={
+            ROLE_TAG: "trial", PARENT_TAG: parent, TRIAL_TAG: trial_id,
+            **({ENDED_TAG: ended} if ended else {})}).info.run_id
+        if ended:
+            client.set_terminated(run_id)
+    results = [SimpleNamespace(config={"train.lr": lr}, error=None,
+                               metrics={"val/linear/mean": value, "trial_id": trial_id})
+               for lr, value, trial_id in ((0.004, 0.9, "a1"), (0.008, 0.95, "a2"))]
     assert _choose(config, results, "p1") == stored
 
-    fresh = _choose(config, results, "p2")
-    assert fresh == {"parent_run_id": "p2", "configurations": [{"train.lr": 0.004}],
+    fresh = _choose(config, results, parent)
+    assert fresh == {"parent_run_id": parent, "configurations": [{"train.lr": 0.004}],
                      "seeds": [[SEED_STRIDE, SEED_STRIDE + 1]]}
     assert not Path(path).exists()
     (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("resumed-confirm.")]

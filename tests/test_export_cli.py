@@ -25,7 +25,13 @@ from raycl.export.__main__ import main
 from raycl.export.encoder import trained_encoder
 from raycl.export.run_artifact import ENCODER_TAG
 from raycl.results import TrialLookupError, find_trials, local_checkpoint
-from raycl.tracking.runs import checkpoint_location
+from raycl.tracking.runs import (
+    ENDED_TAG,
+    PARENT_TAG,
+    ROLE_TAG,
+    TRIAL_TAG,
+    checkpoint_location,
+)
 from tests.finished_sweep import (
     EXPERIMENT,
     METRIC,
@@ -90,6 +96,40 @@ def test_lookup_errors_are_one_line(sweep: Sweep, experiment: str, trial: str,
     assert expected in str(raised.value) and "\n" not in str(raised.value)
     if experiment != EXPERIMENT:
         assert f"did you mean {EXPERIMENT}" in str(raised.value)
+
+
+def test_best_among_no_finished_trial_is_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every trial failed, was killed or still runs: none may be ranked, whatever its last
+    objective; ``--trial best`` of raycl.export and raycl.evaluate says so in one line naming the
+    experiment, exit 2, nothing written."""
+    from raycl.evaluate import main as evaluate_main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment_id = client.create_experiment("unfinished")
+    parent = client.create_run(experiment_id, tags={
+        ROLE_TAG: "sweep", "raycl.metric": METRIC, "raycl.mode": "max"}).info.run_id
+    for index, (status, ended) in enumerate((("FAILED", "diverged"), ("KILLED", "interrupted"),
+                                             ("RUNNING", None)), start=1):
+        run_id = client.create_run(experiment_id, run_name=f"t0{index}", tags={
+            ROLE_TAG: "trial", PARENT_TAG: parent, TRIAL_TAG: f"bb00{index}",
+            **({ENDED_TAG: ended} if ended else {})}).info.run_id
+        client.log_metric(run_id, METRIC, 0.9)
+        if status != "RUNNING":
+            client.set_terminated(run_id, status=status)
+    said = (f"error: no finished trial of experiment 'unfinished''s latest sweep has reported "
+            f"{METRIC} yet (3 failed, killed or still running: never ranked)\n")
+    common = ["--experiment", "unfinished", "--tracking-uri", uri]
+    assert main([*common, "--format", "torchvision", "--out", str(tmp_path / "best.pt")]) == 2
+    assert capsys.readouterr().err == said
+    assert evaluate_main([*common, "--no-ray", "--set", "data.dataset=folder",
+                          "--set", f"data.root={tmp_path}"]) == 2
+    assert capsys.readouterr().err == said
+    assert evaluate_main([*common, "--top", "2", "--no-ray", "--set", "data.dataset=folder",
+                          "--set", f"data.root={tmp_path}"]) == 2
+    assert capsys.readouterr().err == said
+    assert not (tmp_path / "best.pt").exists()
 
 
 def test_bucket_checkpoints_keep_the_storage_scheme_and_query() -> None:

@@ -12,13 +12,17 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import yaml
 
 from raycl.config.metric_names import baseline_metric, maybe_metric
 from raycl.config.schema import CoreConfig
 from raycl.leaderboard import main as leaderboard_main
+from raycl.tracking.pareto import PARETO_TAG, front_run_ids
+from raycl.tracking.pareto_log import log_pareto
 from raycl.tracking.reference_points import (
     BASELINE_SCOPE_TAG,
     noise_level,
@@ -27,12 +31,14 @@ from raycl.tracking.reference_points import (
     value_at_step,
 )
 from raycl.tracking.runs import (
+    CHECKPOINT_TAG,
     ENDED_TAG,
     PARENT_TAG,
     ROLE_TAG,
     STOPPED_AT_METRIC,
     TRIAL_TAG,
     mlflow_client,
+    rankable,
 )
 from raycl.tracking.trial_table import (
     build_leaderboard,
@@ -240,6 +246,7 @@ def parent_sweep(sweep_uri: str) -> str:
         "raycl.searched": "model.width=64"}).info.run_id
     for key, value in {OBJECTIVE: 0.7, baseline_metric(OBJECTIVE): 0.41}.items():
         client.log_metric(run_id, key, value, step=2)
+    client.set_terminated(run_id)  # completed: FINISHED, as the callback closes it
     return sweep_uri
 
 
@@ -273,3 +280,104 @@ def test_the_plot_draws_chance_and_the_untrained_backbone(sweep_uri: str) -> Non
     axis = leaderboard_figure(trial_table(runs, OBJECTIVE, "max")).axes[0]
     levels = {line.get_label(): line.get_ydata()[0] for line in axis.get_lines()}
     assert levels == {"chance": 0.375, "at init": 0.41}
+
+
+# A multi-objective sweep where the trials that did not finish look best by their last values.
+COST = "perf/device_hours"
+OBJECTIVES = [(OBJECTIVE, "max"), (COST, "min")]
+
+
+@pytest.fixture(scope="module")
+def unranked_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Experiment ``unranked`` (objectives val/linear/mean max, device hours min): t01 and t02
+    completed (0.60 for 1.0 device hours, 0.70 for 2.0); t03 diverged at 35 % of t02's cost
+    with the best last objective (0.90 for 0.7, FAILED); t04 still runs at 5 % (0.65 for 0.1,
+    RUNNING, no ending yet). Each has the ``config.yaml`` and checkpoint tag find_trials reads.
+    Returns the tracking URI."""
+    from tests.finished_sweep import trial_config
+
+    tmp = tmp_path_factory.mktemp("unranked")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    client = mlflow_client(uri)
+    experiment_id = client.create_experiment("unranked")
+    parent = client.create_run(experiment_id, tags={
+        ROLE_TAG: "sweep", "raycl.metric": OBJECTIVE, "raycl.mode": "max",
+        "raycl.objectives": f"{OBJECTIVE}:max,{COST}:min"}).info.run_id
+    for name, objective, cost, ended, status in (
+            ("t01 lr=0.1", 0.60, 1.0, "completed", "FINISHED"),
+            ("t02 lr=0.2", 0.70, 2.0, "completed", "FINISHED"),
+            ("t03 lr=0.3", 0.90, 0.7, "diverged", "FAILED"),
+            ("t04 lr=0.4", 0.65, 0.1, None, "RUNNING")):
+        lr = float(name.split("=")[1])
+        tags = {ROLE_TAG: "trial", PARENT_TAG: parent, TRIAL_TAG: name[:3],
+                "raycl.searched": f"train.lr={lr}", CHECKPOINT_TAG: str(tmp / name[:3]),
+                **({ENDED_TAG: ended} if ended else {})}
+        run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+        client.log_metric(run_id, OBJECTIVE, objective, step=2)
+        client.log_metric(run_id, COST, cost, step=2)
+        path = tmp / name[:3] / "config.yaml"
+        path.parent.mkdir(parents=True)
+        path.write_text(yaml.safe_dump(trial_config(tmp, lr, "resnet18", "unranked").to_dict(),
+                                       sort_keys=False))
+        client.log_artifact(run_id, str(path))
+        if status != "RUNNING":
+            client.set_terminated(run_id, status=status)
+    return uri
+
+
+@pytest.mark.parametrize(("ended", "status", "ranked"), [
+    ("completed", "FINISHED", True), ("stopped_by_scheduler", "FINISHED", True),
+    (None, "FINISHED", True),  # a sweep logged before raycl.ended: as completed
+    ("completed", "RUNNING", False),  # tagged, not closed yet
+    (None, "RUNNING", False), ("diverged", "FAILED", False), ("error", "FAILED", False),
+    ("error", "FINISHED", False), ("skipped", "KILLED", False), ("interrupted", "KILLED", False),
+    ("lost", "KILLED", False),
+])
+def test_only_finished_trials_that_completed_or_were_stopped_may_be_ranked(
+        ended: str | None, status: str, ranked: bool) -> None:
+    run = SimpleNamespace(info=SimpleNamespace(status=status), data=SimpleNamespace(
+        tags={ENDED_TAG: ended} if ended else {}))
+    assert rankable(run) is ranked  # type: ignore[arg-type]
+
+
+def test_failed_and_running_trials_are_listed_but_never_ranked(
+        unranked_uri: str, tmp_path: Path) -> None:
+    from raycl.results.trials import find_trials
+
+    client = mlflow_client(unranked_uri)
+    children = trial_runs(client, client.get_experiment_by_name("unranked").experiment_id, None)
+    name = {run.info.run_id: (run.info.run_name or "")[:3] for run in children}
+    assert sorted(name[run.info.run_id] for run in children if rankable(run)) == ["t01", "t02"]
+    # By their last values t03 and t04 would dominate both completed trials.
+    assert {name[run_id] for run_id in front_run_ids(children, OBJECTIVES)} == {"t01", "t02"}
+    table = trial_table(children, OBJECTIVE, "max")
+    best = table.best()
+    assert best is not None and name[best.info.run_id] == "t02"
+    assert "Best so far: **t02 lr=0.2** (0.7" in markdown_summary(table, "unranked")
+    # leaderboard.csv lists all four; the two that did not finish have no rank, their ending.
+    write_csv(table, tmp_path / "leaderboard.csv")
+    with (tmp_path / "leaderboard.csv").open() as handle:
+        rows = [(row["rank"], row["trial"][:3], row["status"]) for row in csv.DictReader(handle)]
+    assert rows == [("1", "t02", "completed"), ("2", "t01", "completed"),
+                    ("-", "t03", "diverged"), ("-", "t04", "running")]
+    # The terminal's leaderboard: the front marked and first, the other two under it, unranked.
+    board = build_leaderboard(unranked_uri, "unranked")
+    pareto = board.header.index("pareto")
+    assert [(row[0], row[1][:3], row[2], row[pareto]) for row in board.rows] == [
+        ("1", "t02", "completed", "*"), ("2", "t01", "completed", "*"),
+        ("-", "t03", "diverged", ""), ("-", "t04", "running", "")]
+    assert "Pareto front on val/linear/mean (max), perf/device_hours (min): 2 of 2 trial(s)" \
+        in board.title and "2 not ranked" in board.title
+    # --trial best, --top and the warm start: the best completed trial, never t03 or t04.
+    (found,) = find_trials(unranked_uri, "unranked", "best")
+    assert found.label == "t02"
+    assert [trial.label for trial in find_trials(unranked_uri, "unranked", top=4)] == \
+        ["t02", "t01"]
+    # The front as the sweep logs it: the description's section and each run's raycl.pareto.
+    config = SimpleNamespace(tune=SimpleNamespace(objectives=[
+        SimpleNamespace(metric=metric, mode=mode) for metric, mode in OBJECTIVES]))
+    section = log_pareto(client, children[0].data.tags[PARENT_TAG], children, config)
+    assert "2 of 2 trial(s) that finished and reported every objective" in section
+    assert {name[run.info.run_id]: client.get_run(run.info.run_id).data.tags[PARETO_TAG]
+            for run in children} == {"t01": "true", "t02": "true", "t03": "false",
+                                     "t04": "false"}

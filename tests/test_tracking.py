@@ -316,6 +316,32 @@ def test_leaderboard_rewritten_at_experiment_end(tmp_path: Path) -> None:
     assert _run(callback, "r1").info.status == "KILLED"  # resumed by the same command
 
 
+def test_the_sweeps_best_trial_is_never_one_that_diverged(tmp_path: Path) -> None:
+    """The parent's ``best/`` metrics and ``raycl.best_trial``/``best_run`` name the best trial
+    that may be ranked: a diverged trial's higher last objective came from part of its
+    training, and its leaderboard row has no rank."""
+    callback = MLflowSweepCallback(_sweep(tmp_path))
+    callback.setup()
+    trials = [StubTrial(trial_id, {"seed": seed}, {}, experiment_tag=f"{seed}_seed={seed}",
+                        status="TERMINATED", metric_analysis={"val/linear/mean": {"last": value}})
+              for trial_id, seed, value in (("d1", 0, 0.5), ("x1", 1, 0.9))]
+    _finish(callback, trials[0], {"val/linear/mean": 0.5})
+    _finish(callback, trials[1], {"val/linear/mean": 0.9, "raycl/failed": 1.0})  # diverged
+    callback.on_experiment_end(trials)
+    parent = callback.client.get_run(callback.parent_run_id)
+    assert parent.data.tags["raycl.best_trial"] == "d1"
+    assert parent.data.tags["raycl.best_run"] == _run(callback, "d1").info.run_id
+    assert parent.data.metrics["best/val/linear/mean"] == 0.5
+    folder = tmp_path / "downloaded"
+    folder.mkdir()
+    path = callback.client.download_artifacts(callback.parent_run_id, "leaderboard.csv",
+                                              str(folder))
+    with Path(path).open() as f:
+        rows = [(row["rank"], row["trial"], row["status"]) for row in csv.DictReader(f)]
+    assert rows == [("1", "t00 seed=0", "completed"), ("-", "t01 seed=1", "diverged")]
+    assert "Best so far: **t00 seed=0**" in parent.data.tags["mlflow.note.content"]
+
+
 def _table(tmp_path: Path, space: dict, trials: list[tuple[dict, float | None]], mode="max"):
     config = _sweep(tmp_path, space, mode)
     callback = MLflowSweepCallback(config)

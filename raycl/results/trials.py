@@ -32,7 +32,13 @@ from raycl.config.schema import CoreConfig
 from raycl.config.sweep import DEFAULT_TRACKING_URI, resolve_tracking_uri
 from raycl.export.run_artifact import ENCODER_TAG
 from raycl.tracking.retry import retrying_client
-from raycl.tracking.runs import CHECKPOINT_TAG, ROLE_TAG, TRIAL_TAG, checkpoint_location
+from raycl.tracking.runs import (
+    CHECKPOINT_TAG,
+    ROLE_TAG,
+    TRIAL_TAG,
+    checkpoint_location,
+    rankable,
+)
 from raycl.tracking.trial_table import trial_runs, trial_table
 
 if TYPE_CHECKING:
@@ -92,16 +98,18 @@ def find_trials(tracking_uri: str | None, experiment: str, trial: str = "best",
         tracking_uri: the MLflow store (None: :data:`DEFAULT_TRACKING_URI`).
         experiment: the MLflow experiment's name.
         trial: ``best`` (the best by the sweep's validation objective, its ``tune.metric`` and
-            ``tune.mode`` as the parent run records them), a run name's number (``t07``, in
-            the latest sweep) or a run id (of any sweep of the experiment).
-        top: the ``top`` best trials instead (``trial`` is then ignored).
+            ``tune.mode`` as the parent run records them, among the trials that may be ranked:
+            :func:`raycl.tracking.runs.rankable`), a run name's number (``t07``, in the latest
+            sweep) or a run id (of any sweep of the experiment).
+        top: the ``top`` best trials instead (``trial`` is then ignored); fewer when fewer may
+            be ranked.
 
     Returns:
         The trials, best first for ``best`` and ``top``.
 
     Raises:
-        TrialLookupError: no such experiment, sweep or trial; a trial without a checkpoint or
-            a readable config.
+        TrialLookupError: no such experiment, sweep or trial (for ``best`` and ``top``: none
+            that may be ranked); a trial without a checkpoint or a readable config.
         ValueError: ``top`` below 1.
     """
     if top is not None and top < 1:
@@ -149,16 +157,20 @@ def _latest_sweep(client: MlflowClient, experiment_id: str, experiment: str) -> 
 
 
 def _ranked_trials(client: MlflowClient, experiment_id: str, experiment: str) -> list[Run]:
-    """The latest sweep's trials that reported its objective, best first (the leaderboard's
-    order, :func:`raycl.tracking.trial_table.trial_table`)."""
+    """The latest sweep's trials that may be ranked (:func:`raycl.tracking.runs.rankable`: a
+    failed, killed or running trial's last objective came from part of its training) and
+    reported its objective, best first (the leaderboard's order,
+    :func:`raycl.tracking.trial_table.trial_table`)."""
     parent = _latest_sweep(client, experiment_id, experiment)
     metric = parent.data.tags.get("raycl.metric", "val/linear/mean")
     mode = parent.data.tags.get("raycl.mode", "max")
     table = trial_table(trial_runs(client, experiment_id, parent.info.run_id), metric, mode)
-    ranked = [run for run in table.runs if table.objective(run) is not None]
+    ranked = [run for run in table.runs if rankable(run) and table.objective(run) is not None]
     if not ranked:
-        raise TrialLookupError(f"no trial of experiment {experiment!r}'s latest sweep has "
-                               f"reported {metric} yet")
+        unranked = sum(not rankable(run) for run in table.runs)
+        why = f" ({unranked} failed, killed or still running: never ranked)" if unranked else ""
+        raise TrialLookupError(f"no finished trial of experiment {experiment!r}'s latest sweep "
+                               f"has reported {metric} yet{why}")
     return ranked
 
 

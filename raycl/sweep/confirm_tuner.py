@@ -46,6 +46,7 @@ from raycl.tracking.runs import (
     experiment_name,
     find_trial_run,
     mlflow_client,
+    rankable,
 )
 from raycl.tracking.trial_table import trial_runs
 from raycl.tracking.tune_stop import tune_stop_requested, unfinished_trials
@@ -138,6 +139,18 @@ def _finished(result: Any) -> bool:
     return result.error is None and not metrics.get(FAILED_KEY) and not metrics.get(SKIPPED_KEY)
 
 
+def _rankable_trial_ids(config: CoreConfig, parent: str) -> set[str]:
+    """The trial ids of the search's runs under ``parent`` that may be ranked
+    (:func:`raycl.tracking.runs.rankable`): confirmation's winners are among the trials the
+    leaderboard ranks, never one that failed, was killed or still runs."""
+    client = mlflow_client(resolve_tracking_uri(config.mlflow.tracking_uri))
+    experiment = client.get_experiment_by_name(experiment_name(config))
+    if experiment is None:
+        return set()
+    return {run.data.tags.get(TRIAL_TAG, "") for run in
+            trial_runs(client, experiment.experiment_id, parent) if rankable(run)}
+
+
 def _parent_run(config: CoreConfig, results: ResultGrid) -> str | None:
     """The sweep's parent run, read from MLflow through one of its trials' runs."""
     client = mlflow_client(resolve_tracking_uri(config.mlflow.tracking_uri))
@@ -164,7 +177,8 @@ def _write_choice(path: str, choice: dict[str, Any]) -> None:
 
 def _choose(config: CoreConfig, results: ResultGrid, parent: str) -> dict[str, Any] | None:
     """This sweep's confirmation choice: the stored one when its parent run is this sweep's
-    (a resumed confirmation), else the top configurations of ``results`` (None: none scored)."""
+    (a resumed confirmation), else the top configurations of ``results`` whose runs may be
+    ranked (:func:`_rankable_trial_ids`; None: none scored)."""
     from ray import tune
 
     path = confirm_path(config)
@@ -175,9 +189,10 @@ def _choose(config: CoreConfig, results: ResultGrid, parent: str) -> dict[str, A
         set_aside(path)  # an earlier sweep of this name (--fresh): its confirmation is kept
     confirm = config.tune.confirm
     assert confirm is not None
-    metric = config.tune.metric
+    metric, ranked = config.tune.metric, _rankable_trial_ids(config, parent)
     scored = [(result.config or {}, (result.metrics or {}).get(metric, math.nan))
-              for result in results if _finished(result)]
+              for result in results
+              if _finished(result) and (result.metrics or {}).get("trial_id") in ranked]
     chosen = top_configurations(scored, confirm.top_k, config.tune.mode)
     if not chosen:
         return None

@@ -56,6 +56,7 @@ from raycl.tracking.runs import (
     git_commit,
     mark_training_experiment,
     mlflow_client,
+    rankable,
     tag_checkpoint,
     write_leaderboard_view,
 )
@@ -411,7 +412,7 @@ class MLflowSweepCallback(Callback):
             self.client.set_terminated(self.parent_run_id, status="KILLED")
             return
         self.client.set_tag(self.parent_run_id, "raycl.interrupted", "false")
-        best = best_trial(trials, self.config.tune.metric, self.config.tune.mode)
+        best = best_trial(self._rankable(trials), self.config.tune.metric, self.config.tune.mode)
         if best is not None:
             trial, value = best
             # The winner is chosen on validation; its test numbers are reported beside it.
@@ -432,6 +433,16 @@ class MLflowSweepCallback(Callback):
         self._log_leaderboard()
         self.client.set_terminated(self.parent_run_id, status="FINISHED")
 
+    def _rankable(self, trials: list[Trial]) -> list[Trial]:
+        """The ``trials`` whose runs may be ranked (:func:`~raycl.tracking.runs.rankable`), by
+        their runs' trial-id tags: a trial that ended in an earlier driver (a resumed sweep)
+        counts too."""
+        if self.experiment_id is None:
+            return []
+        ranked = {run.data.tags.get(TRIAL_TAG) for run in trial_runs(
+            self.client, self.experiment_id, self.parent_run_id) if rankable(run)}
+        return [trial for trial in trials if trial.trial_id in ranked]
+
     def _log_paper_comparison(self, best: Trial | None) -> None:
         """The parent run's ``paper/value``, ``paper/best_trial_value`` and ``paper/difference``
         (:mod:`raycl.config.paper`): the best trial (chosen on the validation objective) beside
@@ -451,7 +462,9 @@ class MLflowSweepCallback(Callback):
 
 def best_trial(trials: list[Trial], metric: str, mode: str) -> tuple[Trial, float] | None:
     """The trial whose last reported objective is best, with that value (None if no trial
-    reported it). Selection uses the objective only: a validation metric."""
+    reported it). Selection uses the objective only: a validation metric. ``trials``: those
+    that may be ranked (a failed or killed trial's last value came from part of its training).
+    """
     scored = []
     for trial in trials:
         value = trial.metric_analysis.get(metric, {}).get("last")

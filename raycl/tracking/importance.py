@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from raycl.config.schema import CoreConfig, Domain
 from raycl.launch.feasibility import JOINT_PREFIX
 from raycl.sweep.confirmation import CONFIRM_TAG
-from raycl.tracking.runs import ENDED_TAG, SEARCHED_TAG
+from raycl.tracking.runs import COMPLETED, ENDED_TAG, SEARCHED_TAG, STOPPED_EARLY
 from raycl.tracking.trial_table import searched_values
 
 if TYPE_CHECKING:
@@ -53,8 +53,6 @@ CSV_HEADER = ("knob", "importance", "evaluator", "trials_used", "stopped_early")
 EVALUATORS: dict[str, str] = {"fanova": "fANOVA", "ped_anova": "PED-ANOVA"}
 # Below this many trials any ranking is noise, whatever the number of knobs.
 MIN_TRIALS = 4
-# How a finished trial ended (raycl.ended): ran to its end, or stopped early by ASHA.
-COMPLETED, STOPPED_EARLY = "completed", "stopped_by_scheduler"
 # Knobs named on the leaderboard's line.
 TOP_KNOBS = 3
 

@@ -49,7 +49,8 @@ def leaderboard_figure(table: TrialTable, space: Mapping[str, Domain] | None = N
     space = dict(space or {})
     keys = list(space) if space else [key for key in table.searched if key != "seed"]
     points = _scored_points(table)
-    best = points[0] if points else None  # table.runs is ranked: the first scored is the best
+    # table.runs is ranked, those not rankable last: the first scored is the best, if any is.
+    best = points[0] if points and table.best() is not None else None
     panels = keys or ["trial index"]
     columns = min(3, len(panels))
     rows = math.ceil(len(panels) / columns)

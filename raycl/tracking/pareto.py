@@ -3,7 +3,9 @@
 A trial is on the front when no other trial is at least as good on every objective and better
 on one. :func:`pareto_front` computes it (pure, on plain numbers); :func:`pareto_first` and
 :func:`mark_front` put it in the terminal's leaderboard (:mod:`raycl.tracking.trial_table`);
-:mod:`raycl.tracking.pareto_log` writes it to the sweep's runs. Imports no other raycl module.
+:mod:`raycl.tracking.pareto_log` writes it to the sweep's runs. Only trials that may be ranked
+are points (:func:`raycl.tracking.runs.rankable`: a failed, killed or running trial's last values
+came at part of its cost). Imports no other raycl module but that one.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from raycl.tracking.runs import rankable
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -82,9 +86,10 @@ def objectives_tag(objectives: Sequence[tuple[str, str]]) -> str:
 
 
 def scored_runs(runs: Sequence[Run], metrics: Sequence[str]) -> list[tuple[Run, list[float]]]:
-    """The runs that reported every objective (a finite last value), with those values."""
+    """The runs that may be ranked (:func:`~raycl.tracking.runs.rankable`) and reported every
+    objective (a finite last value), with those values."""
     scored = []
-    for run in runs:
+    for run in filter(rankable, runs):
         values = [run.data.metrics.get(metric, math.nan) for metric in metrics]
         if all(math.isfinite(value) for value in values):
             scored.append((run, values))
@@ -92,7 +97,8 @@ def scored_runs(runs: Sequence[Run], metrics: Sequence[str]) -> list[tuple[Run, 
 
 
 def front_run_ids(runs: Sequence[Run], objectives: Sequence[tuple[str, str]]) -> set[str]:
-    """The run ids of ``runs`` on the Pareto front of ``objectives``."""
+    """The run ids of ``runs`` on the Pareto front of ``objectives``, among those
+    :func:`scored_runs` keeps."""
     scored = scored_runs(runs, [metric for metric, _ in objectives])
     front = pareto_front([values for _, values in scored], [mode for _, mode in objectives])
     return {scored[i][0].info.run_id for i in front}

@@ -37,7 +37,8 @@ logger = logging.getLogger(__name__)
 
 def write_pareto_csv(path: Path, scored: Sequence[tuple[Run, list[float]]], front: set[str],
                      objectives: Sequence[tuple[str, str]]) -> None:
-    """``pareto.csv``: every trial that reported all objectives, the front's first, with
+    """``pareto.csv``: every trial that may be ranked and reported all objectives
+    (:func:`~raycl.tracking.pareto.scored_runs`), the front's first, with
     ``on_front`` (1/0), its name, trial id, objectives and searched values."""
     searched = sorted({key for run, _ in scored
                        for key in searched_values(run.data.tags.get(SEARCHED_TAG, ""))})
@@ -90,7 +91,8 @@ def pareto_markdown(scored: Sequence[tuple[Run, list[float]]], front: set[str],
     on it and where the rest is, then its trials (by the first objective, best first).
 
     Args:
-        scored: every trial that reported all objectives, with their values.
+        scored: every trial that may be ranked and reported all objectives, with their
+            values.
         front: the run ids on the Pareto front.
         objectives: ``(metric, mode)`` pairs, in the order of ``tune.objectives``.
 
@@ -101,9 +103,10 @@ def pareto_markdown(scored: Sequence[tuple[Run, list[float]]], front: set[str],
     on = [(run, values) for run, values in scored if run.info.run_id in front]
     on.sort(key=lambda item: item[1][0], reverse=objectives[0][1] == "max")
     lines = ["", "", f"**Pareto front** of {names}: {len(on)} of {len(scored)} trial(s) that "
-             f"reported every objective (no other trial is as good on all of them and better "
-             f"on one). Every trial: artifact `pareto.csv`, the plot `pareto.png`; its trials "
-             f"in the runs list: `tags.{PARETO_TAG} = 'true'`.", "",
+             f"finished and reported every objective (no other trial is as good on all of them "
+             f"and better on one; a failed, killed or running trial is never on it). Every "
+             f"such trial: artifact `pareto.csv`, the plot `pareto.png`; its trials in the runs "
+             f"list: `tags.{PARETO_TAG} = 'true'`.", "",
              "| trial | " + " | ".join(f"`{metric}`" for metric, _ in objectives) + " |",
              "|---" * (len(objectives) + 1) + "|"]
     for run, values in on:

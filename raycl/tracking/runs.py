@@ -26,6 +26,7 @@ from raycl.tracking.retry import retrying_client
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+    from mlflow.entities import Run
 
     from raycl.config.sweep import TuneSection
 
@@ -47,6 +48,9 @@ OBJECTIVE_TAG = "raycl.objective"
 # for a trial ASHA stopped, the epoch it stopped at (its last logged ``train/epoch``).
 ENDED_TAG = "raycl.ended"
 STOPPED_AT_METRIC = "stopped_at_epoch"
+# The endings whose last metrics a trial is ranked by: it ran to its end, or ASHA stopped it.
+COMPLETED, STOPPED_EARLY = "completed", "stopped_by_scheduler"
+RANKED_ENDINGS = frozenset({COMPLETED, STOPPED_EARLY})
 # The trial's number in the sweep, as Ray numbers it (its run name's ``t03``).
 TRIAL_INDEX_TAG = "raycl.trial_index"
 # Where the trial's last checkpoint is: a local directory or a bucket URI (raycl.results).
@@ -199,6 +203,27 @@ def tag_checkpoint(client: MlflowClient, run_id: str, checkpoint: object,
     ``tune`` (the config's ``tune`` section)."""
     path = getattr(checkpoint, "path", checkpoint)
     client.set_tag(run_id, CHECKPOINT_TAG, checkpoint_location(str(path), tune.storage_path))
+
+
+def rankable(run: Run) -> bool:
+    """Whether a trial's run may be ranked (the leaderboard, the Pareto front, ``best``, the
+    warm start, seed confirmation's winners): MLflow status FINISHED and ``raycl.ended``
+    completed or stopped_by_scheduler.
+
+    A trial that failed, diverged, was skipped, killed or interrupted, or still runs, has last
+    metrics from part of its training at part of its cost, and a checkpoint that may predate
+    them: it is shown, never ranked. A FINISHED run without ``raycl.ended`` (a sweep logged
+    before the tag existed) counts as completed: the callback always tags before it closes a
+    run FINISHED.
+
+    Args:
+        run: a trial's MLflow run.
+
+    Returns:
+        True when its last metrics may rank it.
+    """
+    return run.info.status == "FINISHED" and run.data.tags.get(ENDED_TAG, COMPLETED) in \
+        RANKED_ENDINGS
 
 
 def find_trial_run(client: MlflowClient, experiment_id: str, trial_id: str) -> str | None:

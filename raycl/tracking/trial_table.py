@@ -1,7 +1,9 @@
 """A sweep's leaderboard: its trial runs ranked by the objective, with every column shown.
 
 Trials are ranked by the sweep's objective (a validation metric); the test counterpart of the
-objective and of every per-attribute probe stands beside it, reported, never used to rank.
+objective and of every per-attribute probe stands beside it, reported, never used to rank. A
+failed, killed or running trial (not :func:`raycl.tracking.runs.rankable`) is listed under the
+ranked ones, its ending in ``status``, rank ``-``.
 
 The same table (:func:`trial_table`) is what ``python -m raycl.leaderboard`` prints
 (:func:`print_leaderboard`) and what the sweep's callback writes to its parent run after every
@@ -18,6 +20,7 @@ searched keys are never left out for the width (:mod:`raycl.tracking.terminal_ta
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 import sys
 import textwrap
@@ -73,6 +76,7 @@ from raycl.tracking.runs import (
     VIEW_TAG_PREFIX,
     mlflow_client,
     mlflow_ui_command,
+    rankable,
 )
 from raycl.tracking.terminal_table import format_table, terminal_width
 
@@ -101,7 +105,8 @@ def trial_runs(client: MlflowClient, experiment_id: str, parent_run_id: str | No
 
 @dataclass
 class TrialTable:
-    """Trials ranked by the objective, best first, with every column the leaderboard shows.
+    """Trials ranked by the objective, best first, with every column the leaderboard shows; the
+    trials that may not be ranked (:func:`~raycl.tracking.runs.rankable`) after them.
 
     ``header`` is ``trial`` (the run name), ``trial_id``, ``status`` (``raycl.ended``, or the
     run's status while it runs), the objective, its test counterpart (when it has one), each
@@ -132,23 +137,29 @@ class TrialTable:
         return value if value is not None and math.isfinite(value) else None
 
     def best(self) -> Run | None:
-        """The best trial's run (ranked first among those that reported the objective)."""
-        return next((run for run in self.runs if self.objective(run) is not None), None)
+        """The best trial's run: the first that may be ranked and reported the objective."""
+        return next((r for r in self.runs if rankable(r) and self.objective(r) is not None), None)
+
+    def ranks(self) -> list[str]:
+        """Each row's rank: 1, 2, ... for the trials that may be ranked, ``-`` for the others."""
+        ranked = itertools.count(1)
+        return [str(next(ranked)) if rankable(run) else "-" for run in self.runs]
 
 
 def trial_table(children: list[Run], metric: str, mode: str,
                 paper_metric: str | None = None, parent: Run | None = None) -> TrialTable:
-    """Rank ``children`` by ``metric`` (``mode`` max or min; trials without it last) and lay out
+    """Rank ``children`` by ``metric`` (``mode`` max or min; trials without it last, those that
+    may not be ranked after all: :func:`~raycl.tracking.runs.rankable`) and lay out
     the leaderboard's columns (the CLI's table and the parent run's ``leaderboard.csv``);
     ``paper_metric`` (the ``paper:`` block's) is a column too, after the objective's test
     counterpart. ``parent``: the sweep's parent run, whose baseline and chance are read first
     (:func:`~raycl.tracking.reference_points.honesty`)."""
 
-    def score(run: Run) -> float:
+    def score(run: Run) -> tuple[bool, float]:
         value = run.data.metrics.get(metric, math.nan)
         if math.isnan(value):
-            return math.inf
-        return -value if mode == "max" else value
+            return not rankable(run), math.inf
+        return not rankable(run), -value if mode == "max" else value
 
     children = sorted(children, key=score)
     searched = sorted({key for run in children
@@ -195,13 +206,13 @@ def _resolution_line(table: TrialTable) -> str | None:
 
 
 def write_csv(table: TrialTable, path: Path) -> None:
-    """The table as CSV, best first, with a ``rank`` column; numbers at full precision, an
-    empty cell where a trial lacks the metric; the untrained backbone's row last (rank
-    ``baseline``) when the trials reported one."""
+    """The table as CSV, best first, with a ``rank`` column (``-`` for a trial not ranked);
+    numbers at full precision, an empty cell where a trial lacks the metric; the untrained
+    backbone's row last (rank ``baseline``) when the trials reported one."""
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["rank", *table.header])
-        for rank, row in enumerate(table.rows, start=1):
+        for rank, row in zip(table.ranks(), table.rows, strict=True):
             writer.writerow([rank, *["" if value is None else value for value in row]])
         base = baseline_row(table.header, table.searched, table.baseline)
         if base is not None:  # unranked: the untrained backbone, read against
@@ -212,10 +223,10 @@ def paper_line(table: TrialTable, paper: PaperConfig) -> str:
     """The best trial's (ranked first on the objective, never on test) value of the paper's
     metric beside the paper's, with the difference (:func:`raycl.config.paper.comparison_line`).
     """
-    best = next((run for run in table.runs if table.objective(run) is not None), None)
+    best = table.best()
     if best is None:
         return (f"paper ({paper.table}): {paper.metric} {paper.value:g}"
-                f"{' %' if paper.unit == 'percent' else ''}; no trial has reported "
+                f"{' %' if paper.unit == 'percent' else ''}; no finished trial has reported "
                 f"{table.metric} yet")
     name = best.info.run_name or best.info.run_id[:8]
     return comparison_line(compare_to_paper(paper, best.data.metrics.get(paper.metric)), name,
@@ -226,15 +237,15 @@ def markdown_summary(table: TrialTable, sweep: str, top: int = 10,
                      paper: PaperConfig | None = None) -> str:
     """A short markdown description of the sweep for its parent run's page: the objective, the
     best trial so far (beside the ``paper:`` block's number, when the sweep has one) and the top
-    rows."""
+    rows (a trial not ranked: rank ``-``)."""
     scored = [run for run in table.runs if table.objective(run) is not None]
     tested = f"; its test counterpart `{table.objective_test}` is reported, not ranked on" \
         if table.objective_test else ""
     lines = [f"**{sweep}**: objective = `{table.metric}` ({table.mode}), logged by every trial "
              f"also as `objective`; trials ranked by it{tested}. "
-             f"{len(scored)} of {len(table.runs)} trial(s) reported it."]
-    if scored:
-        best = table.rows[0]
+             f"{len(scored)} of {len(table.runs)} trial(s) reported it{_unranked(table)}."]
+    if (winner := table.best()) is not None:
+        best = table.rows[table.runs.index(winner)]
         test_note = f", test {_fmt(best[4])}" if table.objective_test else ""
         lines.append(f"Best so far: **{_cell(best[0])}** ({_fmt(best[3])}{test_note}).")
     if paper is not None:
@@ -253,12 +264,18 @@ def markdown_summary(table: TrialTable, sweep: str, top: int = 10,
     lines += ["", "| # | " + " | ".join(_cell(name) for name in table.header[:columns]
                                         if name != "trial_id") + " |",
               "|---" * (columns) + "|"]
-    for rank, row in enumerate(table.rows[:top], start=1):
+    for rank, row in zip(table.ranks()[:top], table.rows[:top], strict=True):
         cells = [row[0], row[2], *[_fmt(value) for value in row[3:columns]]]
         lines.append(f"| {rank} | " + " | ".join(_cell(cell) for cell in cells) + " |")
     lines += ["", "Every trial and column: artifact `leaderboard.csv`; the objective against "
               "each searched parameter: `leaderboard.png`."]
     return "\n".join(lines)
+
+
+def _unranked(table: TrialTable) -> str:
+    """``; N not ranked (...)`` for the trials that may not be ranked, "" when there is none."""
+    count = table.ranks().count("-")
+    return f"; {count} not ranked (failed, killed or still running): rank -" if count else ""
 
 
 def _cell(value: object) -> str:
@@ -375,17 +392,17 @@ def build_leaderboard(
     statuses = same_epoch_statuses(client, table.runs, metric, table.best())
     shown = select_columns(table, choice or ColumnChoice(attributes=True), paper_metric)
     header = ["#", *[table.header[i] for i in shown]]
-    rows = []
-    for rank, (run, row) in enumerate(zip(table.runs[:top], table.rows[:top], strict=True),
-                                      start=1):
+    rows = []  # a trial not ranked: rank "-"
+    for rank, run, row in zip(table.ranks()[:top], table.runs[:top], table.rows[:top],
+                              strict=True):
         cells = [*row[:2], statuses.get(run.info.run_id, row[2]), *row[3:]]
-        rows.append([str(rank), *[_fmt(cells[i]) if i > 2 else str(cells[i]) for i in shown]])
+        rows.append([rank, *[_fmt(cells[i]) if i > 2 else str(cells[i]) for i in shown]])
     base = baseline_row(table.header, table.searched, table.baseline)
     baseline = ["-", *[_fmt(base[i]) if i > 2 else str(base[i]) for i in shown]] \
         if base else None
     title = (f"{experiment}: {len(children)} trial(s), best {top} by {metric} ({mode})"
              f"{'' if all_sweeps else ', latest sweep'}; test/, transfer/ and diag/ columns are "
-             f"reported, not ranked on")
+             f"reported, not ranked on{_unranked(table)}")
     notes = [line for line in (baseline_scope_line(table.baseline_scope) if base else None,
                                chance_line(table.chance), _resolution_line(table),
                                paper_line(table, paper) if paper else None,  # the knobs next:
