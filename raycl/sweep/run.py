@@ -8,8 +8,9 @@ from typing import Any
 
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides
-from raycl.data.load import choose_loader
+from raycl.data.load import choose_loader, split_sizes_for
 from raycl.launch.checks import run_checks
+from raycl.launch.eval_cost import evaluation_idle_warning
 from raycl.launch.linear_sgd_check import check_linear_sgd
 from raycl.launch.load import with_absolute_paths
 from raycl.launch.placement import CLUSTER_CHECKS, placement_warning
@@ -36,8 +37,13 @@ def settle_loader(config: CoreConfig) -> CoreConfig:
 def _warn_if_trials_wait(config: CoreConfig) -> None:
     """A trial larger than the cluster waits for nodes an autoscaler can (or might) add; where
     nothing can add one, :data:`CLUSTER_CHECKS` already refused the sweep. Also stream mode's
-    decoders too few to feed a GPU (:func:`raycl.launch.stream_rate.stream_cpus_warning`)."""
-    for warning in (placement_warning(config), stream_cpus_warning(config)):
+    decoders too few to feed a GPU (:func:`raycl.launch.stream_rate.stream_cpus_warning`), and
+    rank 0's scoring leaving the other workers idle for much of each evaluation interval
+    (:func:`raycl.launch.eval_cost.evaluation_idle_warning`)."""
+    idle = None
+    if config.scaling.num_workers > 1:  # a single worker waits for no one
+        idle = evaluation_idle_warning(config, split_sizes_for(config.data))
+    for warning in (placement_warning(config), stream_cpus_warning(config), idle):
         if warning:
             print(f"raycl: warning: {warning}", file=sys.stderr, flush=True)
 
