@@ -5,7 +5,9 @@ per dataset and node, decoding on the worker's CPUs (finding 12: tests/test_data
 from __future__ import annotations
 
 import errno
+import json
 import os
+import subprocess
 import sys
 import time
 from collections import namedtuple
@@ -245,3 +247,104 @@ def test_the_builder_decodes_with_the_cpus_its_worker_reserved(
     monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(is_initialized=lambda: False))
     assert build_module.decode_workers(0) == 64  # outside Ray: every core
     assert build_module.decode_workers(3) == 3
+
+
+# --- Issue 46, 6: the listing itself kept once per node (stream workers, trial starts, PBT) -----
+
+# A fresh process (a trial's worker, a PBT restart) loading the dataset as training does;
+# prints how many directory listings it made under the dataset's root and the rows it got.
+_LOADER = r"""
+import json, os, sys
+args = json.loads(sys.argv[1])
+listed = []
+for name in ("scandir", "listdir"):  # pathlib's iterdir and everything else that lists
+    real = getattr(os, name)
+    def spy(path=".", *rest, _real=real, **kwargs):
+        if args["root"] in os.fsdecode(path):
+            listed.append(os.fsdecode(path))
+        return _real(path, *rest, **kwargs)
+    setattr(os, name, spy)
+if args["bucket"]:  # s3://<bucket>/... served from a local directory, every request counted
+    import pyarrow.fs as pafs
+    from raycl.data import bucket_paths
+    from raycl.data.stream import shard_manifest
+    local = pafs.SubTreeFileSystem(args["bucket"], pafs.LocalFileSystem())
+    class Counted:
+        def get_file_info(self, what):
+            listed.append(str(getattr(what, "base_dir", what)))
+            return local.get_file_info(what)
+        def __getattr__(self, name):
+            return getattr(local, name)
+    counted = Counted()
+    def from_uri(uri):
+        return counted, uri.partition("?")[0].removeprefix("s3://")
+    class Fs:
+        FileSystem = type("FileSystem", (), {"from_uri": staticmethod(from_uri)})
+        def __getattr__(self, name):
+            return getattr(pafs, name)
+    bucket_paths.fs = Fs()
+    shard_manifest.launch_id = lambda: args["job"]  # the launch's Ray job
+from raycl.config.training import DataConfig
+from raycl.data import load_dataset
+from raycl.data.registry import reader
+cfg = DataConfig(**args["cfg"])
+splits = load_dataset(cfg, seed=0)
+key = reader(cfg.dataset).content_key(cfg, 0) if args["bucket"] else None
+rows = {part: [str(path) for path in getattr(splits, part).images.paths]
+        for part in ("train", "val", "test")}
+print(json.dumps({"listed": len(listed), "rows": rows, "key": key}))
+"""
+
+
+def _load_in_a_new_process(cfg: DataConfig, watched: str, bucket: Path | None = None,
+                           job: str | None = None) -> dict[str, Any]:
+    args = {"cfg": cfg.model_dump(), "root": watched, "job": job,
+            "bucket": str(bucket) if bucket else None}
+    done = subprocess.run([sys.executable, "-c", _LOADER, json.dumps(args)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("dataset", ["imagenet", "folder"])
+def test_a_second_process_streams_the_dataset_without_listing_it(
+        tmp_path: Path, dataset: str) -> None:
+    root, cfg = _imagenet(tmp_path)
+    if dataset == "folder":  # its train/ half as a flat folder of two classes
+        root, cfg = root / "train", cfg.model_copy(update={"dataset": "folder",
+                                                           "root": str(root / "train")})
+    cfg = cfg.model_copy(update={"loader": "stream"})
+    first = _load_in_a_new_process(cfg, str(root))
+    assert first["listed"] > 0, "the node's first process lists the folder"
+    assert list((tmp_path / "cache").glob(f"{dataset}-files-*.json"))
+    second = _load_in_a_new_process(cfg, str(root))
+    assert second["listed"] == 0, "a later process (a worker, a trial, a PBT restart) reads " \
+                                  "the node's listing"
+    assert second["rows"] == first["rows"]
+
+    # An image added to a class: its folder's time changed, so the folder is listed again.
+    _write_images(root / ("n01" if dataset == "folder" else "train/n01"), 1, start=6)
+    past = time.time() - 30
+    os.utime(root / ("n01" if dataset == "folder" else "train/n01"), (past, past))
+    third = _load_in_a_new_process(cfg, str(root))
+    assert third["listed"] > 0
+    assert sum(map(len, third["rows"].values())) == sum(map(len, first["rows"].values())) + 1
+    assert _load_in_a_new_process(cfg, str(root))["listed"] == 0
+
+
+def test_a_bucket_is_listed_once_per_node_and_launch(tmp_path: Path) -> None:
+    store = tmp_path / "store"  # the bucket "raycl" is store/raycl/
+    root, local_cfg = _imagenet(store / "raycl")
+    uri = "s3://raycl/imagenet?endpoint_override=127.0.0.1:1&scheme=http"
+    cfg = local_cfg.model_copy(update={"root": uri, "loader": "stream",
+                                       "cache_dir": str(tmp_path / "cache")})
+    first = _load_in_a_new_process(cfg, str(root), store, job="job-1")
+    assert first["listed"] > 0
+    second = _load_in_a_new_process(cfg, str(root), store, job="job-1")
+    assert second["listed"] == 0, "the launch's other processes on the node make no request"
+    assert second["rows"] == first["rows"] and second["key"] == first["key"]
+    assert all(path.startswith("s3://raycl/imagenet/") and path.endswith("&scheme=http")
+               for rows in second["rows"].values() for path in rows)
+    # The next launch sees the bucket as it is now.
+    assert _load_in_a_new_process(cfg, str(root), store, job="job-2")["listed"] > 0

@@ -206,6 +206,14 @@ class BucketPath:
         return [BucketPath(self.filesystem, self.prefix, info.path, self.query, info,
                            self._listings) for info in infos]
 
+    def listed_file(self, name: str, size: int, mtime_ns: int) -> BucketPath:
+        """The file ``name`` of this folder as a listing found it (a node's kept listing,
+        :func:`raycl.data.cache.manifest.node_listed`): asking its size or time makes no
+        request."""
+        inner = f"{self.inner}/{name}"
+        info = fs.FileInfo(inner, fs.FileType.File, size=size, mtime_ns=mtime_ns)
+        return BucketPath(self.filesystem, self.prefix, inner, self.query, info, self._listings)
+
     def stat(self) -> BucketStat:
         """Size and modification time (ns; 0 when the store gives none) of a file."""
         info = self._file_info()

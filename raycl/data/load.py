@@ -251,7 +251,9 @@ def load_dataset(cfg: DataConfig, seed: int) -> DatasetSplits:
 
 
 def load_streamed(cfg: DataConfig, seed: int) -> DatasetSplits:
-    """The dataset's splits with lazy images (see the module docstring).
+    """The dataset's splits with lazy images (see the module docstring). Every worker of a
+    trial asks: the files come from the listing its node keeps
+    (:func:`raycl.data.cache.manifest.node_listed`), so only a node's first process lists them.
 
     Raises:
         ValueError: the dataset is not one that streams, or what its reader raises.

@@ -32,7 +32,7 @@ from PIL import Image, UnidentifiedImageError
 from raycl.config.section import Problem
 from raycl.config.training import DataConfig
 from raycl.data.bucket_paths import BucketPath, as_listed, is_remote, read_bytes, root_path
-from raycl.data.cache.manifest import node_remembered
+from raycl.data.cache.manifest import node_listed, node_remembered
 from raycl.data.decode import NOT_AN_IMAGE
 from raycl.data.listed_once import remembered
 from raycl.data.splits import counted_split_sizes
@@ -157,12 +157,15 @@ def resolve_layout(root: str | Listed, layout: str = "auto") -> str:
     return "train_test"
 
 
-def list_folder(root: str | Listed, layout: str = "auto") -> dict[str, FileList]:
+def list_folder(root: str | Listed, layout: str = "auto",
+                on_node: DataConfig | None = None) -> dict[str, FileList]:
     """The images of a folder dataset, per part, with the train_test halves' classes checked.
 
     Args:
         root: the dataset directory.
         layout: "auto", "flat" or "train_test".
+        on_node: the data settings whose ``cache_dir`` keeps the node's listing of the root
+            (:func:`raycl.data.cache.manifest.node_listed`); None: listed here.
 
     Returns:
         ``{"all": files}`` for the flat layout, ``{"train": files, "test": files}`` for
@@ -174,7 +177,9 @@ def list_folder(root: str | Listed, layout: str = "auto") -> dict[str, FileList]
 
     Inside a :func:`raycl.data.listed_once.listed_once` scope the root is listed once.
     """
-    return remembered(("folder", str(root), layout), lambda: _list_folder(root, layout))
+    folder, scope = _folder(root), {"reader": "folder", "layout": layout}
+    return remembered(("folder", str(root), layout), lambda: node_listed(
+        on_node, folder, scope, lambda: _list_folder(folder, layout)))
 
 
 def _list_folder(root: str | Listed, layout: str) -> dict[str, FileList]:
@@ -213,17 +218,17 @@ def class_names(parts: dict[str, FileList]) -> list[str]:
     return sorted({name for files in parts.values() for _, name in files})
 
 
-def folder_class_counts(root: str | Listed, layout: str = "auto") -> dict[str, list[int]]:
+def folder_class_counts(root: str | Listed, layout: str = "auto",
+                        on_node: DataConfig | None = None) -> dict[str, list[int]]:
     """Images per class (in class-index order) of each part, without reading any image.
 
     Args:
-        root: the dataset directory.
-        layout: "auto", "flat" or "train_test".
+        root, layout, on_node: as :func:`list_folder` takes them.
 
     Returns:
         ``{part: counts}`` with the parts of :func:`list_folder`; a class a part lacks counts 0.
     """
-    parts = list_folder(root, layout)
+    parts = list_folder(root, layout, on_node)
     return count_classes(parts, {name: i for i, name in enumerate(class_names(parts))})
 
 
@@ -239,7 +244,8 @@ def count_classes(parts: dict[str, FileList], index: dict[str, int]) -> dict[str
     return counts
 
 
-def folder_fingerprint(root: str | Listed, layout: str = "auto") -> list[list[str | int]]:
+def folder_fingerprint(root: str | Listed, layout: str = "auto",
+                       on_node: DataConfig | None = None) -> list[list[str | int]]:
     """(path relative to root, size, mtime in ns) of every image of every part.
 
     Changes whenever the content may; in the train_test layout the paths start with train/ or
@@ -248,7 +254,7 @@ def folder_fingerprint(root: str | Listed, layout: str = "auto") -> list[list[st
     """
     root_path = _folder(root)
     fingerprint: list[list[str | int]] = []
-    for files in list_folder(root_path, layout).values():
+    for files in list_folder(root_path, layout, on_node).values():
         for path, _ in files:
             stat = path.stat()
             fingerprint.append([path.relative_to(root_path).as_posix(), stat.st_size,
@@ -374,7 +380,8 @@ def skip_notice(cfg: DataConfig) -> str | None:
             f"data/skipped, listed in diagnostics/skipped_images.txt)")
 
 
-def image_folder_files(root: str | Path, layout: str = "auto") -> ImageFiles:
+def image_folder_files(root: str | Path, layout: str = "auto",
+                       on_node: DataConfig | None = None) -> ImageFiles:
     """Every image file of an ImageFolder tree with its class, for the cache builder to decode
     (:mod:`raycl.data.cache.build`: RGB squares, centre-cropped and resized by
     :func:`raycl.data.decode.decode_square`).
@@ -384,6 +391,7 @@ def image_folder_files(root: str | Path, layout: str = "auto") -> ImageFiles:
             have one (train_test); or a bucket URI holding the same (the rows' paths are then
             the files' URIs, str).
         layout: "auto", "flat" or "train_test" (see the module docstring).
+        on_node: see :func:`list_folder`.
 
     Returns:
         ImageFiles with label "class" (index into the sorted class names). In the train_test
@@ -393,7 +401,7 @@ def image_folder_files(root: str | Path, layout: str = "auto") -> ImageFiles:
         FileNotFoundError: root (or, for train_test, one of its halves) does not exist.
         ValueError: no images found, or a test-only class.
     """
-    parts = list_folder(root, layout)
+    parts = list_folder(root, layout, on_node)
     class_index = {name: index for index, name in enumerate(class_names(parts))}
     files = [entry for part_files in parts.values() for entry in part_files]
     labels = np.array([class_index[class_name] for _, class_name in files], dtype=np.int64)
@@ -413,42 +421,39 @@ def _folder_root(cfg: DataConfig) -> str:
 
 def _on_node(cfg: DataConfig, name: str, compute: Callable[[], T]) -> T:
     """``compute()`` answered once per node while a local root is as listed (its listing
-    manifest, :mod:`raycl.data.cache.manifest`); a bucket's root is listed as asked."""
+    manifest, :func:`raycl.data.cache.manifest.node_remembered`; a bucket's: from its listing)."""
     root = _folder_root(cfg)
-    if is_remote(root):
-        return compute()
-    local = Path(root)  # as list_folder walks it
 
     def files() -> list[Path]:
-        return [Path(path) for part in list_folder(root, cfg.layout).values()
+        return [Path(path) for part in list_folder(root, cfg.layout, cfg).values()
                 for path, _ in part]
 
-    return node_remembered(cfg, local, {"dataset": cfg.dataset, "layout": cfg.layout}, name,
-                           compute, files)
+    return node_remembered(cfg, _folder(root), {"dataset": cfg.dataset, "layout": cfg.layout},
+                           name, compute, files)
 
 
 class FolderReader:
     """``data.dataset: folder``: ``data.root`` in ``data.layout`` (see the module docstring).
-    A local root's content key and class counts are kept in its listing manifest."""
+    A local root's content key and class counts are kept in its listing manifest, and every
+    root's listing in the node's (:func:`raycl.data.cache.manifest.node_listed`)."""
 
     def content_key(self, cfg: DataConfig, seed: int) -> dict[str, Any]:
         return _on_node(cfg, "content_key", lambda: self._content_key(cfg))
 
     def _content_key(self, cfg: DataConfig) -> dict[str, Any]:
         root = _folder_root(cfg)
-        layout = resolve_layout(root, cfg.layout)
         # A URI is the key as given (its query names the endpoint); a local path is absolute.
         # Listed with the layout as set, as the pre-launch checks list it: one listing per
         # launch (raycl.data.listed_once) serves both; the files are the same either way.
         key: dict[str, Any] = {"root": root if is_remote(root) else str(Path(root).resolve()),
-                               "files": folder_fingerprint(root, cfg.layout)}
-        if layout != "flat":
+                               "files": folder_fingerprint(root, cfg.layout, cfg)}
+        if "all" not in list_folder(root, cfg.layout, cfg):  # the layout as listed: no walk
             # Added only here: flat keys stay as they were, so existing caches remain valid.
-            key.update(layout=layout)
+            key.update(layout="train_test")
         return key
 
     def read(self, cfg: DataConfig, seed: int) -> ImageFiles:
-        return image_folder_files(_folder_root(cfg), cfg.layout)
+        return image_folder_files(_folder_root(cfg), cfg.layout, cfg)
 
     def check(self, cfg: DataConfig) -> Problem | None:
         """The folder lists in its layout (both halves of a train/test layout, their classes
@@ -462,7 +467,7 @@ class FolderReader:
         if not remote and not Path(path).is_dir():
             return Problem("root", f"not a directory: {cfg.root}")
         try:
-            list_folder(path, cfg.layout)
+            list_folder(path, cfg.layout, cfg)
         except (OSError, ValueError) as error:
             return Problem("root", str(error))
         if cfg.loader == "stream" or cfg.skip_unreadable:
@@ -477,10 +482,10 @@ class FolderReader:
     def _class_counts(self, cfg: DataConfig) -> dict[str, list[int]]:
         root, layout = _folder_root(cfg), cfg.layout
         if not cfg.skip_unreadable or is_remote(root):
-            return folder_class_counts(root, layout)
+            return folder_class_counts(root, layout, cfg)
         # The files data.skip_unreadable leaves out are in no split: not counted (a bucket's
         # check is a sample, so there the counts are the listing's).
-        parts = list_folder(root, layout)
+        parts = list_folder(root, layout, cfg)
         left_out = {name for name, _ in folder_unreadable(root, layout)[0]}
         kept = {part: [(path, name) for path, name in files if str(path) not in left_out]
                 for part, files in parts.items()}

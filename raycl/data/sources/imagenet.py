@@ -14,7 +14,9 @@ The readers list files, never decode them: :meth:`read` returns :class:`ImageFil
 cache builder decodes (centre crop to a square, resize to ``data.resolution``). A local root's
 content key and class counts are kept in its listing manifest (:mod:`raycl.data.cache
 .manifest`): once a node has listed it, a trial finds its cache and its split sizes without
-listing 1.28 M files again.
+listing 1.28 M files again. The listing itself is kept there too (:func:`raycl.data.cache
+.manifest.node_listed`): stream mode's workers and a cache build read it instead of listing (a
+bucket's: once per node and launch).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 from raycl.config.section import Problem
 from raycl.config.training import DataConfig
 from raycl.data.bucket_paths import as_listed, root_path
-from raycl.data.cache.manifest import node_remembered
+from raycl.data.cache.manifest import node_listed, node_remembered
 from raycl.data.listed_once import remembered
 from raycl.data.sources.folders import (
     FileList,
@@ -109,13 +111,16 @@ def _list_half(folder: Listed, wnids: list[str] | None) -> FileList:
         return []
 
 
-def list_imagenet(root: Listed, wnids: list[str] | None) -> dict[str, FileList]:
+def list_imagenet(root: Listed, wnids: list[str] | None,
+                  on_node: DataConfig | None = None) -> dict[str, FileList]:
     """The images of each half, keyed "train" and "test" (val/), classes checked.
 
     Args:
         root: the ImageNet directory, or a bucket folder.
         wnids: read only these classes (ImageNet-100), each required with images in both
             halves; None: every class folder of train/.
+        on_node: the data settings whose ``cache_dir`` keeps the node's listing of the root
+            (:func:`raycl.data.cache.manifest.node_listed`); None: listed here.
 
     Raises:
         ValueError: a half is missing or empty, a listed class has no images in a half, or a
@@ -124,7 +129,9 @@ def list_imagenet(root: Listed, wnids: list[str] | None) -> dict[str, FileList]:
     Inside a :func:`raycl.data.listed_once.listed_once` scope the root is listed once.
     """
     key = ("imagenet", str(root), tuple(wnids) if wnids is not None else None)
-    return remembered(key, lambda: _list_imagenet(root, wnids))
+    scope = {"reader": "imagenet", "classes": wnids}
+    return remembered(key, lambda: node_listed(on_node, root, scope,
+                                               lambda: _list_imagenet(root, wnids)))
 
 
 def _list_imagenet(root: Listed, wnids: list[str] | None) -> dict[str, FileList]:
@@ -144,7 +151,7 @@ class ImageNetReader:
         self.subset = subset
 
     def _list(self, cfg: DataConfig) -> dict[str, FileList]:
-        return list_imagenet(_root(cfg), imagenet100_class_list() if self.subset else None)
+        return list_imagenet(_root(cfg), imagenet100_class_list() if self.subset else None, cfg)
 
     def _class_index(self, parts: dict[str, FileList]) -> dict[str, int]:
         """wnid -> class index: position among the sorted wnids (of the list for a subset)."""
@@ -154,10 +161,9 @@ class ImageNetReader:
 
     def _on_node(self, cfg: DataConfig, name: str, compute: Callable[[], T]) -> T:
         """``compute()`` answered once per node while the root is as listed (its listing
-        manifest, :mod:`raycl.data.cache.manifest`); a bucket's root is listed as asked."""
+        manifest, :mod:`raycl.data.cache.manifest`); a bucket's is computed each time, from
+        the listing the node keeps for the launch (no request)."""
         root = _root(cfg)
-        if not isinstance(root, Path):
-            return compute()
 
         def files() -> list[Path]:
             return [path for part in self._list(cfg).values() for path, _ in part

@@ -85,7 +85,7 @@ def _write(path: Path, counts: Counts) -> None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     """``path``'s lock file held, so that one process of the node lists while the others wait;
     without a working lock (a file system without ``flock``: ENOLCK) the body runs unlocked."""
     import fcntl
@@ -114,7 +114,7 @@ def node_listing(identity: dict[str, object], cache_dir: str | None,
     counts = _read(path)
     if counts is not None:
         return counts
-    with _locked(path):
+    with locked(path):
         counts = _read(path)  # another process listed while this one waited
         if counts is None:
             counts = list_it()
@@ -135,4 +135,5 @@ def listed_shards(root: str, fmt: str, per_shard: int | None, cache_dir: str | N
                       lambda: node_listing(identity, cache_dir, list_it))
 
 
-__all__ = ["MANIFEST_DIR", "launch_id", "listed_shards", "manifest_path", "node_listing"]
+__all__ = ["MANIFEST_DIR", "launch_id", "listed_shards", "locked", "manifest_path",
+           "node_listing"]
