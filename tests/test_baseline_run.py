@@ -16,11 +16,14 @@ import ray
 
 from raycl.config.schema import CoreConfig
 from raycl.sweep.baseline import (
+    BASELINE_GPU_SHARE,
     SweepBaseline,
     baseline_report,
+    baseline_resources,
     baseline_scope,
     launch_baseline,
     log_baseline,
+    score_at_init,
     with_baseline,
 )
 from raycl.tracking.reference_points import BASELINE_SCOPE_TAG
@@ -87,6 +90,56 @@ def test_a_resumed_sweep_whose_parent_has_the_baseline_does_not_score_it_again(
                            "name": "raycl-baseline"}
     assert launch_baseline(config(eval={"baseline": False}), FakeClient(), "parent") is None
     assert len(launched) == 2
+
+
+def test_the_baseline_asks_for_a_share_of_a_gpu_never_more_than_a_trials_worker(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One val evaluation (no training) holds no whole GPU, where it would keep a trial
+    waiting: at most BASELINE_GPU_SHARE of one, and no more than a trial's worker asks."""
+    launched: list[dict[str, Any]] = []
+
+    def fake_remote(function: Any) -> Any:
+        def options(**resources: Any) -> Any:
+            return SimpleNamespace(remote=lambda base: launched.append(resources) or "ref")
+        return SimpleNamespace(options=options)
+
+    monkeypatch.setattr(ray, "remote", fake_remote)
+    for scaling in ({"use_gpu": True}, {"use_gpu": True, "num_workers": 4},
+                    {"use_gpu": True, "num_workers": 1, "gpus_per_worker": 0.25},
+                    {"use_gpu": False}):
+        assert launch_baseline(config(scaling=scaling), FakeClient(), "parent") == "ref"
+    assert [options["num_gpus"] for options in launched] == [BASELINE_GPU_SHARE,
+                                                              BASELINE_GPU_SHARE, 0.25, 0]
+    assert 0 < BASELINE_GPU_SHARE < 1
+    assert all(options["num_cpus"] == 1 for options in launched)
+    assert baseline_resources(config(scaling={"use_gpu": True})) == {
+        "num_cpus": 1, "num_gpus": BASELINE_GPU_SHARE}
+
+
+def test_the_baseline_embeds_the_rows_the_trials_probe_is_capped_to(
+        data_cache: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """eval.max_train_samples and eval.max_eval_samples reach the baseline's embedding as they
+    reach a trial's every-epoch probe: 100 training and 50 val rows of the quickstart's 3 500
+    and 500 are embedded and scored, not the whole splits."""
+    from pathlib import Path
+
+    from raycl.launch.load import load_search
+    from raycl.worker import evaluate
+
+    embedded: dict[str, int] = {}
+    embed_splits = evaluate.embed_splits
+
+    def counting(*args: Any) -> Any:
+        features = embed_splits(*args)
+        embedded.update({split: len(values) for split, values in features.items()})
+        return features
+
+    monkeypatch.setattr(evaluate, "embed_splits", counting)
+    search = Path(__file__).resolve().parents[1] / "searches" / "quickstart.yaml"
+    base = load_search(search, ["eval.max_train_samples=100", "eval.max_eval_samples=50"])
+    report = score_at_init(base.to_dict())
+    assert embedded == {"train": 100, "val": 50}
+    assert report["data/val_size"] == 50.0 and "baseline/val/linear/mean" in report
 
 
 def test_the_baseline_callback_comes_before_the_tracker() -> None:

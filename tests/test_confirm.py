@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from local_servers import spawn
 from mlflow import MlflowClient
-from test_end_to_end import NO_PLOTS, quickstart_args, runs_of
+from test_end_to_end import NO_PLOTS, TINY, quickstart_args, runs_of
 from test_tracking_faults import wait_until
 
 from raycl.config.schema import ConfigError
@@ -35,6 +35,8 @@ from raycl.sweep.confirmation import (
     separation_sentence,
     t_interval,
     top_configurations,
+    verdict_sentence,
+    write_confirm_csv,
 )
 from raycl.tracking import PARENT_TAG
 from raycl.tracking.trial_table import leaderboard_rows
@@ -94,9 +96,11 @@ def test_separation_sentence_says_whether_the_winner_stands_apart() -> None:
     close = Confirmed(1, {"lr": 0.02}, [4, 5, 6], val=[0.78, 0.80, 0.82])
     far = Confirmed(1, {"lr": 0.02}, [4, 5, 6], val=[0.50, 0.51, 0.52])
     assert separation_sentence([close, winner], "max") == \
-        "the winner #2 (lr=0.01) is not separated from #1 (lr=0.02) at 95 %"
+        "the winner #2 (lr=0.01) is not separated from #1 (lr=0.02) at 95 % " \
+        "(intervals over 3 of 3 and 3 of 3 planned seeds)"
     assert separation_sentence([far, winner], "max") == \
-        "the winner #2 (lr=0.01) is separated from #1 (lr=0.02) at 95 %"
+        "the winner #2 (lr=0.01) is separated from #1 (lr=0.02) at 95 % " \
+        "(intervals over 3 of 3 and 3 of 3 planned seeds)"
     # min: the lower mean wins.
     assert separation_sentence([far, winner], "min").startswith("the winner #1 (lr=0.02) is ")
     assert separation_sentence([winner], "max") is None
@@ -108,24 +112,78 @@ def test_confirm_table_has_interval_columns_best_validation_mean_first() -> None
     items = [Confirmed(1, {"lr": 0.1}, [10, 11], val=[0.5, 0.7], test=[0.4, 0.6]),
              Confirmed(2, {"lr": 0.2}, [20, 21], val=[0.8, 0.8], test=[0.7])]
     header, rows = confirm_table(items, "val/linear/mean", "test/linear/mean", "max")
-    assert header == ["rank", "lr", "seeds", "n",
+    assert header == ["rank", "lr", "seeds", "n", "dropped",
                       "val/linear/mean mean", "val/linear/mean ci95_low",
                       "val/linear/mean ci95_high", "test/linear/mean mean",
                       "test/linear/mean ci95_low", "test/linear/mean ci95_high"]
     assert [row[0] for row in rows] == [2, 1]
-    assert rows[1][:4] == [1, 0.1, "10 11", 2]
+    assert rows[1][:5] == [1, 0.1, "10 11", 2, ""]
     t_df1 = 12.706204736174707  # t_{0.975, 1}
     half = t_df1 * math.sqrt(0.02) / math.sqrt(2)  # sd of [0.5, 0.7] is sqrt(0.02)
-    assert rows[1][4:7] == pytest.approx([0.6, 0.6 - half, 0.6 + half])
-    assert rows[0][5:7] == pytest.approx([0.8, 0.8])  # no spread: a zero-width interval
-    assert math.isnan(rows[0][8])  # one test value: no interval
+    assert rows[1][5:8] == pytest.approx([0.6, 0.6 - half, 0.6 + half])
+    assert rows[0][6:8] == pytest.approx([0.8, 0.8])  # no spread: a zero-width interval
+    assert math.isnan(rows[0][9])  # one test value: no interval
     lines = confirm_lines(header, rows, "sentence")
-    assert lines[1].split() == ["rank", "lr", "seeds", "n", "val/linear/mean", "(95", "%)",
-                                "test/linear/mean", "(95", "%)"]
-    assert lines[3].split()[:8] == ["1", "0.1", "10", "11", "2", "0.6",
+    assert lines[1].split() == ["rank", "lr", "seeds", "n", "dropped", "val/linear/mean", "(95",
+                                "%)", "test/linear/mean", "(95", "%)"]
+    assert lines[3].split()[:9] == ["1", "0.1", "10", "11", "2", "-", "0.6",
                                     f"[{0.6 - half:.4g},", f"{0.6 + half:.4g}]"]
     assert lines[2].split()[-1] == "0.7"  # one test value: its mean, no interval
     assert lines[-1] == "sentence"
+
+
+def test_seeds_that_did_not_finish_are_named_in_confirm_csv_and_the_verdict(
+        tmp_path: Path) -> None:
+    """A seed that diverged, failed or never ran is left out of its interval and named, with
+    how it ended, in confirm.csv's ``dropped`` column, the printed table and the verdict's
+    "over n of the planned seeds" (before: only ``n`` showed it)."""
+    from types import SimpleNamespace
+
+    from raycl.sweep.confirm_tuner import confirmed
+    from raycl.worker.outcome import FAILED_KEY
+
+    config = load_search(REPO / "searches" / "quickstart.yaml",
+                         ["seed=0", "tune.confirm={top_k: 2, seeds: 3}"])
+    seeds = confirmation_seeds(0, 2, 3)
+    choice = {"parent_run_id": "p", "configurations": [{"train.lr": 0.001}, {"train.lr": 0.002}],
+              "seeds": seeds}
+    (a, b, c), (d, e, f) = seeds
+
+    def result(seed: int, val: float | None = None, error: Exception | None = None,
+               **metrics: float) -> SimpleNamespace:
+        if val is not None:
+            metrics.update({"val/linear/mean": val, "test/linear/mean": val - 0.1})
+        return SimpleNamespace(config={"seed": seed, "train.lr": 0.0}, error=error,
+                               metrics=metrics)
+
+    results = [result(a, 0.80), result(b, 0.82), result(c, math.nan, **{FAILED_KEY: 1.0}),
+               result(d, 0.70), result(e, error=RuntimeError("node lost")),
+               result(f, math.inf)]  # f reported no finite objective
+    items = confirmed(config, choice, results)
+    assert items[0].dropped == {c: "diverged"} and items[0].val == [0.80, 0.82]
+    assert items[1].dropped == {e: "error", f: "no val/linear/mean"} and items[1].val == [0.70]
+    header, rows = confirm_table(items, "val/linear/mean", "test/linear/mean", "max")
+    path = tmp_path / "confirm.csv"
+    write_confirm_csv(header, rows, path)
+    with path.open(newline="") as handle:
+        by_rank = {row["rank"]: row for row in csv.DictReader(handle)}
+    assert (by_rank["1"]["n"], by_rank["1"]["dropped"]) == ("2", f"{c} diverged")
+    assert (by_rank["2"]["n"], by_rank["2"]["dropped"]) == (
+        "1", f"{e} error; {f} no val/linear/mean")
+    verdict = verdict_sentence(items, "max")
+    assert verdict is not None
+    assert verdict.endswith("(intervals over 2 of 3 and 1 of 3 planned seeds)")
+    lines = confirm_lines(header, rows, verdict)
+    assert f"{c} diverged" in lines[2] and f"{e} error; {f} no val/linear/mean" in lines[3]
+    assert lines[-1] == verdict
+
+    # One configuration: the verdict still says over how many of its seeds; one never run
+    # (no result at all) is named too.
+    alone = confirmed(config, {**choice, "configurations": choice["configurations"][:1],
+                               "seeds": seeds[:1]}, results[:2])
+    assert alone[0].dropped == {c: "not run"}
+    assert verdict_sentence(alone, "max") == \
+        "the interval of #1 (train.lr=0.001) is over 2 of 3 planned seeds"
 
 
 @pytest.mark.parametrize("override, message", [
@@ -142,6 +200,26 @@ def test_confirm_needs_a_search_space_and_is_off_by_default() -> None:
     with pytest.raises(ConfigError, match="confirm needs a search space"):
         load_search(REPO / "searches" / "quickstart.yaml",
                     ["tune.search_space={}", "tune.confirm={top_k: 1, seeds: 2}"])
+
+
+@pytest.mark.parametrize("kind", ["pbt", "pb2"])
+def test_confirm_of_a_population_is_one_line_and_exit_2_before_launch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """A population's trials train on a schedule of values: re-running the last ones from
+    scratch confirms a run none of them was, so tune.confirm on pbt/pb2 is refused."""
+    text = (REPO / "searches" / "pbt_temperature.yaml").read_text()
+    path = tmp_path / "search.yaml"
+    scheduler = "  scheduler: {type: pbt,"
+    assert scheduler in text
+    path.write_text(text.replace(scheduler, "  confirm: {top_k: 1, seeds: 2}\n"
+                                 + scheduler.replace("pbt", kind)))
+    assert main([str(path), "--storage", str(tmp_path / "ray"),
+                 "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: {path}: tune.confirm: not with tune.scheduler.type {kind}")
+    assert not (tmp_path / "ray").exists() and not (tmp_path / "mlflow.db").exists()
 
 
 def test_confirm_space_pins_each_seeds_configuration() -> None:
@@ -291,6 +369,19 @@ def test_quickstart_confirms_its_winner_over_two_seeds_through_sigint_and_sigkil
     assert float(row["val/linear/mean ci95_high"]) == pytest.approx(high)
     assert float(row["test/linear/mean ci95_high"]) >= float(row["test/linear/mean mean"])
     assert row["seeds"] == f"{SEED_STRIDE} {SEED_STRIDE + 1}" and row["n"] == "2"
+    assert row["dropped"] == ""  # both seeds finished: none left out
+    assert "the interval of #1 (" in printed and "is over 2 of 2 planned seeds" in printed
+
+    # Each confirmation seed's own Trifeature copy is gone, also the one that finished before
+    # the SIGKILL (removed at the third driver's end); the search seed's copy stays.
+    from raycl.data.cache.store import cache_path
+    from raycl.data.registry import reader
+
+    data = load_search(REPO / "searches" / "quickstart.yaml", list(TINY)).data
+    trifeature = reader("trifeature")
+    assert cache_path(data, trifeature.content_key(data, 0)).is_dir()
+    for seed in (SEED_STRIDE, SEED_STRIDE + 1):
+        assert not cache_path(data, trifeature.content_key(data, seed)).exists()
 
 
 def test_resumed_confirmation_keeps_its_choice_and_a_stale_one_is_set_aside(tmp_path) -> None:

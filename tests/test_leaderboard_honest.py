@@ -381,3 +381,38 @@ def test_failed_and_running_trials_are_listed_but_never_ranked(
     assert {name[run.info.run_id]: client.get_run(run.info.run_id).data.tags[PARETO_TAG]
             for run in children} == {"t01": "true", "t02": "true", "t03": "false",
                                      "t04": "false"}
+
+
+def test_trial_runs_reads_every_page_of_a_sweep(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """7 trials (and a confirmation seed, another sweep's trial) read 3 runs a page, from a
+    store that returns at most 3 runs a search: all 7, newest first, none twice. One
+    ``search_runs`` call of 5 000 (the old read) cut a larger sweep's leaderboard and front."""
+    from raycl.sweep.confirmation import CONFIRM_TAG
+    from raycl.tracking import runs as runs_module
+
+    client = mlflow_client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("paged")
+    parent, other = (client.create_run(experiment, tags={ROLE_TAG: "sweep"}).info.run_id
+                     for _ in range(2))
+    made = [client.create_run(experiment, start_time=1000 + i, tags={
+        ROLE_TAG: "trial", PARENT_TAG: parent, TRIAL_TAG: f"t{i}"}).info.run_id for i in range(7)]
+    client.create_run(experiment, tags={ROLE_TAG: "trial", PARENT_TAG: parent,
+                                        CONFIRM_TAG: "1"})
+    client.create_run(experiment, tags={ROLE_TAG: "trial", PARENT_TAG: other})
+    search_runs = client.search_runs
+    pages: list[int] = []
+
+    def capped(*args: object, **kwargs: object) -> object:  # a store's largest page: 3 runs
+        kwargs["max_results"] = min(int(kwargs.get("max_results", 1000)), 3)  # type: ignore[arg-type]
+        page = search_runs(*args, **kwargs)
+        pages.append(len(page))
+        return page
+
+    monkeypatch.setattr(client, "search_runs", capped)
+    monkeypatch.setattr(runs_module, "SEARCH_PAGE_SIZE", 3)
+    found = trial_runs(client, experiment, parent)
+    assert [run.info.run_id for run in found] == made[::-1]  # newest first, as MLflow orders
+    assert len(pages) == 3  # 3 + 3 + 2 (the confirmation run is filtered after the search)
+    confirmation = trial_runs(client, experiment, parent, confirmation=True)
+    assert len(confirmation) == 1 and CONFIRM_TAG in confirmation[0].data.tags

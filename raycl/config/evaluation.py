@@ -172,8 +172,10 @@ class EvalConfig(Section):
         "backbone (trial 0's seed; the starting weights when model.pretrained is set) with the "
         "trials' val probes, logged on the sweep's parent run as baseline/val/... with chance "
         "(data/chance/...): the leaderboard's 'at init' row, which a trained trial must beat. "
-        "Costs one Ray task per sweep (1 CPU, and 1 GPU when the trials use GPUs) running one "
-        "val evaluation (an embedding of the probe's training rows and of val) beside the "
+        "Costs one Ray task per sweep (1 CPU, and when the trials use GPUs half a GPU, or "
+        "scaling.gpus_per_worker when less) running one val evaluation (an embedding of the "
+        "probe's training rows and of val, capped by max_train_samples and max_eval_samples "
+        "as the trials' every-epoch probe is) beside the "
         "trials; a resumed sweep whose parent run has it does not repeat it. Searched model.* "
         "keys: the row is the base configuration's network (the leaderboard says so)."
     )

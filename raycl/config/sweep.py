@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from raycl.config.metric_names import (
     TEST,
@@ -228,8 +228,28 @@ class TuneSection(Section):
     confirm: ConfirmConfig | None = Field(
         None, description="After the search: re-run the top_k best configurations to the end "
         "with `seeds` fresh seeds each, under the same parent run, which gets confirm.csv (mean "
-        "and 95 % interval over seeds, validation and test), e.g. {top_k: 1, seeds: 3}. None: off."
+        "and 95 % interval over seeds, validation and test; the seeds that did not finish, and how "
+        "they ended), e.g. {top_k: 1, seeds: 3}. None: off. Refused with scheduler.type pbt / "
+        "pb2 (a population trial's values change while it trains: its last ones re-run from "
+        "scratch are no run it was)."
     )
+
+    @field_validator("confirm")
+    @classmethod
+    def _confirm_not_on_a_population(cls, confirm: ConfirmConfig | None,
+                                     info: ValidationInfo) -> ConfirmConfig | None:
+        # A field validator (not the model's): the line then names tune.confirm. The scheduler
+        # is declared above confirm, so it is already validated here.
+        scheduler = info.data.get("scheduler")
+        kind = scheduler.type if isinstance(scheduler, SchedulerConfig) else None
+        if confirm is not None and kind in ("pbt", "pb2"):
+            # A population trial ends with a schedule of values: its final (mutated) values
+            # re-run from scratch are a configuration the population never trained.
+            raise ValueError(f"not with tune.scheduler.type {kind}: a population's trials "
+                             f"train on a schedule of values, and re-running their last values "
+                             f"from scratch confirms a run none of them was (drop tune.confirm, "
+                             f"or search with asha or none)")
+        return confirm
 
     @model_validator(mode="after")
     def _confirm_needs_a_search(self) -> TuneSection:

@@ -3,11 +3,13 @@ scored once per sweep by the val probes the trials use, on the sweep's parent ru
 
 What a trained trial must beat is the same network untrained (issue 35: a random-init encoder
 scored by hand beat a sweep's winner on a transfer set). One Ray task per sweep
-(:func:`score_at_init`; one CPU, and one GPU when the trials use GPUs, as ``raycl.evaluate``'s
-tasks) builds the base configuration's stage-0 method as trial 0's starts (the same seed;
-``model.pretrained``'s weights when set: "at init") and scores it by the worker's own val
-evaluation (:func:`raycl.worker.evaluate.evaluate_epoch`, in a one-process session). The parent
-run gets ``baseline/val/...``, ``data/chance/<attribute>`` and ``data/val_size``
+(:func:`score_at_init`; one CPU, and when the trials use GPUs a share of one,
+:func:`baseline_resources`) builds the base configuration's stage-0 method as trial 0's starts
+(the same seed; ``model.pretrained``'s weights when set: "at init") and scores it by the
+worker's own val evaluation (:func:`raycl.worker.evaluate.evaluate_epoch`, in a one-process
+session), so it embeds the rows the trials' every-epoch probe does: ``eval.max_train_samples``
+training rows and ``eval.max_eval_samples`` val rows (:func:`raycl.worker.evaluate.scored_subset`).
+The parent run gets ``baseline/val/...``, ``data/chance/<attribute>`` and ``data/val_size``
 (:func:`baseline_report`), and ``raycl.baseline_scope`` names the searched ``model.*`` keys' base
 values: the leaderboard (:mod:`raycl.tracking.reference_points`) says the row is that network's.
 
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
 
 # Seconds the driver waits at the sweep's end for a baseline still running (then cancelled).
 END_WAIT_S = 300.0
+# The most of a GPU the baseline asks for: it embeds and fits the val probes once, no training
+# (no gradients, no optimizer state), so a whole GPU held for it would keep a trial waiting.
+BASELINE_GPU_SHARE = 0.5
 # Trial states of a sweep that ended by itself (any other at the end: it was interrupted).
 _ENDED_STATES = ("TERMINATED", "ERROR")
 
@@ -125,6 +130,23 @@ def score_at_init(base_config: dict[str, Any]) -> dict[str, float]:
     return baseline_report(evaluation)
 
 
+def baseline_resources(config: CoreConfig) -> dict[str, float]:
+    """What the baseline's Ray task reserves: one CPU, and when the trials use GPUs at most
+    :data:`BASELINE_GPU_SHARE` of one and never more than a trial's worker
+    (``scaling.gpus_per_worker``), so it fits beside the trials' share instead of holding a GPU
+    of its own.
+
+    Args:
+        config: the sweep's configuration as its trials get it.
+
+    Returns:
+        ``num_cpus`` and ``num_gpus`` for ``ray.remote(...).options``.
+    """
+    gpus = min(BASELINE_GPU_SHARE, config.scaling.gpus_per_worker) if config.scaling.use_gpu \
+        else 0
+    return {"num_cpus": 1, "num_gpus": gpus}
+
+
 def _warn(text: str) -> None:
     """One line on the driver's stderr, as raycl's other launch warnings."""
     print(f"raycl: warning: {text}", file=sys.stderr, flush=True)
@@ -151,8 +173,7 @@ def launch_baseline(config: CoreConfig, client: MlflowClient, parent_run_id: str
         import ray
 
         task = ray.remote(score_at_init).options(
-            num_cpus=1, num_gpus=1 if config.scaling.use_gpu else 0, max_retries=0,
-            name="raycl-baseline")
+            **baseline_resources(config), max_retries=0, name="raycl-baseline")
         return task.remote(config.to_dict())
     except Exception as exc:  # the baseline is never worth a sweep
         _warn(f"the sweep's baseline (eval.baseline) was not started: {_one_line(exc)}")
@@ -286,5 +307,6 @@ def with_baseline(config: CoreConfig, tracker: MLflowSweepCallback) -> list[Call
     return [SweepBaseline(config, tracker), tracker] if config.eval.baseline else [tracker]
 
 
-__all__ = ["END_WAIT_S", "SweepBaseline", "baseline_report", "baseline_scope", "has_baseline",
+__all__ = ["BASELINE_GPU_SHARE", "END_WAIT_S", "SweepBaseline", "baseline_report",
+           "baseline_resources", "baseline_scope", "has_baseline",
            "interrupted", "launch_baseline", "log_baseline", "score_at_init", "with_baseline"]

@@ -9,7 +9,9 @@ beside it), FIFO (every seed runs to the end), in its own experiment directory
 restores that Tuner: finished seeds are not run again. What was chosen (the configurations, their
 seeds, the parent run) is stored there as ``raycl_confirm.json``, so a resumed confirmation
 confirms the same configurations. :func:`report_confirmation` writes ``confirm.csv`` on the
-parent run and returns the lines printed under the leaderboard.
+parent run (a seed that did not finish named with how it ended) and returns the lines printed
+under the leaderboard. A seed's own generated-data caches are removed once its trial has ended
+(:mod:`raycl.sweep.confirm_caches`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from raycl.sweep.confirmation import (
     rank_of_seed,
     separation_sentence,
     top_configurations,
+    verdict_sentence,
     write_confirm_csv,
 )
 from raycl.sweep.old_names import alias_moved_modules
@@ -234,6 +237,7 @@ def confirmation_tuner(config: CoreConfig, trial_config: CoreConfig, search_file
     from ray.tune.schedulers import FIFOScheduler
 
     from raycl.results.run_encoder import RunEncoderCallback
+    from raycl.sweep.confirm_caches import SeedCacheRemoval
     from raycl.sweep.display import ProgressDisplay
 
     parent = _parent_run(config, results)
@@ -258,8 +262,11 @@ def confirmation_tuner(config: CoreConfig, trial_config: CoreConfig, search_file
                                      "tune.scheduler.type": "none"})
     run_config = tune.RunConfig(
         name=f"{config.name}-confirm", storage_path=resolved_storage(config.tune.storage_path),
+        # SeedCacheRemoval: a finished seed's generated data (one copy per seed and node)
+        # is removed, not left to fill the nodes' disks.
         callbacks=[ConfirmCallback(trial_config, search_file, parent),
-                   RunEncoderCallback(trial_config), ProgressDisplay(shown)],
+                   RunEncoderCallback(trial_config), ProgressDisplay(shown),
+                   SeedCacheRemoval(trial_config)],
         failure_config=tune.FailureConfig(max_failures=config.tune.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2), verbose=1 if verbose else 0)
     tune_config = tune.TuneConfig(
@@ -269,22 +276,47 @@ def confirmation_tuner(config: CoreConfig, trial_config: CoreConfig, search_file
                       run_config=run_config), choice
 
 
+def seed_ending(result: Any, metric: str) -> str | None:
+    """How a confirmation seed's ``result`` ended when it is left out of the intervals
+    (``error``, ``diverged``, ``skipped``, ``no <metric>``); None when it is in them."""
+    metrics = result.metrics or {}
+    if result.error is not None:
+        return "error"
+    if metrics.get(FAILED_KEY):
+        return "diverged"
+    if metrics.get(SKIPPED_KEY):
+        return "skipped"
+    value = metrics.get(metric)
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return f"no {metric}"
+    return None
+
+
 def confirmed(config: CoreConfig, choice: dict[str, Any], results: ResultGrid) -> list[Confirmed]:
     """Each chosen configuration with the objective (and its test counterpart) of its finished
-    seeds."""
+    seeds, and how each other planned seed ended (``not run``: no result at all)."""
     items = [Confirmed(rank, dict(values), list(seeds)) for rank, (values, seeds) in
              enumerate(zip(choice["configurations"], choice["seeds"], strict=True), start=1)]
     test_metric = reported_test_metric(config.tune.metric)
+    seen: set[int] = set()
     for result in results:
-        metrics = result.metrics or {}
-        value = metrics.get(config.tune.metric)
-        if not _finished(result) or not isinstance(value, (int, float)):
+        seed = (result.config or {}).get("seed")
+        if seed is None:
             continue
-        item = items[rank_of_seed(int(result.config["seed"]), config.seed) - 1]
-        item.val.append(float(value))
+        seen.add(int(seed))
+        item = items[rank_of_seed(int(seed), config.seed) - 1]
+        # A seed that did not finish is named with its ending, never left out silently.
+        ending = seed_ending(result, config.tune.metric)
+        if ending is not None:
+            item.dropped[int(seed)] = ending
+            continue
+        metrics = result.metrics or {}
+        item.val.append(float(metrics[config.tune.metric]))
         test = metrics.get(test_metric) if test_metric else None
         if isinstance(test, (int, float)):
             item.test.append(float(test))
+    for item in items:
+        item.dropped.update({seed: "not run" for seed in item.seeds if seed not in seen})
     return items
 
 
@@ -294,16 +326,16 @@ def report_confirmation(config: CoreConfig, choice: dict[str, Any],
     items = confirmed(config, choice, results)
     header, rows = confirm_table(items, config.tune.metric,
                                  reported_test_metric(config.tune.metric), config.tune.mode)
-    sentence = separation_sentence(items, config.tune.mode)
+    separation = separation_sentence(items, config.tune.mode)
     client = mlflow_client(resolve_tracking_uri(config.mlflow.tracking_uri))
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory, CSV_NAME)
         write_confirm_csv(header, rows, path)
         client.log_artifact(choice["parent_run_id"], str(path))
-    if sentence:
-        client.set_tag(choice["parent_run_id"], "raycl.confirm_separation", sentence)
-    return confirm_lines(header, rows, sentence)
+    if separation:
+        client.set_tag(choice["parent_run_id"], "raycl.confirm_separation", separation)
+    return confirm_lines(header, rows, verdict_sentence(items, config.tune.mode))
 
 
 __all__ = ["CHOICE_FILE", "ConfirmCallback", "PinnedValue", "confirm_path", "confirm_space",
-           "confirmation_tuner", "confirmed", "report_confirmation"]
+           "confirmation_tuner", "confirmed", "report_confirmation", "seed_ending"]

@@ -4,7 +4,9 @@ After a search, the K best configurations (by the validation objective) are re-r
 with S fresh seeds each (:mod:`raycl.sweep.confirm_tuner` runs them); this module chooses them,
 derives their seeds, and summarises each over its seeds: mean and 95 % t-interval, validation
 and test, as the rows of the parent run's ``confirm.csv`` and the lines printed at the end of the
-sweep.
+sweep. A seed that did not finish (diverged, failed, no objective) is named in the row's
+``dropped`` column and the verdict says over how many of the planned seeds each interval is:
+an interval over 2 of 3 seeds is not the one that was planned.
 Nothing here needs Ray or MLflow.
 """
 
@@ -138,6 +140,8 @@ class Confirmed:
         seeds: its confirmation seeds.
         val: the validation objective of each finished seed.
         test: the objective's test counterpart of each finished seed.
+        dropped: each seed left out of the intervals -> how it ended (``diverged``,
+            ``error``, ``skipped``, ``no val/linear/mean``, ``not run``).
     """
 
     rank: int
@@ -145,6 +149,22 @@ class Confirmed:
     seeds: list[int]
     val: list[float] = field(default_factory=list)
     test: list[float] = field(default_factory=list)
+    dropped: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> int:
+        """The seeds in the validation interval (a non-finite value is in none)."""
+        return sum(math.isfinite(v) for v in self.val)
+
+    @property
+    def share(self) -> str:
+        """``2 of 3``: the seeds in the interval of those planned."""
+        return f"{self.finished} of {len(self.seeds)}"
+
+    @property
+    def dropped_text(self) -> str:
+        """``10003 diverged; 10004 error`` ("" when every seed is in the interval)."""
+        return "; ".join(f"{seed} {how}" for seed, how in sorted(self.dropped.items()))
 
     @property
     def label(self) -> str:
@@ -181,20 +201,21 @@ def confirm_table(
 
     Returns:
         ``(header, rows)``: ``rank``, each searched key, ``seeds`` (``1 2 3``), ``n`` (seeds
-        that finished), then ``<metric> mean``, ``… ci95_low``, ``… ci95_high`` for validation and
-        for test. Missing numbers are NaN.
+        that finished), ``dropped`` (the others and how they ended, ``10003 diverged; 10004
+        error``; "" for none), then ``<metric> mean``, ``… ci95_low``, ``… ci95_high`` for
+        validation and for test. Missing numbers are NaN.
     """
     keys: list[str] = []
     for item in confirmed:
         keys += [key for key in item.values if key not in keys]
     columns = [(metric, "val")] + ([(test_metric, "test")] if test_metric else [])
-    header = ["rank", *keys, "seeds", "n"]
+    header = ["rank", *keys, "seeds", "n", "dropped"]
     for name, _ in columns:
         header += [f"{name} mean", f"{name} ci95_low", f"{name} ci95_high"]
     rows = []
     for item in ranked_by_validation(confirmed, mode):
         row: list[Any] = [item.rank, *(item.values.get(key) for key in keys),
-                          " ".join(map(str, item.seeds)), len(item.val)]
+                          " ".join(map(str, item.seeds)), item.finished, item.dropped_text]
         for _, split in columns:
             row += list(t_interval(getattr(item, split)))
         rows.append(row)
@@ -213,9 +234,10 @@ def separation_sentence(confirmed: Sequence[Confirmed], mode: str) -> str | None
     """Whether the confirmation separates its winner from the runner-up at 95 %.
 
     Returns:
-        ``the winner #1 (…) is not separated from #2 (…) at 95 %`` when their validation
-        intervals overlap, ``the winner … is separated from … at 95 %`` when they do not, None
-        with fewer than two configurations.
+        ``the winner #1 (…) is not separated from #2 (…) at 95 % (intervals over 3 of 3 and 2
+        of 3 planned seeds)`` when their validation intervals overlap, ``the winner … is
+        separated from … at 95 % (…)`` when they do not, None with fewer than two
+        configurations.
     """
     ranked = ranked_by_validation(confirmed, mode)
     if len(ranked) < 2:
@@ -223,7 +245,18 @@ def separation_sentence(confirmed: Sequence[Confirmed], mode: str) -> str | None
     winner, second = ranked[0], ranked[1]
     first_interval, second_interval = t_interval(winner.val)[1:], t_interval(second.val)[1:]
     verb = "is not" if intervals_overlap(first_interval, second_interval) else "is"
-    return f"the winner {winner.label} {verb} separated from {second.label} at 95 %"
+    # A seed that diverged or failed leaves the interval narrower in count than planned: say so.
+    return (f"the winner {winner.label} {verb} separated from {second.label} at 95 % "
+            f"(intervals over {winner.share} and {second.share} planned seeds)")
+
+
+def verdict_sentence(confirmed: Sequence[Confirmed], mode: str) -> str | None:
+    """The confirmation's last line: :func:`separation_sentence`, or with one configuration
+    ``the interval of #1 (…) is over 2 of 3 planned seeds``; None with none."""
+    if len(confirmed) == 1:
+        (only,) = confirmed
+        return f"the interval of {only.label} is over {only.share} planned seeds"
+    return separation_sentence(confirmed, mode)
 
 
 def write_confirm_csv(header: Sequence[str], rows: Sequence[Sequence[Any]], path: Path) -> None:
@@ -243,7 +276,7 @@ def confirm_lines(header: Sequence[str], rows: Sequence[Sequence[Any]],
     def cell(value: Any) -> str:
         if isinstance(value, float):
             return "-" if math.isnan(value) else f"{value:.4g}"
-        return "-" if value is None else str(value)
+        return "-" if value is None or value == "" else str(value)
 
     # Column index -> (shown name, how many cells it takes).
     spans: list[tuple[str, int]] = []
@@ -277,4 +310,4 @@ def confirm_lines(header: Sequence[str], rows: Sequence[Sequence[Any]],
 __all__ = ["CONFIDENCE", "CONFIRM_TAG", "CSV_NAME", "SEED_STRIDE", "Confirmed",
            "confirm_lines", "confirm_table", "confirmation_seeds", "intervals_overlap",
            "rank_of_seed", "ranked_by_validation", "separation_sentence", "t_interval",
-           "top_configurations", "write_confirm_csv"]
+           "top_configurations", "verdict_sentence", "write_confirm_csv"]

@@ -226,6 +226,38 @@ def rankable(run: Run) -> bool:
         RANKED_ENDINGS
 
 
+# Runs fetched per MLflow search page (MLflow's own default; a tracking server may refuse
+# more): search_all_runs pages on until the last, so a sweep of any size is read whole.
+SEARCH_PAGE_SIZE = 1000
+
+
+def search_all_runs(client: MlflowClient, experiment_ids: list[str],
+                    filter_string: str = "") -> list[Run]:
+    """Every run of ``experiment_ids`` matching ``filter_string``, newest first (MLflow's
+    default order: start time descending, then run id), read page by page (``page_token``) to
+    the last: one ``search_runs`` call stops at its ``max_results``, which once cut a sweep's
+    leaderboard and front at 5 000 trials.
+
+    Pages are read oldest first, so a run created while they are read (a sweep still running)
+    lands on a later page instead of shifting one run onto two pages; a run seen twice counts
+    once.
+    """
+    runs: list[Run] = []
+    seen: set[str] = set()
+    token: str | None = None
+    while True:
+        page = client.search_runs(experiment_ids, filter_string, max_results=SEARCH_PAGE_SIZE,
+                                  order_by=["attributes.start_time ASC"], page_token=token)
+        for run in page:
+            if run.info.run_id not in seen:
+                seen.add(run.info.run_id)
+                runs.append(run)
+        token = page.token
+        if not token:
+            # MLflow's own order of one search (start_time DESC, then run id), as before.
+            return sorted(runs, key=lambda run: (-(run.info.start_time or 0), run.info.run_id))
+
+
 def find_trial_run(client: MlflowClient, experiment_id: str, trial_id: str) -> str | None:
     """The id of the child run tagged with ``trial_id``, None when there is none (yet)."""
     runs = client.search_runs([experiment_id], filter_string=f"tags.`{TRIAL_TAG}` = '{trial_id}'",

@@ -77,6 +77,7 @@ from raycl.tracking.runs import (
     mlflow_client,
     mlflow_ui_command,
     rankable,
+    search_all_runs,
 )
 from raycl.tracking.terminal_table import format_table, terminal_width
 
@@ -96,10 +97,9 @@ def trial_runs(client: MlflowClient, experiment_id: str, parent_run_id: str | No
                confirmation: bool = False) -> list[Run]:
     """The trial (child) runs of one sweep (its parent run), or of every sweep (None): the
     search's, or with ``confirmation`` its seed confirmation's (tagged ``raycl.confirm``)."""
-    filter_string = f"tags.`{ROLE_TAG}` = 'trial'"
-    if parent_run_id is not None:
-        filter_string += f" and tags.`{PARENT_TAG}` = '{parent_run_id}'"
-    runs = client.search_runs([experiment_id], filter_string, max_results=5000)
+    filter_string = f"tags.`{ROLE_TAG}` = 'trial'" + (
+        "" if parent_run_id is None else f" and tags.`{PARENT_TAG}` = '{parent_run_id}'")
+    runs = search_all_runs(client, [experiment_id], filter_string)  # every page: no cap
     return [run for run in runs if (CONFIRM_TAG in run.data.tags) == confirmation]
 
 

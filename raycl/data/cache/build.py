@@ -170,6 +170,31 @@ def build_cache(
     return cached
 
 
+def remove_cache(directory: Path) -> bool:
+    """Remove the cache directory ``directory``, a set nothing will read again (a finished
+    confirmation seed's generated data: :mod:`raycl.sweep.confirm_caches`).
+
+    Under its build lock, so never one a process is building; renamed aside first, so a process
+    opening it finds all of it or none (one that has it memory-mapped keeps reading its files).
+    The lock file stays, as a build leaves it.
+
+    Returns:
+        Whether there was one to remove.
+    """
+    if not directory.is_dir():
+        return False
+    with _build_lock(directory, None):
+        # Named as a dead builder's temporary: a removal cut short is cleaned by the next build.
+        aside = directory.with_name(f"{directory.name}.tmp-{os.getpid()}@{_host()}.removed")
+        shutil.rmtree(aside, ignore_errors=True)  # an earlier removal's, cut short
+        try:
+            os.rename(directory, aside)
+        except FileNotFoundError:
+            return False  # removed by another process while this one waited
+        shutil.rmtree(aside, ignore_errors=True)
+    return True
+
+
 def set_bytes(source: ImageSet | ImageFiles, resolution: int) -> int:
     """Bytes the images of ``source`` take in the cache (decoded files: 3 x resolution^2)."""
     if isinstance(source, ImageFiles):
