@@ -69,16 +69,22 @@ def test_the_scope_names_searched_model_keys_at_the_base_values() -> None:
         "train.lr": {"loguniform": [0.001, 0.01]}}})) == ""
 
 
-def test_a_resumed_sweep_whose_parent_has_the_baseline_does_not_score_it_again(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    launched: list[dict[str, Any]] = []
+@pytest.fixture
+def launched(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The options of every Ray task launch_baseline starts (ray.remote faked: ``"ref"``)."""
+    options_seen: list[dict[str, Any]] = []
 
     def fake_remote(function: Any) -> Any:
         def options(**resources: Any) -> Any:
-            return SimpleNamespace(remote=lambda base: launched.append(resources) or "ref")
+            return SimpleNamespace(remote=lambda base: options_seen.append(resources) or "ref")
         return SimpleNamespace(options=options)
 
     monkeypatch.setattr(ray, "remote", fake_remote)
+    return options_seen
+
+
+def test_a_resumed_sweep_whose_parent_has_the_baseline_does_not_score_it_again(
+        launched: list[dict[str, Any]]) -> None:
     scored = FakeClient(metrics={"baseline/val/linear/mean": 0.3, "data/val_size": 100.0})
     assert launch_baseline(config(), scored, "parent") is None
     assert launched == []
@@ -93,17 +99,9 @@ def test_a_resumed_sweep_whose_parent_has_the_baseline_does_not_score_it_again(
 
 
 def test_the_baseline_asks_for_a_share_of_a_gpu_never_more_than_a_trials_worker(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        launched: list[dict[str, Any]]) -> None:
     """One val evaluation (no training) holds no whole GPU, where it would keep a trial
     waiting: at most BASELINE_GPU_SHARE of one, and no more than a trial's worker asks."""
-    launched: list[dict[str, Any]] = []
-
-    def fake_remote(function: Any) -> Any:
-        def options(**resources: Any) -> Any:
-            return SimpleNamespace(remote=lambda base: launched.append(resources) or "ref")
-        return SimpleNamespace(options=options)
-
-    monkeypatch.setattr(ray, "remote", fake_remote)
     for scaling in ({"use_gpu": True}, {"use_gpu": True, "num_workers": 4},
                     {"use_gpu": True, "num_workers": 1, "gpus_per_worker": 0.25},
                     {"use_gpu": False}):

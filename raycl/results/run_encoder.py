@@ -44,7 +44,7 @@ from raycl.results.trials import (
     local_checkpoint,
 )
 from raycl.tracking.retry import retrying_client
-from raycl.tracking.runs import ENDED_TAG, experiment_name, find_trial_run
+from raycl.tracking.runs import ENDED_TAG, RANKED_ENDINGS, experiment_name, find_trial_run
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -55,8 +55,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# How a trial ended when its last checkpoint is its final encoder (raycl.ended).
-ENDINGS_WITH_ENCODER = frozenset({"completed", "stopped_by_scheduler"})
+# How a trial ended when its last checkpoint is its final encoder (raycl.ended): the endings
+# a trial is ranked by.
+ENDINGS_WITH_ENCODER = RANKED_ENDINGS
 # What of a checkpoint the encoder is rebuilt from (raycl.export.encoder.trained_encoder):
 # not the features and inputs a checkpoint keeps for resuming.
 ENCODER_INPUTS = ("state.pt", "stage_weights.pt", "progress.json")

@@ -137,9 +137,21 @@ class ConfirmCallback(MLflowSweepCallback):
         self.client.set_terminated(self.parent_run_id, status="FINISHED")
 
 
-def _finished(result: Any) -> bool:
+def _ending(result: Any) -> str | None:
+    """How a trial's ``result`` ended when it did not finish (``error``, ``diverged``,
+    ``skipped``); None when it finished."""
     metrics = result.metrics or {}
-    return result.error is None and not metrics.get(FAILED_KEY) and not metrics.get(SKIPPED_KEY)
+    if result.error is not None:
+        return "error"
+    if metrics.get(FAILED_KEY):
+        return "diverged"
+    if metrics.get(SKIPPED_KEY):
+        return "skipped"
+    return None
+
+
+def _finished(result: Any) -> bool:
+    return _ending(result) is None
 
 
 def _rankable_trial_ids(config: CoreConfig, parent: str) -> set[str]:
@@ -279,17 +291,11 @@ def confirmation_tuner(config: CoreConfig, trial_config: CoreConfig, search_file
 def seed_ending(result: Any, metric: str) -> str | None:
     """How a confirmation seed's ``result`` ended when it is left out of the intervals
     (``error``, ``diverged``, ``skipped``, ``no <metric>``); None when it is in them."""
-    metrics = result.metrics or {}
-    if result.error is not None:
-        return "error"
-    if metrics.get(FAILED_KEY):
-        return "diverged"
-    if metrics.get(SKIPPED_KEY):
-        return "skipped"
-    value = metrics.get(metric)
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
+    ending = _ending(result)
+    value = (result.metrics or {}).get(metric)
+    if ending is None and (not isinstance(value, (int, float)) or not math.isfinite(value)):
         return f"no {metric}"
-    return None
+    return ending
 
 
 def confirmed(config: CoreConfig, choice: dict[str, Any], results: ResultGrid) -> list[Confirmed]:

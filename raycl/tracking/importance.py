@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from raycl.config.schema import CoreConfig, Domain
 from raycl.launch.feasibility import JOINT_PREFIX
 from raycl.sweep.confirmation import CONFIRM_TAG
-from raycl.tracking.runs import COMPLETED, ENDED_TAG, SEARCHED_TAG, STOPPED_EARLY
+from raycl.tracking.runs import ENDED_TAG, RANKED_ENDINGS, SEARCHED_TAG, STOPPED_EARLY
 from raycl.tracking.trial_table import searched_values
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ def scored_trials(runs: Sequence[Run], space: Mapping[str, Domain],
     for run in runs:
         ended = run.data.tags.get(ENDED_TAG)
         objective = run.data.metrics.get(metric)
-        if ended not in (COMPLETED, STOPPED_EARLY) or objective is None \
+        if ended not in RANKED_ENDINGS or objective is None \
                 or not math.isfinite(objective) or CONFIRM_TAG in run.data.tags:
             continue
         searched = searched_values(run.data.tags.get(SEARCHED_TAG, ""))
