@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,9 +42,17 @@ from raycl.export.modules import (
     StageConcat,
     base_method_name,
     concat_trial,
+    dataset_resize,
     raycl_preprocessing,
     read_config,
     split_stages,
+)
+from raycl.export.plain_torch import (
+    export_program,
+    plain_module,
+    resnet_lines,
+    small_cnn_architecture,
+    small_cnn_lines,
 )
 
 if TYPE_CHECKING:
@@ -138,11 +146,7 @@ def _save_state(state: Mapping[str, Tensor], path: Path, export_format: str) -> 
 
 def _save_program(module: nn.Module, path: Path, example: Tensor) -> None:
     """``module`` (eval mode) as a torch.export program with a dynamic batch dimension."""
-    from torch.export import Dim
-
-    program = torch.export.export(module.eval(), (example,),
-                                  dynamic_shapes=({0: Dim("batch", min=1)},))
-    torch.export.save(program, path)
+    torch.export.save(export_program(module, example), path)
 
 
 def _clip_model(encoder: nn.Module) -> nn.Module:
@@ -286,7 +290,10 @@ def write_encoder(
                "stages": stages,
                "mcl": ({"stages": config.num_stages, "integration": config.mcl.integration}
                        if config.num_stages > 1 else None),
-               "width": config.model.width if kind.kind == "small_cnn" else None})
+               "width": config.model.width if kind.kind == "small_cnn" else None,
+               # issue 47: how to rebuild the network the weights load into, without raycl
+               "architecture": (small_cnn_architecture(channels, config.model.width)
+                                if kind.kind == "small_cnn" else None)})
     return [*files, write_model_card(out, card)]
 
 
@@ -297,43 +304,8 @@ def export_preprocessing(config: CoreConfig, channels: int, export_format: str) 
         from raycl.methods.clip import CLIP_MEAN, CLIP_STD
 
         return Preprocessing(resolution=config.data.resolution, channels=3, mean=CLIP_MEAN,
-                             std=CLIP_STD)
+                             std=CLIP_STD, crop=dataset_resize(config.data.dataset))
     return raycl_preprocessing(config, channels)
-
-
-def resnet_lines(backbone: str, stem: str, channels: int, library: str,
-                 preprocessing: Preprocessing | None = None) -> list[str]:
-    """Python lines building the empty ResNet an exported state dict loads into.
-
-    Args:
-        backbone: resnet18 or resnet50.
-        stem: "cifar" or "imagenet".
-        channels: image channels.
-        library: "torchvision" or "timm".
-        preprocessing: what the weights expect; timm's model then carries it in its
-            ``pretrained_cfg`` (its default says ImageNet's mean and std, and
-            ``timm.data.resolve_data_config`` would build a transform the weights never saw).
-
-    Returns:
-        The lines (``model`` is the network).
-    """
-    if library == "timm":
-        overlay = "" if preprocessing is None else (
-            f", pretrained_cfg_overlay=dict(mean={tuple(preprocessing.mean)!r}, "
-            f"std={tuple(preprocessing.std)!r}, input_size=({preprocessing.channels}, "
-            f"{preprocessing.resolution}, {preprocessing.resolution}))")
-        lines = ["import timm, torch",
-                 f"model = timm.create_model({backbone!r}, num_classes=0{overlay})"]
-    else:
-        lines = ["import torch, torchvision",
-                 f"model = torchvision.models.{backbone}()",
-                 "model.fc = torch.nn.Identity()"]
-    if stem == "cifar":
-        lines += [f"model.conv1 = torch.nn.Conv2d({channels}, 64, 3, 1, 1, bias=False)",
-                  "model.maxpool = torch.nn.Identity()"]
-    elif channels != 3:
-        lines.append(f"model.conv1 = torch.nn.Conv2d({channels}, 64, 7, 2, 3, bias=False)")
-    return lines
 
 
 def how_to_load(config: CoreConfig, export_format: str, file: str, channels: int,
@@ -362,9 +334,10 @@ def how_to_load(config: CoreConfig, export_format: str, file: str, channels: int
             return "\n".join(["import torch",
                               f"model = torch.export.load({file!r}).module()  # (B, "
                               f"{channels}, {side}, {side}) images, any batch size"])
-        return "\n".join(["import safetensors.torch",
-                          f"state = safetensors.torch.load_file({file!r})  # raycl small_cnn "
-                          f"(width {config.model.width}) keys"])
+        build = small_cnn_lines(channels, config.model.width)  # torch.nn alone (issue 47)
+        load = f"safetensors.torch.load_file({file!r})"
+        return "\n".join(["import safetensors.torch", *build,
+                          f"model.load_state_dict({load}, strict=True)", "model.eval()"])
     assert kind.stem is not None
     library = "timm" if export_format == "timm" else "torchvision"
     load = (f"safetensors.torch.load_file({file!r})" if export_format == "safetensors"
@@ -399,15 +372,17 @@ def concat_how_to_load(config: CoreConfig, export_format: str, file: str, channe
     load = (f"safetensors.torch.load_file({file!r})" if export_format == "safetensors"
             else f"torch.load({file!r}, weights_only=True)")
     state = f"state = {load}  # stage j's tensors under 'stage<j>.', j = 0..{stages - 1}"
-    if kind.kind != "resnet":
-        what = ("an open_clip CLIP (the model card's clip section)" if kind.kind == "clip"
-                else f"raycl's small_cnn (width {config.model.width})")
+    if kind.kind == "clip":
         return "\n".join(["import safetensors.torch", state,
-                          f"# each stage's keys, the prefix taken off, are those of {what}"])
-    assert kind.stem is not None
-    build = resnet_lines(kind.backbone, kind.stem, channels,
-                         "timm" if export_format == "timm" else "torchvision",
-                         export_preprocessing(config, channels, export_format))
+                          "# each stage's keys, the prefix taken off, are those of an open_clip "
+                          "CLIP (the model card's clip section)"])
+    if kind.kind == "small_cnn":
+        build = small_cnn_lines(channels, config.model.width)
+    else:
+        assert kind.stem is not None
+        build = resnet_lines(kind.backbone, kind.stem, channels,
+                             "timm" if export_format == "timm" else "torchvision",
+                             export_preprocessing(config, channels, export_format))
     return "\n".join([
         build[0], *(["import safetensors.torch"] if export_format == "safetensors" else []),
         state,
@@ -471,7 +446,7 @@ def _load_one(path: Path, card: dict[str, Any], config: CoreConfig) -> nn.Module
     """One exported encoder file as a module (a concat file: its stages' concatenation)."""
     export_format = card["format"]
     if export_format == "small_cnn":  # a program (a concat one too), exported in eval mode
-        return torch.export.load(str(path)).module()
+        return plain_module(torch.export.load(str(path)))  # eval() works on it (issue 47)
     state = _read_state(path, export_format)
     if card.get("concat"):
         return StageConcat([_module_from_state(stage, card, config)
@@ -487,7 +462,9 @@ def load_exported(path: Path) -> tuple[nn.Module, Preprocessing]:
     """
     card = read_model_card(path)
     config = read_config(card["config"])
-    preprocessing = Preprocessing.from_dict(card["preprocessing"])
+    # The resize from the config, not the card: cards of before issue 47 said bicubic for all.
+    preprocessing = replace(Preprocessing.from_dict(card["preprocessing"]),
+                            crop=dataset_resize(config.data.dataset))
     return _load_one(path, card, config), preprocessing
 
 

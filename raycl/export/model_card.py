@@ -3,7 +3,8 @@
 It holds the method, the trial's whole config, its validation objective and test scores (as
 the caller passes them: raycl.export reads them from the trial's MLflow run), the input
 preprocessing (resolution, channels, normalisation, crop), the backbone and stem, the format,
-the files written, the Python lines that load it, and the git commit of raycl that trained it.
+the files written, the Python lines that load it, and the git commit of raycl that trained it;
+a small_cnn encoder's card also describes its ``architecture``.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def build_model_card(
             open_clip.
         objective: the trial's validation objective ``{"metric", "mode", "value"}``.
         test_scores: the trial's test metrics (name -> value).
-        extra: more entries (MCL integration, feature dimension, ...).
+        extra: more entries (MCL integration, feature dimension, small_cnn's architecture...).
 
     Returns:
         The card, JSON-serialisable.
@@ -86,6 +87,8 @@ def build_model_card(
         "resolution": preprocessing.get("resolution"),
         "channels": preprocessing.get("channels"),
         "normalisation": {"mean": preprocessing.get("mean"), "std": preprocessing.get("std")},
+        # how the trial's dataset was cropped and resized (issue 47: not bicubic for all)
+        "resize": preprocessing.get("crop"),
         "validation_objective": objective,
         "test_scores": dict(test_scores or {}),
         "how_to_load": how_to_load,

@@ -9,7 +9,7 @@ The ground floor of :mod:`raycl.export` (both :mod:`raycl.export.encoder` and
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,6 +24,27 @@ if TYPE_CHECKING:
 RAYCL_MEAN, RAYCL_STD = 0.5, 0.5
 # How raycl's readers square an image before the encoder sees it (raycl.data.decode).
 RAYCL_CROP = "centre square crop, bicubic resize to resolution x resolution"
+# How each dataset's reader brings its images to data.resolution (issue 47: the card said
+# bicubic for all); each names the function that does it.
+_TORCH_RESIZE = ("no crop (the images are square); {mode} resize with antialiasing to resolution"
+                 " x resolution: torch.nn.functional.interpolate(images.float(), mode='{mode}', "
+                 "align_corners=False, antialias=True), rounded to uint8 ({where})")
+_PIL_RESIZE = ("centre square crop, then bicubic resize to resolution x resolution: Pillow "
+               "Image.resize(..., Image.Resampling.BICUBIC) on RGB (raycl.data.decode.square_rgb)")
+DATASET_RESIZE: dict[str, str] = {
+    "trifeature": ("none: generated at resolution x resolution (drawn supersampled, then "
+                   "box-filtered down; raycl.data.sources.trifeature)"),
+    "mnist_fashion": _TORCH_RESIZE.format(
+        mode="bilinear", where="raycl.data.sources.packaged.resize_images, from 28 x 28"),
+    "digits": _TORCH_RESIZE.format(
+        mode="bilinear", where="raycl.data.sources.packaged.resize_images, from 8 x 8"),
+    **{name: _TORCH_RESIZE.format(mode="bicubic",
+                                  where=f"raycl.data.sources.shipped.resize_into, from {side}")
+       for name, side in (("cifar10", "32 x 32"), ("cifar100", "32 x 32"),
+                          ("stl10", "96 x 96"), ("fashion_mnist", "28 x 28"))},
+    **{name: _PIL_RESIZE for name in ("folder", "pairs", "imagenet", "imagenet100",
+                                      "webdataset", "parquet")},
+}
 # The floor on a row's norm in the MCL integration (raycl.kmeans.l2_normalize's eps).
 _NORM_EPS = 1e-12
 
@@ -37,14 +58,15 @@ class Preprocessing:
         channels: image channels (3: RGB, 1: greyscale).
         mean: per-channel mean subtracted from images scaled to [0, 1].
         std: per-channel divisor after the mean.
-        crop: how an image of another size is made ``resolution`` square.
+        crop: how the trial's images were made ``resolution`` square (crop and resize;
+            :func:`dataset_resize`). Words, not numbers: left out of ``==``.
     """
 
     resolution: int
     channels: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    crop: str = RAYCL_CROP
+    crop: str = field(default=RAYCL_CROP, compare=False)
 
     def normalise(self, images: Tensor) -> Tensor:
         """uint8 or [0, 1] float images (B, C, H, W) -> what the encoder takes.
@@ -72,18 +94,25 @@ class Preprocessing:
                    crop=str(raw.get("crop", RAYCL_CROP)))
 
 
+def dataset_resize(dataset: str) -> str:
+    """How raycl's reader of ``data.dataset`` crops and resizes its images (model card)."""
+    return DATASET_RESIZE.get(dataset, f"as raycl's {dataset!r} reader resizes its images "
+                                       f"(raycl.data.sources)")
+
+
 def raycl_preprocessing(config: CoreConfig, channels: int) -> Preprocessing:
     """raycl's own preprocessing of the trial's images (mean 0.5, std 0.5 per channel).
 
     Args:
-        config: the trial's config (``data.resolution``).
+        config: the trial's config (``data.resolution``, ``data.dataset``).
         channels: image channels of its data.
 
     Returns:
         The :class:`Preprocessing`.
     """
     return Preprocessing(resolution=config.data.resolution, channels=channels,
-                         mean=(RAYCL_MEAN,) * channels, std=(RAYCL_STD,) * channels)
+                         mean=(RAYCL_MEAN,) * channels, std=(RAYCL_STD,) * channels,
+                         crop=dataset_resize(config.data.dataset))
 
 
 class MethodEmbedding(nn.Module):
@@ -161,11 +190,14 @@ def base_method_name(config: CoreConfig) -> str:
 
 def read_config(raw: dict[str, Any]) -> CoreConfig:
     """A trial config from its JSON values (a model card's ``config``)."""
+    # The method sections register when raycl.methods is imported: an interpreter that only
+    # did `import raycl` has none (issue 47). It imports no Ray.
+    import raycl.methods  # noqa: F401
     from raycl.config.search_config import search_config_class
 
     return search_config_class().model_validate(raw)
 
 
-__all__ = ["RAYCL_CROP", "STAGE_PREFIX", "MethodEmbedding", "Preprocessing", "StageConcat",
-           "base_method_name", "concat_encoder", "concat_trial", "raycl_preprocessing",
-           "read_config", "split_stages"]
+__all__ = ["DATASET_RESIZE", "RAYCL_CROP", "STAGE_PREFIX", "MethodEmbedding", "Preprocessing",
+           "StageConcat", "base_method_name", "concat_encoder", "concat_trial", "dataset_resize",
+           "raycl_preprocessing", "read_config", "split_stages"]

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch import nn
@@ -104,6 +104,11 @@ def register_encoder(trial: FinishedTrial, exported: Exported, name: str) -> tup
     example and signature (normalised float images -> features), its model card beside it, and
     register it under ``name``.
 
+    The model logged is :func:`raycl.export.plain_torch.plain_module` of the encoder's
+    ``torch.export`` program, pickled: ``mlflow.pytorch.load_model`` gives an ordinary
+    ``nn.Module`` (``.eval()`` works; MLflow's own pt2 format gives one whose ``eval()``
+    raises, issue 47) that needs torch, not raycl, and takes any batch size.
+
     Args:
         trial: the trial whose run the model is logged on.
         exported: what :func:`export_trial` wrote (its encoder and model card).
@@ -112,11 +117,11 @@ def register_encoder(trial: FinishedTrial, exported: Exported, name: str) -> tup
     Returns:
         The new version's number, and whether ``name`` was registered before.
     """
+    import cloudpickle
     import mlflow
     import mlflow.pytorch
     import torch
     from mlflow.exceptions import MlflowException
-    from mlflow.models import infer_signature
 
     from raycl.config.sweep import resolve_tracking_uri
 
@@ -127,26 +132,38 @@ def register_encoder(trial: FinishedTrial, exported: Exported, name: str) -> tup
         existed = True
     except MlflowException:
         existed = False
-    resolution = trial.config.data.resolution
-    example = torch.randn(2, exported.channels, resolution, resolution,
-                          generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        features = exported.encoder(example)
-    signature = infer_signature(example.numpy(), features.numpy())
+    model, example, signature = _registered_model(exported, trial.config.data.resolution)
     status = client.get_run(trial.run_id).info.status
     with _fluent_tracking_uri(uri):
         # Logging into the finished run reopens it; it is closed again with the status it had.
         mlflow.start_run(run_id=trial.run_id)
         try:
             info = mlflow.pytorch.log_model(
-                exported.encoder, name=REGISTERED_ARTIFACT, input_example=example.numpy(),
-                signature=signature, registered_model_name=name,
+                model, name=REGISTERED_ARTIFACT, input_example=example, signature=signature,
+                registered_model_name=name, serialization_format="pickle",
                 # Written, not inferred: inferring loads the model in a subprocess (seconds).
-                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}",
+                                  f"cloudpickle=={cloudpickle.__version__}"],
                 extra_files=[str(exported.files[-1])])
         finally:
             mlflow.end_run(status=status)
     return int(info.registered_model_version), existed
+
+
+def _registered_model(exported: Exported, resolution: int) -> tuple[nn.Module, Any, Any]:
+    """The module ``--register`` logs (the encoder's program as a plain torch module), an input
+    example (a batch of 2 images, numpy) and the signature it gives."""
+    import torch
+    from mlflow.models import infer_signature
+
+    from raycl.export.plain_torch import export_program, plain_module
+
+    example = torch.randn(2, exported.channels, resolution, resolution,
+                          generator=torch.Generator().manual_seed(0))
+    model = plain_module(export_program(exported.encoder, example))
+    with torch.no_grad():
+        features = model(example)
+    return model, example.numpy(), infer_signature(example.numpy(), features.numpy())
 
 
 @contextmanager
