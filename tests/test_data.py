@@ -264,8 +264,8 @@ def test_unknown_dataset_and_folder_without_root_are_clear_errors(tmp_path: Path
         load_dataset(unvalidated_cfg(tmp_path, dataset="cifar"), seed=0)
     with pytest.raises(ValueError, match=r"needs data\.root"):
         load_dataset(unvalidated_cfg(tmp_path, dataset="folder"), seed=0)
-    assert set(DATASETS) == {"trifeature", "mnist_fashion", "digits", "folder", "pairs",
-                             "cifar10", "cifar100", "stl10", "imagenet", "imagenet100",
+    assert set(DATASETS) == {"trifeature", "mnist_fashion", "fashion_mnist", "digits", "folder",
+                             "pairs", "cifar10", "cifar100", "stl10", "imagenet", "imagenet100",
                              "webdataset", "parquet"}
 
 

@@ -8,20 +8,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from raycl.config.metric_names import fraction_percent
 from raycl.config.section import Section
+from raycl.config.training import FASHION_MNIST_IMAGES, checked_num_samples
 
 
 class TransferConfig(Section):
     """A labelled dataset the frozen encoder is probed on after training (transfer)."""
 
-    dataset: Literal["trifeature", "mnist_fashion", "digits", "folder", "cifar10", "cifar100",
-                     "stl10"] = Field(
+    dataset: Literal["trifeature", "mnist_fashion", "fashion_mnist", "digits", "folder",
+                     "cifar10", "cifar100", "stl10"] = Field(
         ..., description="Dataset, as in data.dataset; converted to the pretraining set's "
-        "channels and resolution. cifar10, cifar100 and stl10 are probed on their train "
-        "files and scored on their test files (test_fraction unused)."
+        "channels and resolution. cifar10, cifar100, stl10 and fashion_mnist are probed on "
+        "their train files and scored on their test files (test_fraction unused)."
     )
     name: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_.-]+$", description="Name in the metric keys "
@@ -29,13 +30,20 @@ class TransferConfig(Section):
     )
     samples_per_combination: int = Field(2, ge=1, description="trifeature: images per "
                                          "combination.")
-    num_samples: int | None = Field(None, ge=10, le=5000, description="mnist_fashion: pairs.")
+    num_samples: int | None = Field(
+        None, ge=10, le=FASHION_MNIST_IMAGES, description="mnist_fashion: pairs (at most "
+        "5000); fashion_mnist: images, as data.num_samples.")
     root: str | None = Field(None, description="folder: root directory with one folder per "
                              "class; cifar10, cifar100, stl10: their directory, as data.root.")
     test_fraction: float = Field(
         0.3, gt=0.0, lt=1.0, description="Share of each class the transfer probe is scored on; "
         "it is fit on the rest."
     )
+
+    @field_validator("num_samples")
+    @classmethod
+    def _num_samples_fit(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return checked_num_samples(info.data.get("dataset"), value)
 
     @property
     def label(self) -> str:

@@ -12,6 +12,7 @@ package imports nothing else of raycl. Dotted keys (``train.lr``,
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping
 from difflib import get_close_matches
 from functools import cache
@@ -172,7 +173,52 @@ RENAMED_KEYS = {"loss.temperature": "simclr.temperature"}
 SEARCH_SPACE_PREFIX = "tune.search_space."
 
 
+# Keys a `--set KEY=null` unsets (their default applies) rather than sets: they take no null,
+# and a YAML's tune.metric must be removable where the command line gives tune.objectives.
+UNSET_BY_NULL = ("tune.metric", "tune.mode")
+
+
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Write one ``--set dotted=value`` into the raw YAML ``tree`` (:func:`write_dotted`).
+
+    Two keys mean more than their own value on the command line: ``tune.objectives`` replaces
+    the single objective and the ASHA scheduler that ``tree`` holds so far (the YAML's, or an
+    earlier ``--set``'s; one line on stderr names them), as several objectives supersede both;
+    and ``null`` for a key of :data:`UNSET_BY_NULL` removes it from ``tree``. A YAML that
+    gives both objectives and a different metric is still refused (``TuneSection``).
+    """
+    if dotted == "tune.objectives" and value is not None:
+        _replace_single_objective(tree)
+    if dotted in UNSET_BY_NULL and value is None:
+        *parents, leaf = dotted.split(".")
+        node: Any = tree
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+        return
+    write_dotted(tree, dotted, value)
+
+
+def _replace_single_objective(tree: dict[str, Any]) -> None:
+    """Remove ``tune.metric``, ``tune.mode`` and an ASHA ``tune.scheduler.type`` from the raw
+    ``tree``, saying so on stderr: the first objective takes the metric's place, and ASHA
+    compares one number per trial (pbt/pb2 stay: with objectives they are refused)."""
+    tune = tree.get("tune")
+    if not isinstance(tune, dict):
+        return
+    replaced = [f"tune.{key}={tune.pop(key)}" for key in ("metric", "mode") if key in tune]
+    scheduler = tune.get("scheduler")
+    if isinstance(scheduler, dict) and scheduler.get("type") == "asha":
+        replaced.append(f"tune.scheduler.type={scheduler.pop('type')}")
+    if replaced:
+        # Printed here: the loader's notice list is not handed to the config layer.
+        print(f"raycl: --set tune.objectives replaces {', '.join(replaced)} (the first "
+              f"objective ranks trials where one number must; every trial runs to the end)",
+              file=sys.stderr, flush=True)
+
+
+def write_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     """Set ``tree["a"]["b"] = value`` for ``"a.b"``, creating sections as needed.
 
     A search-space entry is keyed by a dotted config key itself: ``tune.search_space.loss.tau``
@@ -196,7 +242,7 @@ def apply_overrides(config: CoreConfig, values: Mapping[str, Any]) -> CoreConfig
     """A copy of ``config`` with dotted keys replaced, validated again (trial configs)."""
     raw = config.to_dict()
     for key, value in values.items():
-        set_dotted(raw, key, value)
+        write_dotted(raw, key, value)  # plain values: no --set meaning (set_dotted)
     return search_config_class().model_validate(raw)
 
 
@@ -266,4 +312,5 @@ def schema_markdown() -> str:
 
 __all__ = ["RENAMED_KEYS", "SEARCH_SPACE_PREFIX", "apply_overrides", "config_keys",
            "did_you_mean", "flatten", "key_symbol", "method_sections", "optional_section",
-           "schema_markdown", "search_config_class", "set_dotted", "type_label"]
+           "schema_markdown", "search_config_class", "set_dotted", "type_label",
+           "write_dotted"]

