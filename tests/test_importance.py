@@ -233,3 +233,28 @@ def test_parent_run_gets_importance_with_the_leaderboard(
     monkeypatch.setenv("COLUMNS", "300")  # the line unwrapped
     print_leaderboard(callback.tracking_uri, "knobs")
     assert line in capsys.readouterr().out.splitlines()  # and so does the terminal's
+
+
+def test_a_method_search_weighs_the_knobs_every_trial_reads() -> None:
+    """Issue 47: a SimCLR trial has no hscl.filter_exponent. Importance is over method and the
+    shared knobs, with every trial, and the line names the one-method knobs it left out."""
+    import random
+
+    import raycl.methods  # noqa: F401  (hscl's section)
+
+    config = _config({"method": {"choice": ["simclr", "hscl"]},
+                      "simclr.temperature": {"uniform": [0.1, 0.5]},
+                      "hscl.filter_exponent": {"uniform": [0.0, 0.6]},
+                      "train.lr": {"loguniform": [1e-4, 1e-1]}})
+    rng = random.Random(0)
+    runs = []
+    for index in range(12):
+        method = ("simclr", "hscl")[index % 2]
+        own = {"simclr": {"simclr.temperature": rng.uniform(0.1, 0.5)},
+               "hscl": {"hscl.filter_exponent": rng.uniform(0.0, 0.6)}}[method]
+        runs.append(_fake_run({"method": method, "train.lr": 10 ** rng.uniform(-4, -1), **own},
+                              (0.8 if method == "hscl" else 0.4) + rng.uniform(0, 0.01)))
+    result = sweep_importance(runs, config)
+    assert not isinstance(result, str), result
+    assert set(result.importances) == {"method", "train.lr"} and result.trials_used == 12
+    assert next(iter(result.importances)) == "method"  # the objective follows the method

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ray.tune import Callback
 
-from raycl.config.schema import CoreConfig
+from raycl.config.schema import CoreConfig, active_values
 from raycl.config.search_config import apply_overrides
+from raycl.config.sweep import trial_values
 from raycl.launch.feasibility import max_reports
 from raycl.sweep.quiet_lines import DROPPED_LINES, DropLines
 from raycl.tracking.closed_stdout import stdout_closed
@@ -110,7 +111,11 @@ def error_line(trial: Trial) -> str:
 class ProgressDisplay(Callback):
     """Tune callback that prints each trial's start, evaluations and end, and a summary every
     ``interval_s`` seconds and at the end. Tune pickles it with the sweep's state; what it
-    measures is reset in :meth:`setup` (a resumed sweep starts its clock again)."""
+    measures is reset in :meth:`setup` (a resumed sweep starts its clock again). A trial's
+    ending is one line: a trial Tune starts again after it ended (its worker replays its last
+    report, then Tune completes it again) prints nothing more, and a restored sweep's trial
+    that had reported its last epoch before the stop says so once instead of a second
+    ``finished:``."""
 
     def __init__(self, config: CoreConfig, interval_s: float = SUMMARY_INTERVAL_S) -> None:
         self.config = config
@@ -119,6 +124,7 @@ class ProgressDisplay(Callback):
         self.total = config.tune.num_samples
         self._names: dict[str, str] = {}
         self._ended: dict[str, str] = {}  # trial id -> "done" | "failed" | "stopped" | ...
+        self._met: set[str] = set()  # trials this driver has had an event of
         self._failed_once = False
         self._reports_seen = 0  # epochs reported while this driver ran: the sweep's pace
         self._start = time.monotonic()
@@ -126,6 +132,7 @@ class ProgressDisplay(Callback):
 
     def setup(self, **info: Any) -> None:
         self._ended, self._failed_once, self._reports_seen = {}, False, 0
+        self._met = set()
         self._start = self._last_summary = time.monotonic()
         total = info.get("total_num_samples")
         if isinstance(total, int) and 0 < total < sys.maxsize:
@@ -134,9 +141,11 @@ class ProgressDisplay(Callback):
         stops = (f"ASHA stops weak trials from epoch {scheduler.grace_period}"
                  if scheduler.type == "asha" and self.config.tune.search_space
                  else "every trial runs to its end")
-        self._print(f"sweep {self.config.name!r}: {self.total} trial(s) of "
-                    f"{self.config.method}, objective {self.metric} ({self.config.tune.mode}); "
-                    f"{stops}")
+        space = self.config.tune.search_space
+        methods = (", ".join(map(str, space["method"].candidates())) if "method" in space
+                   else self.config.method)
+        self._print(f"sweep {self.config.name!r}: {self.total} trial(s) of {methods}, "
+                    f"objective {self.metric} ({self.config.tune.mode}); {stops}")
 
     # -- names and lines ------------------------------------------------------------------------
 
@@ -147,7 +156,7 @@ class ProgressDisplay(Callback):
             if index is None:
                 index = len(self._names) + 1
             self._names[trial.trial_id] = trial_run_name(
-                index, trial.config, self.config.tune.search_space)
+                index, self._values(trial), self.config.tune.search_space)
         return self._names[trial.trial_id]
 
     def _print(self, text: str) -> None:
@@ -157,8 +166,11 @@ class ProgressDisplay(Callback):
         except BrokenPipeError:  # the reader stopped (`| head`): the sweep goes on, unprinted
             stdout_closed()
 
+    def _values(self, trial: Trial) -> dict[str, Any]:  # what the trial's own method reads
+        return active_values(self.config, trial_values(trial.config))
+
     def _resolved(self, trial: Trial) -> CoreConfig:
-        return apply_overrides(self.config, trial.config)
+        return apply_overrides(self.config, self._values(trial))
 
     def _where(self, trial: Trial, result: dict[str, Any]) -> str:
         """``epoch 4/8``, ``stage 2/3 epoch 4/8``, ``decoder epoch 2``: where a report is."""
@@ -175,20 +187,42 @@ class ProgressDisplay(Callback):
 
     @_never_raises
     def on_trial_start(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
-        self._ended.pop(trial.trial_id, None)
-        searched = ", ".join(f"{key}={fmt_value(value)}" for key, value in trial.config.items())
-        resumed = (" (resumed from its checkpoint)"
-                   if (trial.last_result or {}).get("training_iteration") else "")
+        # One ending line a trial: a trial Tune starts again after it ended here is quiet.
+        if trial.trial_id in self._ended:
+            return
+        last = trial.last_result or {}
+        ran_to_its_end = self._had_run_to_its_end(trial)
+        self._met.add(trial.trial_id)
+        if ran_to_its_end:
+            # A resumed sweep whose saved state predates the trial's end runs it again: its
+            # worker hands its last checkpoint back. The driver before said how it ended.
+            self._ended[trial.trial_id] = "finished"
+            self._print(f"{self.name(trial)}: had run to its end before the sweep stopped "
+                        f"({self.metric} {fmt_objective(self._objective(trial))}); resumed "
+                        f"only to hand its result back")
+            return
+        searched = ", ".join(f"{k}={fmt_value(v)}" for k, v in self._values(trial).items())
+        resumed = " (resumed from its checkpoint)" if last.get("training_iteration") else ""
         self._print(f"{self.name(trial)}: started{resumed}"
                     + (f" with {searched}" if searched else ""))
+
+    def _had_run_to_its_end(self, trial: Trial) -> bool:
+        """Whether a trial this driver has not met yet reported its last epoch before: a
+        restored sweep's (within one driver, a PBT trial paused at its last epoch is met)."""
+        last = trial.last_result or {}
+        if trial.trial_id in self._met or self.metric not in last:
+            return False
+        resolved = self._resolved(trial)
+        return trial_ending(last, resolved.num_stages, resolved.train.epochs) == "completed"
 
     @_never_raises
     def on_trial_result(
         self, iteration: int, trials: list, trial: Trial, result: dict, **info: Any
     ) -> None:
+        self._met.add(trial.trial_id)
         if "training_iteration" in result:
             self._reports_seen += 1
-        if self.metric in result:
+        if self.metric in result and trial.trial_id not in self._ended:  # not a replay
             loss = result.get("train/loss")
             loss_text = f", train/loss {fmt_objective(loss)}" if loss is not None else ""
             self._print(f"{self.name(trial)}: {self._where(trial, result)}: {self.metric} "
@@ -196,6 +230,8 @@ class ProgressDisplay(Callback):
 
     @_never_raises
     def on_trial_complete(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
+        if trial.trial_id in self._ended:  # its ending is said: once a trial
+            return
         last = trial.last_result or {}
         took = f" ({fmt_duration(last['time_total_s'])})" if "time_total_s" in last else ""
         objective = self._objective(trial)
@@ -219,6 +255,10 @@ class ProgressDisplay(Callback):
 
     @_never_raises
     def on_trial_error(self, iteration: int, trials: list, trial: Trial, **info: Any) -> None:
+        if trial.trial_id in self._ended:  # a re-run of an ended trial: its ending stands
+            logger.info("%s, run again after it had ended, failed: %s", self.name(trial),
+                        error_line(trial))
+            return
         self._ended[trial.trial_id] = "failed"
         self._print(f"{self.name(trial)}: failed: {error_line(trial)}")
 

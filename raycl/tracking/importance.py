@@ -4,7 +4,8 @@ The sweep's callback calls :func:`log_importance` with the leaderboard: once eno
 finished (:func:`required_trials`), the parent run gets ``importance.csv`` (one row per searched
 knob: its importance, the evaluator, the trials used) and ``importance.png`` (horizontal bars),
 rewritten after every trial and at the end, and the leaderboard's description a line naming
-the top knobs (``knobs that mattered (fANOVA over 12 trials): lr 0.61, ...``).
+every knob (``knobs that mattered (fANOVA over 12 trials): lr 0.61, ...``), or, when the
+importances cannot be told apart (:func:`is_flat`), saying so without numbers.
 
 The importances are Optuna's (:func:`optuna.importance.get_param_importances`): an in-memory
 study is built from the finished trials (:func:`optuna.trial.create_trial`), each knob under
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raycl.config.schema import CoreConfig, Domain
+from raycl.config.schema import CoreConfig, Domain, conditional_keys
 from raycl.launch.feasibility import JOINT_PREFIX
 from raycl.sweep.confirmation import CONFIRM_TAG
 from raycl.tracking.runs import ENDED_TAG, RANKED_ENDINGS, SEARCHED_TAG, STOPPED_EARLY
@@ -53,8 +54,10 @@ CSV_HEADER = ("knob", "importance", "evaluator", "trials_used", "stopped_early")
 EVALUATORS: dict[str, str] = {"fanova": "fANOVA", "ped_anova": "PED-ANOVA"}
 # Below this many trials any ranking is noise, whatever the number of knobs.
 MIN_TRIALS = 4
-# Knobs named on the leaderboard's line.
-TOP_KNOBS = 3
+# Importances whose largest and smallest differ by less than this are read as flat: a dozen
+# trials move a knob of no effect by a few hundredths, and a forest that could not split
+# (Optuna's normalisation of all-zero importances) gives exactly 1/knobs to each.
+FLAT_SPREAD = 0.05
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class Importance:
     importances: dict[str, float]
     trials_used: int
     stopped_early: int
+    # Too few distinct configurations among the trials for any ranking (equal shares then).
+    flat: bool = False
 
 
 def searched_knobs(space: Mapping[str, Domain]) -> list[str]:
@@ -220,11 +225,7 @@ def param_importance(trials: Sequence[ScoredTrial], space: Mapping[str, Domain],
             all (there is no variance to apportion).
     """
     import optuna
-    from optuna.importance import (
-        FanovaImportanceEvaluator,
-        PedAnovaImportanceEvaluator,
-        get_param_importances,
-    )
+    from optuna.importance import FanovaImportanceEvaluator, PedAnovaImportanceEvaluator
 
     if evaluator not in EVALUATORS:
         raise ValueError(f"evaluator must be one of {', '.join(EVALUATORS)}, got {evaluator!r}")
@@ -234,6 +235,8 @@ def param_importance(trials: Sequence[ScoredTrial], space: Mapping[str, Domain],
         raise ValueError(f"importance needs at least 2 trials, got {len(trials)}")
     if len({trial.objective for trial in trials}) == 1:
         raise ValueError("every trial has the same objective: no knob explains any variance")
+    if configurations(trials) < 2:  # repeats of one configuration: a forest cannot split
+        return _flat(evaluator, searched_knobs(space), trials)
     searched = optuna_distributions(space)
     logged = log_knobs(searched)
     distributions = on_search_scale(searched, logged)
@@ -246,7 +249,7 @@ def param_importance(trials: Sequence[ScoredTrial], space: Mapping[str, Domain],
             value=trial.objective) for trial in trials])
         chosen = FanovaImportanceEvaluator(seed=seed) if evaluator == "fanova" \
             else PedAnovaImportanceEvaluator()
-        importances = get_param_importances(study, evaluator=chosen)
+        importances = _evaluate(study, chosen, list(distributions))
     finally:
         optuna.logging.set_verbosity(verbosity)
     ranked = dict(sorted(((key, float(importances.get(key, 0.0))) for key in distributions),
@@ -255,15 +258,55 @@ def param_importance(trials: Sequence[ScoredTrial], space: Mapping[str, Domain],
                       sum(trial.stopped_early for trial in trials))
 
 
-def importance_line(result: Importance, top: int = TOP_KNOBS) -> str:
-    """The leaderboard's line naming the top knobs: ``knobs that mattered (fANOVA over 12
-    trials, 3 stopped early by ASHA): train.lr 0.61, simclr.temperature 0.27, ...``."""
+def _evaluate(study: Any, evaluator: Any, knobs: list[str]) -> dict[str, float]:
+    """Optuna's importances of ``knobs``; equal shares (flat: :func:`is_flat`) when fANOVA's
+    forest could not split the trials at all (every tree constant: Optuna raises)."""
+    from optuna.importance import get_param_importances
+
+    try:
+        return dict(get_param_importances(study, evaluator=evaluator))
+    except RuntimeError as exc:
+        if "zero total variance" not in str(exc):
+            raise
+        return dict.fromkeys(knobs, 1.0 / len(knobs))
+
+
+def configurations(trials: Sequence[ScoredTrial]) -> int:
+    """The distinct configurations (searched values) among ``trials``: a seed repeat adds a
+    trial, not a contrast a forest can split on."""
+    return len({tuple(sorted((key, repr(value)) for key, value in trial.params.items()))
+                for trial in trials})
+
+
+def _flat(evaluator: str, knobs: list[str], trials: Sequence[ScoredTrial]) -> Importance:
+    """Equal shares, marked flat: ``trials`` cannot tell the knobs apart."""
+    return Importance(evaluator, dict.fromkeys(knobs, 1.0 / len(knobs)), len(trials),
+                      sum(trial.stopped_early for trial in trials), flat=True)
+
+
+def is_flat(result: Importance) -> bool:
+    """Whether the importances cannot be told apart: too few distinct configurations
+    (``flat``), or two or more knobs within :data:`FLAT_SPREAD` of each other (a forest that
+    found nothing, or noise)."""
+    values = list(result.importances.values())
+    return result.flat or (len(values) > 1 and max(values) - min(values) < FLAT_SPREAD)
+
+
+def importance_line(result: Importance) -> str:
+    """The leaderboard's line naming every knob, most important first: ``knobs that mattered
+    (fANOVA over 12 trials, 3 stopped early by ASHA, ...): train.lr 0.61, simclr.temperature
+    0.27, method 0.12`` (long lines are wrapped where printed, never cut). Flat importances
+    (:func:`is_flat`) give no numbers: ``knobs that mattered (fANOVA): indistinguishable (4
+    trials): train.lr, method``."""
     early = f", {result.stopped_early} stopped early by ASHA, at their last objective" \
         if result.stopped_early else ""
-    knobs = [f"{key} {value:.2f}" for key, value in list(result.importances.items())[:top]]
-    more = ", …" if len(result.importances) > top else ""
-    return (f"knobs that mattered ({EVALUATORS[result.evaluator]} over {result.trials_used} "
-            f"trials{early}): {', '.join(knobs)}{more}")
+    name = EVALUATORS[result.evaluator]
+    if is_flat(result):  # numbers here would read as a ranking that is not there
+        return (f"knobs that mattered ({name}{early}): indistinguishable "
+                f"({result.trials_used} trials): {', '.join(result.importances)}")
+    knobs = [f"{key} {value:.2f}" for key, value in result.importances.items()]
+    return f"knobs that mattered ({name} over {result.trials_used} trials{early}): " \
+        + ", ".join(knobs)
 
 
 def write_importance_csv(result: Importance, path: Path) -> None:
@@ -302,8 +345,12 @@ def sweep_importance(runs: Sequence[Run], config: CoreConfig,
                      evaluator: str = "fanova") -> Importance | str:
     """The importance of the sweep's searched knobs over its finished trial ``runs``, or the
     line saying why there is none (nothing searched, too few finished trials, one objective
-    for all)."""
-    space = config.tune.search_space
+    for all). Flat importances are returned as they are: :func:`importance_line` says so.
+    A search over ``method`` weighs the knobs every trial reads (``method`` among them): a
+    method's own knobs (:func:`raycl.config.schema.conditional_keys`) exist on its trials only."""
+    conditional = set(conditional_keys(config))
+    space = {key: domain for key, domain in config.tune.search_space.items()
+             if key not in conditional}
     knobs = searched_knobs(space)
     if not knobs:
         return "importance: nothing searched (the trials differ only by seed)"
@@ -316,21 +363,25 @@ def sweep_importance(runs: Sequence[Run], config: CoreConfig,
     if len({trial.objective for trial in used}) == 1:
         return (f"importance: all {len(used)} finished trials scored {used[0].objective:.4g} "
                 f"on {config.tune.metric}; no knob made a difference")
+    if configurations(used) < needed:  # seed repeats: fewer contrasts than trials
+        return _flat(evaluator, knobs, used)
     return param_importance(used, space, config.tune.mode, config.seed, evaluator)
 
 
 def log_importance(client: MlflowClient, parent_run_id: str, runs: Sequence[Run],
                    config: CoreConfig, evaluator: str = "fanova") -> str:
     """Log the sweep's importance on its parent run (``importance.csv``, ``importance.png``,
-    the tag ``raycl.importance``) and return the leaderboard's line. With too few trials or
-    nothing searched only the tag is written, saying why. A failure is logged and said in the
-    line, never raised: importance is never worth a sweep."""
+    the tag ``raycl.importance``) and return the leaderboard's line. With too few trials,
+    nothing searched or importances that cannot be told apart (:func:`is_flat`) only the tag
+    is written. A failure is logged and said in the line, never raised: importance is never
+    worth a sweep."""
     try:
         result = sweep_importance(runs, config, evaluator)
-        if isinstance(result, str):
-            line = result
-        else:
-            line = importance_line(result)
+        line = result if isinstance(result, str) else importance_line(result)
+        conditional = conditional_keys(config)
+        if conditional:
+            line += f" (one method's knobs left out: {', '.join(conditional)})"
+        if not isinstance(result, str) and not is_flat(result):  # flat: no numbers to log
             with tempfile.TemporaryDirectory() as directory:
                 csv_path, png_path = Path(directory, CSV_NAME), Path(directory, PNG_NAME)
                 write_importance_csv(result, csv_path)
@@ -344,8 +395,8 @@ def log_importance(client: MlflowClient, parent_run_id: str, runs: Sequence[Run]
         return f"importance: could not be computed ({type(exc).__name__}: {exc})"
 
 
-__all__ = ["CSV_HEADER", "IMPORTANCE_TAG", "Importance", "ScoredTrial", "importance_figure",
-           "importance_line", "log_importance", "log_knobs", "on_search_scale",
-           "optuna_distributions", "param_importance", "parse_value", "required_trials",
-           "scaled_params", "scored_trials", "sweep_importance", "trials_for_importance",
-           "write_importance_csv"]
+__all__ = ["CSV_HEADER", "IMPORTANCE_TAG", "Importance", "ScoredTrial", "configurations",
+           "importance_figure", "importance_line", "is_flat", "log_importance", "log_knobs",
+           "on_search_scale", "optuna_distributions", "param_importance", "parse_value",
+           "required_trials", "scaled_params", "scored_trials", "sweep_importance",
+           "trials_for_importance", "write_importance_csv"]

@@ -5,8 +5,9 @@ trial, the best one highlighted (:func:`leaderboard_figure`). Sits on
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -120,36 +121,45 @@ def _parameter_axis(
 
 
 def _numeric_axis(axis: Axes, xs: list[float], domain: Domain | None) -> None:
-    """A log scale when searched log-uniformly or spanning more than two decades; the listed
-    values as ticks when the domain is a short choice."""
-    from matplotlib.ticker import FuncFormatter
+    """A log scale when searched log-uniformly or spanning more than two decades, with a few
+    labelled ticks (:func:`log_ticks`: a panel is 4 inches wide, and a label per 1, 2, ..., 9
+    overlapped); the listed values as ticks when the domain is a short choice, slanted when
+    there are more than four."""
+    from matplotlib.ticker import NullFormatter
 
     positive = [x for x in xs if x > 0]
     if (domain is not None and domain.kind == "loguniform") or (
             len(positive) == len(xs) and max(xs) / min(xs) > 100):
         axis.set_xscale("log")
-        # Plain numbers (0.2, not 2×10⁻¹), and more than the powers of ten on a narrow range (a
-        # search range often lies within one decade).
-        span = max(positive) / min(positive) if positive else math.inf
-        label = _log_tick_label(tuple(range(1, 10)) if span <= 10 else (1, 2, 5)
-                                if span <= 100 else (1,))
-        axis.xaxis.set_major_formatter(FuncFormatter(label))
-        axis.xaxis.set_minor_formatter(FuncFormatter(label))
+        if positive:
+            ticks = log_ticks(min(positive), max(positive))
+            axis.set_xticks(ticks, [f"{value:g}" for value in ticks])
+        axis.xaxis.set_minor_formatter(NullFormatter())  # minor ticks marked, not labelled
     if domain is not None and domain.choice is not None and len(domain.choice) <= 12:
         ticks = sorted({float(value) for value in domain.choice})
-        axis.set_xticks(ticks, [f"{value:g}" for value in ticks])
+        axis.set_xticks(ticks, [f"{value:g}" for value in ticks],
+                        rotation=30 if len(ticks) > 4 else 0)
 
 
-def _log_tick_label(mantissas: tuple[int, ...]) -> Callable[[float, int], str]:
-    """A log axis' tick label: the plain number where its mantissa is one of ``mantissas``."""
-
-    def label(value: float, _position: int) -> str:
-        if value <= 0:
-            return ""
-        mantissa = value / 10 ** math.floor(math.log10(value) + 1e-9)
-        return f"{value:g}" if any(abs(mantissa - m) < 1e-6 for m in mantissas) else ""
-
-    return label
+def log_ticks(low: float, high: float, most: int = 5) -> list[float]:
+    """At most ``most`` round values in ``[low, high]`` for a log axis, evenly enough spread
+    that their labels do not overlap: the mantissas 1-9, else 1, 2, 5, else 1, 3, else the
+    powers of ten (every k-th decade when there are too many); a range narrower than the
+    roundest of those (0.0021 to 0.0029) gets 2-significant-digit values spread evenly.
+    """
+    decades = range(math.floor(math.log10(low)), math.floor(math.log10(high)) + 1)
+    span = math.log10(high / low)
+    for mantissas in ((1, 2, 3, 4, 5, 6, 7, 8, 9), (1, 2, 5), (1, 3), (1,)):
+        ticks = [value for e in decades for m in mantissas
+                 if low * (1 - 1e-9) <= (value := float(f"{m}e{e}")) <= high * (1 + 1e-9)]
+        gaps = [math.log10(b / a) for a, b in itertools.pairwise(ticks)]
+        if len(ticks) <= most and min(gaps, default=span) >= span / (most + 1):
+            break
+    if len(ticks) > most:  # powers of ten over many decades
+        ticks = ticks[::math.ceil(len(ticks) / most)]
+    if len(ticks) < 2 and high > low:  # within one step of the roundest values
+        ticks = sorted({float(f"{low * (high / low) ** (k / 2):.2g}") for k in range(3)})
+    return ticks or [low]
 
 
 def _number(text: str | None) -> float | None:

@@ -30,6 +30,7 @@ from raycl.config.metric_names import (
     LINEAR,
     LINEAR_SGD,
     MEAN,
+    RETRIEVAL,
     SCORED_SPLITS,
     maybe_metric,
     metric_name,
@@ -85,6 +86,35 @@ def honesty(runs: list[Run], parent: Run | None = None
     if chance:
         chance[MEAN] = sum(chance.values()) / len(chance)
     return chance, val_size, baseline
+
+
+def retrieval_attribute(runs: list[Run], parent: Run | None = None) -> str | None:
+    """The attribute image retrieval scores (``val/retrieval/*``, ``test/retrieval/*``): its
+    dataset's first (:func:`raycl.eval.scoring.evaluate_features`), from the ``data.dataset``
+    param every trial logs (else the parent run's). None when no run names a labelled
+    dataset; ``first attribute`` when the trials' datasets differ in it."""
+    from raycl.data.registry import ATTRIBUTES  # the registry alone: no reader, no torch
+
+    firsts = set()
+    for run in [*runs, parent] if parent is not None else runs:
+        attributes = ATTRIBUTES.get(run.data.params.get("data.dataset", ""), ())
+        if attributes:
+            firsts.add(attributes[0])
+    return None if not firsts else firsts.pop() if len(firsts) == 1 else "first attribute"
+
+
+def retrieval_labels(header: list[str], runs: list[Run], parent: Run | None = None
+                     ) -> list[str]:
+    """``header`` with the attribute each image-retrieval column scores after its name
+    (``val/retrieval/rank1 (shape)``, :func:`retrieval_attribute`): the metric's name does not
+    say it, and a reader would take it for every attribute's mean."""
+    scored = [bool(name and name.family == RETRIEVAL and name.split in SCORED_SPLITS)
+              for name in map(maybe_metric, header)]
+    attribute = retrieval_attribute(runs, parent) if any(scored) else None
+    if attribute is None:
+        return list(header)
+    return [f"{text} ({attribute})" if retrieval else text
+            for text, retrieval in zip(header, scored, strict=True)]
 
 
 def chance_line(chance: dict[str, float]) -> str | None:
@@ -245,5 +275,6 @@ def same_epoch_statuses(client: MlflowClient, runs: list[Run], metric: str,
 __all__ = ["BASELINE_SCOPE_TAG", "CHANCE_PREFIX", "CLASSIFIERS", "VAL_SIZE_METRIC",
            "baseline_row", "baseline_scope_line", "chance_line",
            "chance_of", "honesty",
-           "noise_level", "resolution_line", "same_epoch_statuses", "stopped_note",
+           "noise_level", "resolution_line", "retrieval_attribute", "retrieval_labels",
+           "same_epoch_statuses", "stopped_note",
            "value_at_step"]

@@ -64,6 +64,7 @@ from raycl.tracking.reference_points import (
     chance_line,
     honesty,
     resolution_line,
+    retrieval_labels,
     same_epoch_statuses,
 )
 from raycl.tracking.runs import (
@@ -340,9 +341,8 @@ class Leaderboard:
     notes: list[str] = field(default_factory=list)
 
 
-def leaderboard_rows(
-    tracking_uri: str, experiment: str, top: int = 10, all_sweeps: bool = False
-) -> tuple[list[str], list[list[str]], str]:
+def leaderboard_rows(tracking_uri: str, experiment: str, top: int = 10, all_sweeps: bool = False
+                     ) -> tuple[list[str], list[list[str]], str]:
     """Header, rows and a title line for the leaderboard (raises LookupError when empty)."""
     board = build_leaderboard(tracking_uri, experiment, top, all_sweeps)
     return board.header, board.rows, board.title
@@ -391,7 +391,7 @@ def build_leaderboard(
         table.runs, table.rows = pareto_first(table.runs, table.rows, front)
     statuses = same_epoch_statuses(client, table.runs, metric, table.best())
     shown = select_columns(table, choice or ColumnChoice(attributes=True), paper_metric)
-    header = ["#", *[table.header[i] for i in shown]]
+    header = retrieval_labels(["#", *[table.header[i] for i in shown]], children, parents[0])
     rows = []  # a trial not ranked: rank "-"
     for rank, run, row in zip(table.ranks()[:top], table.runs[:top], table.rows[:top],
                               strict=True):
