@@ -22,7 +22,9 @@ from test_end_to_end import NO_PLOTS, TINY, quickstart_args, runs_of
 from test_tracking_faults import wait_until
 
 from raycl.config.schema import ConfigError
+from raycl.config.sweep import CONFIRM_CASE_KEY
 from raycl.launch.load import load_search
+from raycl.results.trials import find_trials
 from raycl.sweep.confirmation import (
     CONFIRM_TAG,
     SEED_STRIDE,
@@ -31,6 +33,7 @@ from raycl.sweep.confirmation import (
     confirm_table,
     confirmation_seeds,
     intervals_overlap,
+    paired_differences,
     rank_of_seed,
     separation_sentence,
     t_interval,
@@ -39,6 +42,7 @@ from raycl.sweep.confirmation import (
     write_confirm_csv,
 )
 from raycl.tracking import PARENT_TAG
+from raycl.tracking.runs import CONFIRMED_RUN_TAG, NOTE_TAG
 from raycl.tracking.trial_table import leaderboard_rows
 from raycl.tune import main
 
@@ -78,17 +82,57 @@ def test_top_configurations_by_mode_with_ties_duplicates_and_missing_objectives(
         top_configurations(scored, 1, "best")
 
 
-def test_confirmation_seeds_are_fresh_distinct_deterministic_and_name_their_rank() -> None:
+def test_confirmation_seeds_are_fresh_deterministic_and_shared_by_every_rank() -> None:
+    """Paired: every confirmed configuration gets the same fresh seeds (issue 47)."""
     seeds = confirmation_seeds(7, 3, 4)
     assert seeds == confirmation_seeds(7, 3, 4)
-    flat = [seed for own in seeds for seed in own]
-    assert len(set(flat)) == 12 and 7 not in flat
-    assert seeds[0] == [7 + SEED_STRIDE + j for j in range(4)]
-    assert [rank_of_seed(seed, 7) for seed in flat] == [r for r in (1, 2, 3) for _ in range(4)]
+    assert seeds == [[7 + SEED_STRIDE + j for j in range(4)]] * 3
+    assert 7 not in seeds[0] and len(set(seeds[0])) == 4
+    # A confirmation started before pairing (rank-owned seeds) is still read back.
+    assert [rank_of_seed(7 + rank * SEED_STRIDE + 1, 7) for rank in (1, 2, 3)] == [1, 2, 3]
     with pytest.raises(ValueError, match="not a confirmation seed"):
         rank_of_seed(7, 7)
     with pytest.raises(ValueError, match="seeds"):
         confirmation_seeds(0, 1, 0)
+
+
+def test_the_paired_interval_is_narrower_than_the_unpaired_one_on_the_same_numbers() -> None:
+    """Seeds that move both configurations alike (the split, the initialisation) widen each
+    one's interval but cancel in the seed-by-seed difference: hand-made numbers."""
+    a = Confirmed(1, {"lr": 0.01}, [1, 2, 3])
+    b = Confirmed(2, {"lr": 0.02}, [1, 2, 3])
+    for seed, (mine, theirs) in zip([1, 2, 3], [(0.70, 0.68), (0.80, 0.78), (0.90, 0.87)],
+                                    strict=True):
+        a.add(seed, mine, None)
+        b.add(seed, theirs, None)
+    differences = paired_differences(a, b)
+    assert differences == pytest.approx([0.02, 0.02, 0.03])
+    mean, low, high = t_interval(differences)
+    t_df2 = 4.302652729749464  # t_{0.975, 2}
+    # sd of [0.02, 0.02, 0.03] is 0.01 / sqrt(3); the half-width t * sd / sqrt(3)
+    assert (mean, high - mean) == pytest.approx((0.07 / 3, t_df2 * 0.01 / 3))
+    assert low > 0.0  # separated, paired
+    a_low, a_high = t_interval(a.val)[1:]
+    b_low, b_high = t_interval(b.val)[1:]
+    assert intervals_overlap((a_low, a_high), (b_low, b_high))  # not separated, unpaired
+    assert high - low < min(a_high - a_low, b_high - b_low) / 10
+    assert separation_sentence([b, a], "max") == (
+        "the winner #1 (lr=0.01) is separated from #2 (lr=0.02) at 95 %: paired difference "
+        f"+0.02333 [{low:.4g}, {high:.4g}] over 3 shared seeds")
+    header, rows = confirm_table([a, b], "val/linear/mean", None, "max")
+    assert header[-3:] == ["Δ vs winner val/linear/mean mean",
+                           "Δ vs winner val/linear/mean ci95_low",
+                           "Δ vs winner val/linear/mean ci95_high"]
+    assert all(math.isnan(v) for v in rows[0][-3:])  # the winner's own row
+    assert rows[1][-3:] == pytest.approx([-mean, -high, -low])
+    # The same difference on every seed (a coarse metric on a small split): no interval, and
+    # no claim of separation.
+    c = Confirmed(3, {"lr": 0.03}, [1, 2, 3])
+    for seed, value in zip([1, 2, 3], [0.69, 0.79, 0.89], strict=True):
+        c.add(seed, value, None)
+    assert separation_sentence([a, c], "max") == (
+        "the winner #1 (lr=0.01) and #3 (lr=0.03) differ by +0.01 on each of 3 shared seeds: "
+        "no spread, no 95 % interval; confirm over more seeds")
 
 
 def test_separation_sentence_says_whether_the_winner_stands_apart() -> None:
@@ -97,10 +141,10 @@ def test_separation_sentence_says_whether_the_winner_stands_apart() -> None:
     far = Confirmed(1, {"lr": 0.02}, [4, 5, 6], val=[0.50, 0.51, 0.52])
     assert separation_sentence([close, winner], "max") == \
         "the winner #2 (lr=0.01) is not separated from #1 (lr=0.02) at 95 % " \
-        "(intervals over 3 of 3 and 3 of 3 planned seeds)"
+        "(unpaired: intervals over 3 of 3 and 3 of 3 planned seeds)"
     assert separation_sentence([far, winner], "max") == \
         "the winner #2 (lr=0.01) is separated from #1 (lr=0.02) at 95 % " \
-        "(intervals over 3 of 3 and 3 of 3 planned seeds)"
+        "(unpaired: intervals over 3 of 3 and 3 of 3 planned seeds)"
     # min: the lower mean wins.
     assert separation_sentence([far, winner], "min").startswith("the winner #1 (lr=0.02) is ")
     assert separation_sentence([winner], "max") is None
@@ -112,10 +156,12 @@ def test_confirm_table_has_interval_columns_best_validation_mean_first() -> None
     items = [Confirmed(1, {"lr": 0.1}, [10, 11], val=[0.5, 0.7], test=[0.4, 0.6]),
              Confirmed(2, {"lr": 0.2}, [20, 21], val=[0.8, 0.8], test=[0.7])]
     header, rows = confirm_table(items, "val/linear/mean", "test/linear/mean", "max")
-    assert header == ["rank", "lr", "seeds", "n", "dropped",
-                      "val/linear/mean mean", "val/linear/mean ci95_low",
-                      "val/linear/mean ci95_high", "test/linear/mean mean",
-                      "test/linear/mean ci95_low", "test/linear/mean ci95_high"]
+    assert header[:11] == ["rank", "lr", "seeds", "n", "dropped",
+                           "val/linear/mean mean", "val/linear/mean ci95_low",
+                           "val/linear/mean ci95_high", "test/linear/mean mean",
+                           "test/linear/mean ci95_low", "test/linear/mean ci95_high"]
+    # The paired differences from the winner: none here (values recorded without seeds).
+    assert len(header) == 17 and all(math.isnan(v) for row in rows for v in row[11:])
     assert [row[0] for row in rows] == [2, 1]
     assert rows[1][:5] == [1, 0.1, "10 11", 2, ""]
     t_df1 = 12.706204736174707  # t_{0.975, 1}
@@ -124,11 +170,11 @@ def test_confirm_table_has_interval_columns_best_validation_mean_first() -> None
     assert rows[0][6:8] == pytest.approx([0.8, 0.8])  # no spread: a zero-width interval
     assert math.isnan(rows[0][9])  # one test value: no interval
     lines = confirm_lines(header, rows, "sentence")
-    assert lines[1].split() == ["rank", "lr", "seeds", "n", "dropped", "val/linear/mean", "(95",
-                                "%)", "test/linear/mean", "(95", "%)"]
+    assert lines[1].split()[:11] == ["rank", "lr", "seeds", "n", "dropped", "val/linear/mean",
+                                     "(95", "%)", "test/linear/mean", "(95", "%)"]
     assert lines[3].split()[:9] == ["1", "0.1", "10", "11", "2", "-", "0.6",
                                     f"[{0.6 - half:.4g},", f"{0.6 + half:.4g}]"]
-    assert lines[2].split()[-1] == "0.7"  # one test value: its mean, no interval
+    assert lines[2].split()[-3] == "0.7"  # one test value: its mean, no interval
     assert lines[-1] == "sentence"
 
 
@@ -149,16 +195,19 @@ def test_seeds_that_did_not_finish_are_named_in_confirm_csv_and_the_verdict(
               "seeds": seeds}
     (a, b, c), (d, e, f) = seeds
 
+    cases = iter(range(6))  # (rank, seed) in order: rank 1's seeds, then rank 2's
+
     def result(seed: int, val: float | None = None, error: Exception | None = None,
                **metrics: float) -> SimpleNamespace:
         if val is not None:
             metrics.update({"val/linear/mean": val, "test/linear/mean": val - 0.1})
-        return SimpleNamespace(config={"seed": seed, "train.lr": 0.0}, error=error,
-                               metrics=metrics)
+        return SimpleNamespace(config={CONFIRM_CASE_KEY: next(cases), "seed": seed,
+                                       "train.lr": 0.0}, error=error, metrics=metrics)
 
     results = [result(a, 0.80), result(b, 0.82), result(c, math.nan, **{FAILED_KEY: 1.0}),
                result(d, 0.70), result(e, error=RuntimeError("node lost")),
                result(f, math.inf)]  # f reported no finite objective
+    assert (a, b, c) == (d, e, f)  # paired
     items = confirmed(config, choice, results)
     assert items[0].dropped == {c: "diverged"} and items[0].val == [0.80, 0.82]
     assert items[1].dropped == {e: "error", f: "no val/linear/mean"} and items[1].val == [0.70]
@@ -172,7 +221,8 @@ def test_seeds_that_did_not_finish_are_named_in_confirm_csv_and_the_verdict(
         "1", f"{e} error; {f} no val/linear/mean")
     verdict = verdict_sentence(items, "max")
     assert verdict is not None
-    assert verdict.endswith("(intervals over 2 of 3 and 1 of 3 planned seeds)")
+    # One shared finished seed: too few to pair, so the two intervals are compared.
+    assert verdict.endswith("(unpaired: intervals over 2 of 3 and 1 of 3 planned seeds)")
     lines = confirm_lines(header, rows, verdict)
     assert f"{c} diverged" in lines[2] and f"{e} error; {f} no val/linear/mean" in lines[3]
     assert lines[-1] == verdict
@@ -382,6 +432,15 @@ def test_quickstart_confirms_its_winner_over_two_seeds_through_sigint_and_sigkil
     assert cache_path(data, trifeature.content_key(data, 0)).is_dir()
     for seed in (SEED_STRIDE, SEED_STRIDE + 1):
         assert not cache_path(data, trifeature.content_key(data, seed)).exists()
+    # Paired seeds on the search's data (issue 47): each seed drew its initialisation and
+    # augmentations only, so no seed built a set of its own.
+    assert {child.data.params["data.seed"] for child in confirm} == {"0"}
+    # One winner everywhere: the parent names the confirmed configuration's search trial, its
+    # description carries the confirmation, and --trial best finds it.
+    assert parent.data.tags[CONFIRMED_RUN_TAG] == winner.info.run_id
+    assert "**Seed confirmation**" in parent.data.tags[NOTE_TAG]
+    assert "--trial best now names" in printed
+    assert find_trials(uri, name, "best")[0].run_id == winner.info.run_id
 
 
 def test_resumed_confirmation_keeps_its_choice_and_a_stale_one_is_set_aside(tmp_path) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import ray
 
+from raycl.config.search_config import apply_overrides
 from raycl.data import load_dataset
 from raycl.eval.transfer import transfer_data_config
 from raycl.launch.load import load_search
@@ -111,3 +112,33 @@ def test_the_callback_removes_each_ended_seeds_caches(
     monkeypatch.setattr(confirm_caches, "launch_removal", broken)
     callback.on_trial_complete(0, [], completed)  # one warning, the confirmation goes on
     assert "were not removed: ConnectionError: no cluster" in capsys.readouterr().err
+
+
+def test_a_seed_shared_by_two_configurations_is_removed_after_the_last_of_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paired seeds (issue 47) with tune.confirm.redraw_data: configuration 1's seed s ending
+    while configuration 2's seed s still trains must not remove the copy the latter reads."""
+    fake = FakeRay()
+    monkeypatch.setattr(confirm_caches, "launch_removal", fake.launch)
+    callback = SeedCacheRemoval(tiny_sweep(tmp_path / "cache"))
+    first = SimpleNamespace(config={"seed": SEED_STRIDE, "train.lr": 0.001}, status="RUNNING")
+    second = SimpleNamespace(config={"seed": SEED_STRIDE, "train.lr": 0.002}, status="RUNNING")
+    other = SimpleNamespace(config={"seed": SEED_STRIDE + 1, "train.lr": 0.002},
+                            status="PENDING")
+    callback.on_trial_complete(0, [first, second, other], first)
+    assert fake.launched == []  # the second still reads seed SEED_STRIDE's copy
+    first.status = "TERMINATED"
+    callback.on_trial_complete(0, [first, second, other], second)
+    assert [seed for _, seed, _ in fake.launched] == [SEED_STRIDE]
+
+
+def test_confirmation_on_the_searchs_data_removes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default confirmation pins data.seed to the search's: its seeds own no copies."""
+    fake = FakeRay()
+    monkeypatch.setattr(confirm_caches, "launch_removal", fake.launch)
+    pinned = apply_overrides(tiny_sweep(tmp_path / "cache"), {"data.seed": 0})
+    callback = SeedCacheRemoval(pinned)
+    ended = SimpleNamespace(config={"seed": SEED_STRIDE, "train.lr": 0.001}, status="RUNNING")
+    callback.on_trial_complete(0, [ended], ended)
+    assert fake.launched == []

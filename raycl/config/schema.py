@@ -12,7 +12,7 @@ here imports the method registry: methods import this module.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from pydantic import Field
@@ -63,6 +63,12 @@ class CoreConfig(Section):
     )
 
     @property
+    def data_seed(self) -> int:
+        """The seed of the data (generation, pairing, splits, evaluation subsets):
+        ``data.seed``, else ``seed``."""
+        return self.seed if self.data.seed is None else self.data.seed
+
+    @property
     def num_stages(self) -> int:
         return self.mcl.stages if self.method == "mcl" else 1
 
@@ -75,6 +81,17 @@ class CoreConfig(Section):
             for name in METHOD_SECTIONS:
                 if name not in used:
                     raw.pop(name, None)
+        return raw
+
+    def trial_dict(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """:meth:`to_dict` of this trial config (``values``: its searched values) for its
+        MLflow params: only the method sections the trial itself reads
+        (:func:`trial_sections`), not every section its sweep's search space reaches."""
+        raw = self.to_dict(used_sections_only=True)
+        own = trial_sections(self, values)
+        for name in METHOD_SECTIONS:
+            if name not in own:
+                raw.pop(name, None)
         return raw
 
     def section(self, kind: type[SectionType]) -> SectionType:
@@ -104,6 +121,65 @@ class CoreConfig(Section):
                     names.add(base)
                     pending.append(base)
         return names
+
+
+def trial_sections(config: CoreConfig, values: Mapping[str, Any]) -> set[str]:
+    """The method sections one trial reads: its method (``values["method"]``, else the
+    config's) followed down each ``<section>.base`` (the trial's value, else the config's).
+    ``mcl`` is among them only for ``method: mcl`` (MCL's section is a core one).
+
+    Args:
+        config: the sweep's config (defaults for what ``values`` does not give).
+        values: the trial's searched values, dotted keys (``{"method": "hscl", ...}``).
+
+    Returns:
+        Section names, e.g. ``{"mcl", "simclr"}`` for MCL over SimCLR.
+    """
+    names: set[str] = set()
+    pending = [str(values.get("method", config.method))]
+    while pending:
+        name = pending.pop()
+        if name in names:
+            continue
+        names.add(name)
+        base = values.get(f"{name}.base", getattr(getattr(config, name, None), "base", None))
+        if isinstance(base, str):
+            pending.append(base)
+    return names
+
+
+def key_is_active(key: str, sections: set[str]) -> bool:
+    """Whether a trial reading ``sections`` (:func:`trial_sections`) reads config key ``key``:
+    a method's knob (``hscl.filter_exponent``, ``mcl.clusters``) only for that method's
+    trials; every other key always."""
+    head = key.split(".", 1)[0]
+    if head in METHOD_SECTIONS or head == "mcl":
+        return head in sections
+    return True
+
+
+def active_values(config: CoreConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` without the keys its own trial does not read (a SimCLR trial's
+    ``hscl.filter_exponent`` in a search over ``method``)."""
+    sections = trial_sections(config, values)
+    return {key: value for key, value in values.items() if key_is_active(key, sections)}
+
+
+def conditional_keys(config: CoreConfig) -> list[str]:
+    """The searched keys some trials do not read: a method's knobs in a search over ``method``
+    (or over a ``<section>.base``) that also offers other methods."""
+    import itertools
+
+    space = config.tune.search_space
+    deciding = [key for key in space if key == "method" or key.endswith(".base")]
+    if not deciding:
+        return []
+    choices = [space[key].candidates() for key in deciding]
+    conditional: set[str] = set()
+    for combination in itertools.product(*choices):
+        sections = trial_sections(config, dict(zip(deciding, combination, strict=True)))
+        conditional.update(key for key in space if not key_is_active(key, sections))
+    return [key for key in space if key in conditional]
 
 
 class ConfigErrors(ConfigError):
@@ -137,5 +213,5 @@ __all__ = ["METHOD_SECTIONS", "AugmentConfig", "ConfigError", "ConfigErrors", "C
            "Domain", "EvalConfig", "MCLConfig", "MLflowSection", "ModelConfig", "PaperConfig",
            "Problem",
            "ScalingSection", "SchedulerConfig", "Section", "SectionType", "TrainConfig",
-           "TransferConfig", "TuneSection", "error_lines", "reported_test_metric",
-           "resolve_tracking_uri"]
+           "TransferConfig", "TuneSection", "active_values", "conditional_keys", "error_lines",
+           "key_is_active", "reported_test_metric", "resolve_tracking_uri", "trial_sections"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -154,8 +155,33 @@ class ConfirmConfig(Section):
     )
     seeds: int = Field(
         3, ge=2, le=1000, description="Fresh seeds per configuration (at least 2: a confidence "
-        "interval needs a spread)."
+        "interval needs a spread). Every configuration gets the same seeds (paired: "
+        "confirm.csv gives each one's difference from the winner seed by seed, with its "
+        "interval)."
     )
+    per: str | None = Field(
+        None, description="A searched choice key (method): confirm the best configuration of "
+        "each of its values instead of the top_k overall, so the paired difference between "
+        "them answers 'does HSCL beat SimCLR on this data?' (top_k is then per value)."
+    )
+    redraw_data: bool = Field(
+        False, description="false: every confirmation trial trains and is scored on the "
+        "search's data (its generated images, pairing and splits: data.seed pinned to the "
+        "search's), each seed drawing only the initialisation and augmentations. true: each "
+        "seed redraws the data too (the data's variance inside the interval)."
+    )
+
+
+# The reserved key of a confirmation trial's config naming its (configuration, seed) case
+# (raycl.sweep.confirm_tuner): configurations share their seeds, so the seed cannot name it. No
+# config key: dropped before a trial's values are applied (trial_values).
+CONFIRM_CASE_KEY = "raycl.confirm_case"
+
+
+def trial_values(trial_config: Mapping[str, Any]) -> dict[str, Any]:
+    """A Tune trial's config as config overrides: without the reserved keys Tune's param space
+    carries beside them (:data:`CONFIRM_CASE_KEY`)."""
+    return {key: value for key, value in trial_config.items() if key != CONFIRM_CASE_KEY}
 
 
 class Objective(Section):
@@ -261,6 +287,11 @@ class TuneSection(Section):
         if self.confirm.top_k > self.num_samples:
             raise ValueError(f"confirm.top_k={self.confirm.top_k} exceeds the search's "
                              f"num_samples={self.num_samples}")
+        per = self.confirm.per
+        if per is not None and (per not in self.search_space
+                                or self.search_space[per].choice is None):
+            raise ValueError(f"confirm.per={per}: not a choice of the search space (per "
+                             f"compares the best configuration of each of its values)")
         return self
 
     @field_validator("metric")
@@ -288,7 +319,8 @@ class TuneSection(Section):
             return self
         first = self.objectives[0]
         given = self.model_fields_set & {"metric", "mode"}
-        if given and (self.metric, self.mode) != (first.metric, first.mode):
+        # Only what is given can disagree (a mode alone is not refused for the metric's default).
+        if any(getattr(self, key) != getattr(first, key) for key in given):
             raise ValueError(f"give tune.objectives or tune.{'/'.join(sorted(given))}, not "
                              f"both (the first objective, {first.metric} {first.mode}, is what "
                              f"the leaderboard, confirm and importance rank on)")
@@ -380,6 +412,7 @@ def resolve_tracking_uri(uri: str) -> str:
     return uri
 
 
-__all__ = ["DEFAULT_TRACKING_URI", "ConfirmConfig", "Domain", "MLflowSection", "Objective",
-           "ScalingSection", "SchedulerConfig", "TuneSection", "add_tracking_uri_option",
-           "reported_test_metric", "resolve_tracking_uri", "selectable_metric"]
+__all__ = ["CONFIRM_CASE_KEY", "DEFAULT_TRACKING_URI", "ConfirmConfig", "Domain", "MLflowSection",
+           "Objective", "ScalingSection", "SchedulerConfig", "TuneSection",
+           "add_tracking_uri_option", "reported_test_metric", "resolve_tracking_uri",
+           "selectable_metric", "trial_values"]

@@ -10,16 +10,35 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from raycl.config.section import Section
 
+# data.num_samples' ceilings: all of Fashion-MNIST; mnist_fashion's pairs need an MNIST image each.
+FASHION_MNIST_IMAGES = 70_000
+MNIST_PAIRS = 5000
+
+
+def checked_num_samples(dataset: str | None, value: int | None) -> int | None:
+    """``num_samples`` (data's or a transfer set's) when ``dataset`` can draw that many.
+
+    Raises:
+        ValueError: mnist_fashion asked for more pairs than the offline MNIST subset holds.
+    """
+    if dataset == "mnist_fashion" and value is not None and value > MNIST_PAIRS:
+        raise ValueError(f"mnist_fashion draws at most {MNIST_PAIRS} pairs (the offline MNIST "
+                         f"subset), got {value}")
+    return value
+
 
 class DataConfig(Section):
-    dataset: Literal["trifeature", "mnist_fashion", "digits", "folder", "pairs", "cifar10",
-                     "cifar100", "stl10", "imagenet", "imagenet100", "webdataset",
-                     "parquet"] = Field(
-        "trifeature", description="Dataset: generated Trifeature, MNIST⊕Fashion-MNIST, sklearn "
+    dataset: Literal["trifeature", "mnist_fashion", "fashion_mnist", "digits", "folder",
+                     "pairs", "cifar10", "cifar100", "stl10", "imagenet", "imagenet100",
+                     "webdataset", "parquet"] = Field(
+        "trifeature", description="Dataset: generated Trifeature, MNIST⊕Fashion-MNIST "
+        "(mnist_fashion: a digit and a garment as two channels, at most 5000 pairs), "
+        "Fashion-MNIST (fashion_mnist: the 70 000 grey 28x28 images of the Debian package "
+        "dataset-fashion-mnist, its t10k files the test split), sklearn "
         "digits, an ImageFolder-style directory given by data.root, image-caption pairs "
         "listed in the CSV/TSV file data.root (no labels; split at random), or a dataset read "
         "by name from data.root in the format it is distributed in: cifar10 / cifar100 (the "
@@ -34,8 +53,10 @@ class DataConfig(Section):
         "(1000 combinations; the paper uses 100)."
     )
     num_samples: int | None = Field(
-        None, ge=10, le=5000, description="mnist_fashion: number of pairs to draw (None: all "
-        "5000 of the offline MNIST subset)."
+        None, ge=10, le=FASHION_MNIST_IMAGES, description="mnist_fashion: number of pairs to "
+        "draw, at most 5000 (None: all 5000 of the offline MNIST subset). fashion_mnist: "
+        "number of images, class-balanced, drawn from its train and test files 6:1 (None: "
+        "all 70 000)."
     )
     val_fraction: float = Field(
         0.1, gt=0.0, lt=1.0, description="Share of each class held out for validation: probes "
@@ -43,8 +64,9 @@ class DataConfig(Section):
     )
     test_fraction: float = Field(
         0.2, gt=0.0, lt=1.0, description="Share of each class held out for the test split, "
-        "scored once at the end of each trial and never optimised. Ignored by a folder in the "
-        "train_test layout, whose test split is its test/ folder."
+        "scored once at the end of each trial and never optimised. Ignored where the dataset "
+        "ships its test split: a folder in the train_test layout (its test/ folder), cifar10, "
+        "cifar100, stl10, imagenet and fashion_mnist (their test files)."
     )
     root: str | None = Field(
         None, description="folder: the dataset directory, root/<class>/* or root/train/<class>/* "
@@ -141,6 +163,19 @@ class DataConfig(Section):
         "is best for a memory map (each node builds its copy once); shared storage works too "
         "(built once for the cluster, read over the network)."
     )
+    seed: int | None = Field(
+        None, description="Seed of the data: a generated set's images (Trifeature, digits' "
+        "subsets), MNIST-Fashion's pairing, the train/val/test split and the evaluation subsets. "
+        "None: the trial's seed. Seed confirmation sets it to the search's, so every confirmed "
+        "configuration and seed trains and is scored on the same data (paired seeds; "
+        "tune.confirm.redraw_data: true redraws it with each seed)."
+    )
+
+    @field_validator("num_samples")
+    @classmethod
+    def _num_samples_fit(cls, value: int | None, info: ValidationInfo) -> int | None:
+        # A field validator (dataset is declared above): the line then names data.num_samples.
+        return checked_num_samples(info.data.get("dataset"), value)
 
     @field_validator("captions")
     @classmethod

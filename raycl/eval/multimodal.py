@@ -68,8 +68,8 @@ def load_mmvp_sets(config: CoreConfig) -> dict[str, MMVPSet]:
     resolution = config.data.resolution
     if source == "synthetic":
         pairs = config.eval.mmvp_pairs
-        return {"val": synthetic_mmvp(pairs, resolution, config.seed + MMVP_VAL_SEED),
-                "test": synthetic_mmvp(pairs, resolution, config.seed + MMVP_TEST_SEED)}
+        return {"val": synthetic_mmvp(pairs, resolution, config.data_seed + MMVP_VAL_SEED),
+                "test": synthetic_mmvp(pairs, resolution, config.data_seed + MMVP_TEST_SEED)}
     return {"test": load_mmvp_vlm(source, resolution)}
 
 

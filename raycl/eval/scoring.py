@@ -72,7 +72,7 @@ def _score_features(
     train_labels = data.train.labels
     cap = config.eval.max_train_samples
     if cap is not None and cap < len(train_features):
-        keep = stratified_subset(train_labels[data.attributes[0]], cap, config.seed)
+        keep = stratified_subset(train_labels[data.attributes[0]], cap, config.data_seed)
         train_features = train_features[keep]
         train_labels = {name: labels[keep] for name, labels in train_labels.items()}
     eval_sets = {split: (values, data.split(split).labels)
@@ -89,7 +89,8 @@ def _score_features(
     probes: dict[str | None, dict[str, dict[str, float]]] = {
         None: probe(train_features, train_labels)}
     for fraction in config.eval.label_fractions:
-        keep = label_fraction_subset(train_labels[data.attributes[0]], fraction, config.seed)
+        keep = label_fraction_subset(train_labels[data.attributes[0]], fraction,
+                                     config.data_seed)
         probes[fraction_percent(fraction)] = probe(
             train_features[keep], {name: labels[keep] for name, labels in train_labels.items()})
     metrics: dict[str, float] = {}

@@ -82,7 +82,7 @@ def load_transfer_sets(config: CoreConfig, channels: int) -> list[TransferSet]:
     """
     sets = []
     for entry in config.eval.transfer:
-        splits = load_dataset(transfer_data_config(config, entry), config.seed)
+        splits = load_dataset(transfer_data_config(config, entry), config.data_seed)
         converted = [ImageSet(match_channels(part.images, channels), part.labels)
                      for part in (splits.train, splits.test)]
         sets.append(TransferSet(entry.label, *converted))

@@ -30,7 +30,13 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ValidationError
 
 from raycl.config.problems import all_problems
-from raycl.config.schema import ConfigErrors, CoreConfig, Problem, resolve_tracking_uri
+from raycl.config.schema import (
+    ConfigErrors,
+    CoreConfig,
+    Problem,
+    conditional_keys,
+    resolve_tracking_uri,
+)
 from raycl.config.search_config import (
     RENAMED_KEYS,
     apply_overrides,
@@ -259,7 +265,7 @@ def check_cache_disk(config: CoreConfig) -> Iterator[Problem]:
                                for entry in config.eval.transfer)]
     by_dir: dict[Path, list[tuple[str, int]]] = {}
     for data in datasets:
-        needed = _missing_cache_bytes(data, config.seed)
+        needed = _missing_cache_bytes(data, config.data_seed)
         if needed:
             cache_dir = Path(data.cache_dir) if data.cache_dir else default_cache_dir()
             by_dir.setdefault(cache_dir, []).append((data.dataset, needed))
@@ -354,6 +360,14 @@ def check_grid(config: CoreConfig) -> Iterator[Problem]:
         if domain.kind != "choice":
             yield Problem(f"tune.search_space.{key}", f"tune.searcher 'grid' needs choice "
                                                       f"domains, got {domain.kind}")
+    # Optuna's grid is the product of every key's choices: a knob only some methods read would
+    # repeat the other methods' trials once per value.
+    conditional = conditional_keys(config)
+    if conditional:
+        yield Problem(f"tune.search_space.{conditional[0]}",
+                      f"read by some of the searched methods only ({', '.join(conditional)}); "
+                      f"tune.searcher 'grid' would repeat the other methods' trials once per "
+                      f"value: use optuna or random, or one grid sweep per method")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def data_keys(config: CoreConfig) -> dict[str, dict[str, Any] | None]:
     keys: dict[str, dict[str, Any] | None] = {}
     for section, cfg in _datasets(config):
         try:
-            keys[section] = dataset_key(cfg, config.seed)
+            keys[section] = dataset_key(cfg, config.data_seed)
         except (OSError, ValueError):
             keys[section] = None
     return keys

@@ -260,7 +260,8 @@ def _linear_sgd_scores(config: CoreConfig, encoder: nn.Module, splits: DatasetSp
     if settings is None:
         return {}
     first = splits.train.labels[splits.attributes[0]]
-    val_rows = stratified_subset(first, max(1, round(SGD_VAL_SHARE * len(first))), config.seed)
+    val_rows = stratified_subset(first, max(1, round(SGD_VAL_SHARE * len(first))),
+                                config.data_seed)
     train_rows = np.setdiff1d(np.arange(len(first)), val_rows)
 
     def rows_of(rows: np.ndarray) -> LabelledImages:

@@ -20,6 +20,7 @@ import difflib
 import os
 import posixpath
 import re
+import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from raycl.export.run_artifact import ENCODER_TAG
 from raycl.tracking.retry import retrying_client
 from raycl.tracking.runs import (
     CHECKPOINT_TAG,
+    CONFIRMED_RUN_TAG,
     ROLE_TAG,
     TRIAL_TAG,
     checkpoint_location,
@@ -99,7 +101,8 @@ def find_trials(tracking_uri: str | None, experiment: str, trial: str = "best",
         experiment: the MLflow experiment's name.
         trial: ``best`` (the best by the sweep's validation objective, its ``tune.metric`` and
             ``tune.mode`` as the parent run records them, among the trials that may be ranked:
-            :func:`raycl.tracking.runs.rankable`), a run name's number (``t07``, in the latest
+            :func:`raycl.tracking.runs.rankable`; once seed confirmation ran, the search trial
+            of the configuration it confirmed best), a run name's number (``t07``, in the latest
             sweep) or a run id (of any sweep of the experiment).
         top: the ``top`` best trials instead (``trial`` is then ignored); fewer when fewer may
             be ranked.
@@ -123,8 +126,10 @@ def find_trials(tracking_uri: str | None, experiment: str, trial: str = "best",
         raise TrialLookupError(f"no MLflow store at {uri} (no such file); pass --tracking-uri")
     client = retrying_client(uri)
     experiment_id = _experiment_id(client, experiment, uri)
-    if top is not None or trial == "best":
-        runs = _ranked_trials(client, experiment_id, experiment)[:top or 1]
+    if top is not None:
+        runs = _ranked_trials(client, experiment_id, experiment)[:top]
+    elif trial == "best":
+        runs = [_best_trial(client, experiment_id, experiment)]
     elif _RUN_ID.match(trial):
         runs = [_run_by_id(client, experiment_id, experiment, trial)]
     elif _TRIAL_NAME.match(trial):
@@ -172,6 +177,22 @@ def _ranked_trials(client: MlflowClient, experiment_id: str, experiment: str) ->
         raise TrialLookupError(f"no finished trial of experiment {experiment!r}'s latest sweep "
                                f"has reported {metric} yet{why}")
     return ranked
+
+
+def _best_trial(client: MlflowClient, experiment_id: str, experiment: str) -> Run:
+    """``--trial best``: the search trial of the configuration seed confirmation found best
+    (said on stderr when it is not the search's own best), else the search's best."""
+    ranked = _ranked_trials(client, experiment_id, experiment)
+    parent = _latest_sweep(client, experiment_id, experiment)
+    confirmed = parent.data.tags.get(CONFIRMED_RUN_TAG)
+    winner = next((run for run in ranked if run.info.run_id == confirmed), None)
+    if winner is None:
+        return ranked[0]
+    if winner is not ranked[0]:
+        print(f"raycl: --trial best: {winner.info.run_name or confirmed}, the winner of seed "
+              f"confirmation (confirm.csv), not the search's best "
+              f"{ranked[0].info.run_name or ranked[0].info.run_id}", file=sys.stderr, flush=True)
+    return winner
 
 
 def _run_by_name(client: MlflowClient, experiment_id: str, experiment: str, name: str) -> Run:

@@ -118,7 +118,7 @@ def score_at_init(base_config: dict[str, Any]) -> dict[str, float]:
     use_gpu = config.scaling.use_gpu and torch.cuda.is_available()
     device = torch.device("cuda" if use_gpu else "cpu")
     configure_cuda_backends(device)
-    data = load_dataset(config.data, config.seed)
+    data = load_dataset(config.data, config.data_seed)
     if not data.attributes:
         return {}
     # The val evaluation reads no transfer set (those are scored after a stage's last epoch).

@@ -4,11 +4,13 @@ A generated set (Trifeature, digits, MNIST-Fashion's pairing) is cached per seed
 confirmation seed's trial builds a copy of its own on every node it trains on (a paper-scale
 Trifeature: about 4.9 GB each), which no other trial reads, so ``top_k x seeds`` copies piled
 up on each node, never removed. :class:`SeedCacheRemoval` (a Tune callback of the confirmation)
-removes a seed's copies on every alive node as soon as its trial has ended (completed, or
-failed for good), so a node holds at most the copies of the seeds running on it. Only caches
-keyed by the seed are touched: those the sweep's own seed shares (a file source's, a set not
-keyed by the seed, the search's) stay. A seed run again later (a resumed sweep re-running a
-failed one, ``raycl.evaluate``) builds its copy again.
+removes a seed's copies on every alive node as soon as the last trial reading them has ended
+(completed, or failed for good: configurations share their seeds), so a node holds at most the
+copies of the seeds running on it. By default there are none: confirmation trains on the
+search's data (``data.seed`` pinned; ``tune.confirm.redraw_data: true`` redraws it per seed).
+Only caches keyed by the seed are touched: those the sweep's own seed shares (a file source's,
+a set not keyed by the seed, the search's) stay. A seed run again later (a resumed sweep
+re-running a failed one, ``raycl.evaluate``) builds its copy again.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ray.tune import Callback
 
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides
+from raycl.config.sweep import trial_values
 
 if TYPE_CHECKING:
     from raycl.config.training import DataConfig
@@ -107,20 +110,35 @@ class SeedCacheRemoval(Callback):
         return {**self.__dict__, "_pending": [], "_launched": set()}
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.remove(trial.config)
+        self._ended(trials, trial)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.remove(trial.config)  # failed for good (a retried trial is on_trial_recover)
+        self._ended(trials, trial)  # failed for good (a retried trial is on_trial_recover)
+
+    def _ended(self, trials: list, trial: Any) -> None:
+        # Configurations share their seeds (paired): a seed's copies go once the last trial
+        # that reads them has ended (on_experiment_end removes what is left).
+        seed = self._data_seed(trial.config)
+        if not any(other is not trial and other.status not in _ENDED_STATES
+                   and self._data_seed(other.config) == seed for other in trials):
+            self.remove(trial.config)
+
+    def _data_seed(self, trial_config: dict[str, Any]) -> int | None:
+        try:
+            return apply_overrides(self.config, trial_values(trial_config)).data_seed
+        except Exception:  # judged (and warned about) by remove()
+            return None
 
     def remove(self, trial_config: dict[str, Any]) -> None:
-        """Launch the removal of the caches of the trial of ``trial_config`` (its seed and
+        """Launch the removal of the caches of the trial of ``trial_config`` (its data seed and
         its pinned values: a searched data key names its set)."""
         try:
-            resolved = apply_overrides(self.config, trial_config)
+            resolved = apply_overrides(self.config, trial_values(trial_config))
             configs = seed_data_configs(resolved)
-            self._launched.add(resolved.seed)
-            if configs and resolved.seed != self.config.seed:
-                self._pending += launch_removal(configs, resolved.seed, self.config.seed)
+            seed, base_seed = resolved.data_seed, self.config.data_seed
+            self._launched.add(seed)
+            if configs and seed != base_seed:
+                self._pending += launch_removal(configs, seed, base_seed)
         except Exception as exc:  # a cache left on disk is never worth a confirmation
             _warn(f"the data caches of confirmation seed {trial_config.get('seed')} were not "
                   f"removed: {type(exc).__name__}: {exc}")
@@ -129,9 +147,8 @@ class SeedCacheRemoval(Callback):
         # Seeds that ended in an earlier driver (killed before its removals ran) too: a
         # resumed confirmation does not run them again, so no trial event names them here.
         for trial in trials:
-            seed = (trial.config or {}).get("seed")
-            if trial.status in _ENDED_STATES and seed is not None \
-                    and int(seed) not in self._launched:
+            if trial.status in _ENDED_STATES and trial.config \
+                    and self._data_seed(trial.config) not in self._launched:
                 self.remove(trial.config)
         self.wait(REMOVAL_WAIT_S)
 

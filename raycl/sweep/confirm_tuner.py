@@ -22,20 +22,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raycl.config.schema import CoreConfig
-from raycl.config.search_config import apply_overrides
-from raycl.config.sweep import reported_test_metric, resolve_tracking_uri
+from raycl.config.search_config import apply_overrides, flatten
+from raycl.config.sweep import (
+    CONFIRM_CASE_KEY,
+    reported_test_metric,
+    resolve_tracking_uri,
+)
 from raycl.launch.identity import read_stored_json, write_stored_json
 from raycl.launch.sweep_plan import resolved_storage, set_aside, storage_child
 from raycl.sweep.confirmation import (
     CONFIRM_TAG,
     CSV_NAME,
     Confirmed,
+    chosen_configurations,
     confirm_lines,
     confirm_table,
     confirmation_seeds,
     rank_of_seed,
+    ranked_by_validation,
     separation_sentence,
-    top_configurations,
     verdict_sentence,
     write_confirm_csv,
 )
@@ -43,15 +48,18 @@ from raycl.sweep.old_names import alias_moved_modules
 from raycl.tracking.callback import INTERRUPTED, MLflowSweepCallback
 from raycl.tracking.naming import trial_run_name
 from raycl.tracking.runs import (
+    CONFIRMED_RUN_TAG,
     ENDED_TAG,
+    NOTE_TAG,
     PARENT_TAG,
+    SEARCHED_TAG,
     TRIAL_TAG,
     experiment_name,
     find_trial_run,
     mlflow_client,
     rankable,
 )
-from raycl.tracking.trial_table import trial_runs
+from raycl.tracking.trial_table import searched_values, trial_runs
 from raycl.tracking.tune_stop import tune_stop_requested, unfinished_trials
 from raycl.worker.outcome import FAILED_KEY, SKIPPED_KEY
 
@@ -68,28 +76,56 @@ def confirm_path(config: CoreConfig) -> str:
 
 
 class PinnedValue:
-    """``tune.sample_from`` of one searched key: the value of the configuration the trial's
-    seed belongs to (a class, not a lambda: Tune pickles the param space with the sweep)."""
+    """``tune.sample_from`` of one config key: its value in the configuration of the trial's
+    case (a class, not a lambda: Tune pickles the param space with the sweep). A configuration
+    without the key (a knob its method does not read) gets ``fallback``, which its trial never
+    reads."""
 
-    def __init__(self, key: str, values_by_seed: dict[int, dict[str, Any]]) -> None:
+    def __init__(self, key: str, cases: list[tuple[int, int]], chosen: list[dict[str, Any]],
+                 fallback: Any = None) -> None:
         self.key = key
-        self.values_by_seed = values_by_seed
+        self.cases = cases
+        self.chosen = chosen
+        self.fallback = fallback
 
     def __call__(self, config: dict[str, Any]) -> Any:
-        return self.values_by_seed[int(config["seed"])][self.key]
+        rank, seed = self.cases[int(config[CONFIRM_CASE_KEY])]
+        if self.key == "seed":
+            return seed
+        return self.chosen[rank - 1].get(self.key, self.fallback)
 
 
-def confirm_space(chosen: list[dict[str, Any]], seeds: list[list[int]]) -> dict[str, Any]:
-    """The confirmation's param space: a grid over every seed, each searched key pinned to the
-    value of the seed's configuration (keys every configuration has)."""
+def confirm_cases(seeds: list[list[int]]) -> list[tuple[int, int]]:
+    """``(rank, seed)`` of every confirmation trial, rank by rank."""
+    return [(rank, seed) for rank, own in enumerate(seeds, start=1) for seed in own]
+
+
+def confirm_space(chosen: list[dict[str, Any]], seeds: list[list[int]],
+                  defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The confirmation's param space: a grid over the cases (:func:`confirm_cases`, under
+    :data:`CONFIRM_CASE_KEY`: ranks share their seeds), the seed and every searched key pinned
+    to the case's (a key some configuration lacks: ``defaults``' value there)."""
     from ray import tune
 
-    values_by_seed = {seed: values for values, own in zip(chosen, seeds, strict=True)
-                      for seed in own}
-    keys = [key for key in chosen[0] if all(key in values for values in chosen)]
-    space: dict[str, Any] = {"seed": tune.grid_search([s for own in seeds for s in own])}
-    space.update({key: tune.sample_from(PinnedValue(key, values_by_seed)) for key in keys})
+    cases = confirm_cases(seeds)
+    keys: list[str] = []
+    for values in chosen:
+        keys += [key for key in values if key not in keys]
+    space: dict[str, Any] = {CONFIRM_CASE_KEY: tune.grid_search(list(range(len(cases)))),
+                             "seed": tune.sample_from(PinnedValue("seed", cases, chosen))}
+    space.update({key: tune.sample_from(PinnedValue(key, cases, chosen,
+                                                    (defaults or {}).get(key)))
+                  for key in keys})
     return space
+
+
+def case_rank(trial_config: dict[str, Any], choice: dict[str, Any], base_seed: int) -> int:
+    """The rank of the configuration a confirmation trial runs: its case's, or (a confirmation
+    started before seeds were paired, resumed) its seed's."""
+    case = trial_config.get(CONFIRM_CASE_KEY)
+    if case is None:
+        return rank_of_seed(int(trial_config["seed"]), base_seed)
+    return confirm_cases(choice["seeds"])[int(case)][0]
 
 
 class ConfirmCallback(MLflowSweepCallback):
@@ -97,9 +133,11 @@ class ConfirmCallback(MLflowSweepCallback):
     created), children tagged ``raycl.confirm=<rank>`` and named ``c<rank> …``; the search's
     leaderboard and best-trial record on the parent stay the search's."""
 
-    def __init__(self, config: CoreConfig, search_file: str | None, parent_run_id: str) -> None:
+    def __init__(self, config: CoreConfig, search_file: str | None, parent_run_id: str,
+                 choice: dict[str, Any]) -> None:
         super().__init__(config, search_file)
         self.parent_run_id = parent_run_id
+        self.choice = choice
 
     def _drop_lost_trial_runs(self, known: set[str]) -> None:
         """As the search's callback does (a driver killed before Tune saved a trial), for the
@@ -119,8 +157,8 @@ class ConfirmCallback(MLflowSweepCallback):
         seen = trial.trial_id in self._children
         run_id = super()._child(trial)
         if not seen:  # first sight in this driver: tag (again, harmless after a restore)
-            rank = rank_of_seed(int(trial.config["seed"]), self.config.seed)
-            name = trial_run_name(0, trial.config, self.config.tune.search_space)
+            rank = case_rank(trial.config, self.choice, self.config.seed)
+            name = trial_run_name(0, self.trial_values(trial), self.config.tune.search_space)
             self.client.set_tag(run_id, CONFIRM_TAG, str(rank))
             self.client.set_tag(run_id, "mlflow.runName", f"c{rank} {name.split(' ', 1)[-1]}")
         return run_id
@@ -208,7 +246,7 @@ def _choose(config: CoreConfig, results: ResultGrid, parent: str) -> dict[str, A
     scored = [(result.config or {}, (result.metrics or {}).get(metric, math.nan))
               for result in results
               if _finished(result) and (result.metrics or {}).get("trial_id") in ranked]
-    chosen = top_configurations(scored, confirm.top_k, config.tune.mode)
+    chosen = chosen_configurations(scored, confirm.top_k, config.tune.mode, confirm.per)
     if not chosen:
         return None
     seeds = confirmation_seeds(config.seed, len(chosen), confirm.seeds)
@@ -261,7 +299,8 @@ def confirmation_tuner(config: CoreConfig, trial_config: CoreConfig, search_file
               f"{config.tune.metric}", flush=True)
         return None
     path = confirm_path(config)
-    space = confirm_space(choice["configurations"], choice["seeds"])
+    space = confirm_space(choice["configurations"], choice["seeds"],
+                          flatten(trial_config.to_dict()))
     if tune.Tuner.can_restore(path):
         print(f"raycl: resuming the seed confirmation of {config.name!r} from {path}", flush=True)
         alias_moved_modules()  # one started before House III pickled the old names
@@ -276,7 +315,7 @@ def confirmation_tuner(config: CoreConfig, trial_config: CoreConfig, search_file
         name=f"{config.name}-confirm", storage_path=resolved_storage(config.tune.storage_path),
         # SeedCacheRemoval: a finished seed's generated data (one copy per seed and node)
         # is removed, not left to fill the nodes' disks.
-        callbacks=[ConfirmCallback(trial_config, search_file, parent),
+        callbacks=[ConfirmCallback(trial_config, search_file, parent, choice),
                    RunEncoderCallback(trial_config), ProgressDisplay(shown),
                    SeedCacheRemoval(trial_config)],
         failure_config=tune.FailureConfig(max_failures=config.tune.max_failures),
@@ -304,43 +343,89 @@ def confirmed(config: CoreConfig, choice: dict[str, Any], results: ResultGrid) -
     items = [Confirmed(rank, dict(values), list(seeds)) for rank, (values, seeds) in
              enumerate(zip(choice["configurations"], choice["seeds"], strict=True), start=1)]
     test_metric = reported_test_metric(config.tune.metric)
-    seen: set[int] = set()
+    seen: set[tuple[int, int]] = set()
     for result in results:
         seed = (result.config or {}).get("seed")
         if seed is None:
             continue
-        seen.add(int(seed))
-        item = items[rank_of_seed(int(seed), config.seed) - 1]
+        rank = case_rank(result.config, choice, config.seed)
+        seen.add((rank, int(seed)))
+        item = items[rank - 1]
         # A seed that did not finish is named with its ending, never left out silently.
         ending = seed_ending(result, config.tune.metric)
         if ending is not None:
             item.dropped[int(seed)] = ending
             continue
         metrics = result.metrics or {}
-        item.val.append(float(metrics[config.tune.metric]))
         test = metrics.get(test_metric) if test_metric else None
-        if isinstance(test, (int, float)):
-            item.test.append(float(test))
+        item.add(int(seed), float(metrics[config.tune.metric]),
+                 float(test) if isinstance(test, (int, float)) else None)
     for item in items:
-        item.dropped.update({seed: "not run" for seed in item.seeds if seed not in seen})
+        item.dropped.update({seed: "not run" for seed in item.seeds
+                             if (item.rank, seed) not in seen})
     return items
 
 
 def report_confirmation(config: CoreConfig, choice: dict[str, Any],
                         results: ResultGrid) -> list[str]:
-    """Write ``confirm.csv`` on the sweep's parent run; return the lines to print."""
+    """Write ``confirm.csv`` on the sweep's parent run and the confirmation into its description;
+    name the confirmed winner's search trial the sweep's best (:func:`mark_confirmed_winner`);
+    return the lines to print."""
     items = confirmed(config, choice, results)
     header, rows = confirm_table(items, config.tune.metric,
                                  reported_test_metric(config.tune.metric), config.tune.mode)
     separation = separation_sentence(items, config.tune.mode)
     client = mlflow_client(resolve_tracking_uri(config.mlflow.tracking_uri))
+    parent = choice["parent_run_id"]
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory, CSV_NAME)
         write_confirm_csv(header, rows, path)
-        client.log_artifact(choice["parent_run_id"], str(path))
+        client.log_artifact(parent, str(path))
     if separation:
-        client.set_tag(choice["parent_run_id"], "raycl.confirm_separation", separation)
-    return confirm_lines(header, rows, verdict_sentence(items, config.tune.mode))
+        client.set_tag(parent, "raycl.confirm_separation", separation)
+    lines = confirm_lines(header, rows, verdict_sentence(items, config.tune.mode))
+    winner = mark_confirmed_winner(client, config, parent, items)
+    if winner:
+        lines.append(f"--trial best now names {winner}: the confirmed winner")
+    describe_confirmation(client, parent, lines)
+    return lines
+
+
+def mark_confirmed_winner(client: Any, config: CoreConfig, parent: str,
+                          items: list[Confirmed]) -> str | None:
+    """Tag the parent with the search trial of the configuration that won confirmation (best
+    validation mean; among that configuration's search trials, the best-scored), so
+    ``--trial best``, the parent's best-trial tags and the leaderboard name it. Returns its
+    run name; None when no configuration finished a seed."""
+    ranked = [item for item in ranked_by_validation(items, config.tune.mode) if item.finished]
+    if not ranked:
+        return None
+    wanted = {key: str(value) for key, value in ranked[0].values.items()}
+    experiment_id = client.get_run(parent).info.experiment_id
+    metric, sign = config.tune.metric, 1.0 if config.tune.mode == "max" else -1.0
+    same = [run for run in trial_runs(client, experiment_id, parent) if rankable(run)
+            and searched_values(run.data.tags.get(SEARCHED_TAG, "")) == wanted
+            and math.isfinite(run.data.metrics.get(metric, math.nan))]
+    if not same:
+        return None
+    run = max(same, key=lambda run: sign * run.data.metrics[metric])
+    client.set_tag(parent, CONFIRMED_RUN_TAG, run.info.run_id)
+    client.set_tag(parent, "raycl.best_run", run.info.run_id)
+    client.set_tag(parent, "raycl.best_trial", run.data.tags.get(TRIAL_TAG, ""))
+    return run.info.run_name or run.info.run_id
+
+
+# Where the parent's description's confirmation section starts (replaced on a resume).
+CONFIRMATION_HEADING = "\n\n**Seed confirmation**"
+
+
+def describe_confirmation(client: Any, parent: str, lines: list[str]) -> None:
+    """The confirmation's table and verdict under the parent run's description (the search's
+    leaderboard above it stays)."""
+    note = client.get_run(parent).data.tags.get(NOTE_TAG, "").split(CONFIRMATION_HEADING)[0]
+    block = "\n".join(lines)
+    client.set_tag(parent, NOTE_TAG, f"{note}{CONFIRMATION_HEADING} (paired seeds; what "
+                                     f"`--trial best` exports):\n\n```\n{block}\n```\n")
 
 
 __all__ = ["CHOICE_FILE", "ConfirmCallback", "PinnedValue", "confirm_path", "confirm_space",

@@ -1,12 +1,14 @@
 """Seed confirmation (``tune.confirm: {top_k: K, seeds: S}``): the pure parts.
 
 After a search, the K best configurations (by the validation objective) are re-run to the end
-with S fresh seeds each (:mod:`raycl.sweep.confirm_tuner` runs them); this module chooses them,
-derives their seeds, and summarises each over its seeds: mean and 95 % t-interval, validation
-and test, as the rows of the parent run's ``confirm.csv`` and the lines printed at the end of the
-sweep. A seed that did not finish (diverged, failed, no objective) is named in the row's
-``dropped`` column and the verdict says over how many of the planned seeds each interval is:
-an interval over 2 of 3 seeds is not the one that was planned.
+with the same S fresh seeds each (:mod:`raycl.sweep.confirm_tuner` runs them, on the search's
+data unless ``tune.confirm.redraw_data``); this module chooses them, derives their seeds, and
+summarises each over its seeds: mean and 95 % t-interval, validation and test, and each one's
+paired difference from the winner (seed by seed: the shared seed's variance cancels), as the
+rows of the parent run's ``confirm.csv`` and the lines printed at the end of the sweep. A seed
+that did not finish (diverged, failed, no objective) is named in the row's ``dropped`` column
+and the verdict says over how many of the planned seeds each interval is: an interval over 2
+of 3 seeds is not the one that was planned.
 Nothing here needs Ray or MLflow.
 """
 
@@ -27,6 +29,8 @@ CONFIRM_TAG = "raycl.confirm"
 SEED_STRIDE = 10_000
 CONFIDENCE = 0.95
 CSV_NAME = "confirm.csv"
+# The start of confirm.csv's paired-difference columns: ``Δ vs #1 val/linear/mean mean``.
+DELTA = "Δ vs winner "
 
 
 def top_configurations(
@@ -63,8 +67,28 @@ def top_configurations(
     return [values for _, _, values in ranked[:top_k]]
 
 
+def chosen_configurations(
+    scored: Sequence[tuple[Mapping[str, Any], float]], top_k: int, mode: str,
+    per: str | None = None
+) -> list[dict[str, Any]]:
+    """The configurations seed confirmation re-runs: :func:`top_configurations`, or with
+    ``per`` (``tune.confirm.per``, e.g. ``method``) the ``top_k`` best of each value of that key,
+    the values ordered by their best objective (the overall winner's first)."""
+    if per is None or not scored:
+        return top_configurations(scored, top_k, mode)
+    groups: dict[str, list[tuple[Mapping[str, Any], float]]] = {}
+    for values, objective in scored:
+        groups.setdefault(repr(values.get(per)), []).append((values, objective))
+    chosen = [values for group in groups.values()
+              for values in top_configurations(group, top_k, mode)]
+    order = top_configurations(scored, len(scored), mode)  # every configuration, best first
+    return sorted(chosen, key=order.index)
+
+
 def confirmation_seeds(base_seed: int, top_k: int, seeds: int) -> list[list[int]]:
-    """The fresh seeds of each confirmed configuration: ``[[seeds of rank 1], ...]``.
+    """The fresh seeds of each confirmed configuration: ``[[seeds of rank 1], ...]``, the same
+    seeds for every rank (paired: configuration A's seed s and B's seed s draw the same
+    initialisation and augmentations, so their difference is measured seed by seed).
 
     Args:
         base_seed: the sweep's ``seed`` (what every search trial trained with).
@@ -72,8 +96,8 @@ def confirmation_seeds(base_seed: int, top_k: int, seeds: int) -> list[list[int]
         seeds: seeds per configuration, at most :data:`SEED_STRIDE`.
 
     Returns:
-        ``base_seed + rank * SEED_STRIDE + j`` for rank 1..top_k, j 0..seeds-1: the same for the
-        same arguments (a resumed confirmation), all distinct and none equal to ``base_seed``.
+        ``base_seed + SEED_STRIDE + j`` for j 0..seeds-1, once per rank: the same for the same
+        arguments (a resumed confirmation), none equal to ``base_seed``.
 
     Raises:
         ValueError: ``top_k`` below 1, or ``seeds`` outside [1, SEED_STRIDE].
@@ -82,13 +106,13 @@ def confirmation_seeds(base_seed: int, top_k: int, seeds: int) -> list[list[int]
         raise ValueError(f"top_k must be at least 1, got {top_k}")
     if not 1 <= seeds <= SEED_STRIDE:
         raise ValueError(f"seeds must be in [1, {SEED_STRIDE}], got {seeds}")
-    return [[base_seed + rank * SEED_STRIDE + j for j in range(seeds)]
-            for rank in range(1, top_k + 1)]
+    return [[base_seed + SEED_STRIDE + j for j in range(seeds)] for _ in range(top_k)]
 
 
 def rank_of_seed(seed: int, base_seed: int) -> int:
-    """The rank (1-based) of the configuration a confirmation ``seed`` belongs to
-    (:func:`confirmation_seeds`' inverse).
+    """The rank (1-based) of the configuration a confirmation ``seed`` belongs to in a
+    confirmation started before seeds were paired (each rank then had seeds of its own,
+    ``base_seed + rank * SEED_STRIDE + j``): a resumed one's trials carry no case key.
 
     Raises:
         ValueError: ``seed`` is no confirmation seed of ``base_seed``.
@@ -150,6 +174,17 @@ class Confirmed:
     val: list[float] = field(default_factory=list)
     test: list[float] = field(default_factory=list)
     dropped: dict[int, str] = field(default_factory=dict)
+    # The seed of each value of ``val`` and ``test`` (what pairs two configurations).
+    val_seeds: list[int] = field(default_factory=list)
+    test_seeds: list[int] = field(default_factory=list)
+
+    def add(self, seed: int, val: float, test: float | None) -> None:
+        """A finished seed's validation objective and (when reported) its test counterpart."""
+        self.val.append(val)
+        self.val_seeds.append(seed)
+        if test is not None:
+            self.test.append(test)
+            self.test_seeds.append(seed)
 
     @property
     def finished(self) -> int:
@@ -175,6 +210,16 @@ class Confirmed:
 
 def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def paired_differences(first: Confirmed, second: Confirmed, split: str = "val") -> list[float]:
+    """``first - second`` seed by seed over the seeds both finished (``split``: ``val`` or
+    ``test``), in ``first``'s order: the paired comparison's measurements (none for values
+    recorded without their seeds)."""
+    mine, theirs = (dict(zip(getattr(item, f"{split}_seeds"), getattr(item, split),
+                             strict=False)) for item in (first, second))
+    return [value - theirs[seed] for seed, value in mine.items()
+            if seed in theirs and math.isfinite(value) and math.isfinite(theirs[seed])]
 
 
 def ranked_by_validation(confirmed: Sequence[Confirmed], mode: str) -> list[Confirmed]:
@@ -212,12 +257,18 @@ def confirm_table(
     header = ["rank", *keys, "seeds", "n", "dropped"]
     for name, _ in columns:
         header += [f"{name} mean", f"{name} ci95_low", f"{name} ci95_high"]
+    for name, _ in columns:  # the paired difference from the winner (its own row: NaN)
+        header += [f"{DELTA}{name} mean", f"{DELTA}{name} ci95_low", f"{DELTA}{name} ci95_high"]
     rows = []
-    for item in ranked_by_validation(confirmed, mode):
+    ranked = ranked_by_validation(confirmed, mode)
+    for item in ranked:
         row: list[Any] = [item.rank, *(item.values.get(key) for key in keys),
                           " ".join(map(str, item.seeds)), item.finished, item.dropped_text]
         for _, split in columns:
             row += list(t_interval(getattr(item, split)))
+        for _, split in columns:
+            row += list(t_interval(paired_differences(item, ranked[0], split))
+                        if item is not ranked[0] else (math.nan,) * 3)
         rows.append(row)
     return header, rows
 
@@ -233,21 +284,38 @@ def intervals_overlap(first: tuple[float, float], second: tuple[float, float]) -
 def separation_sentence(confirmed: Sequence[Confirmed], mode: str) -> str | None:
     """Whether the confirmation separates its winner from the runner-up at 95 %.
 
+    Paired when both finished at least two of the same seeds: the interval of the seed-by-seed
+    difference (:func:`paired_differences`) against 0; otherwise (seeds from before pairing,
+    or too few shared) whether their two intervals overlap, said to be unpaired.
+
     Returns:
-        ``the winner #1 (…) is not separated from #2 (…) at 95 % (intervals over 3 of 3 and 2
-        of 3 planned seeds)`` when their validation intervals overlap, ``the winner … is
-        separated from … at 95 % (…)`` when they do not, None with fewer than two
-        configurations.
+        ``the winner #1 (…) is separated from #2 (…) at 95 %: paired difference +0.012
+        [0.004, 0.02] over 3 shared seeds`` (``is not`` when the interval holds 0), the
+        unpaired sentence ``… (unpaired: intervals over 3 of 3 and 2 of 3 planned seeds)``,
+        or None with fewer than two configurations.
     """
     ranked = ranked_by_validation(confirmed, mode)
     if len(ranked) < 2:
         return None
     winner, second = ranked[0], ranked[1]
+    differences = paired_differences(winner, second)
+    if len(differences) >= 2 and max(differences) - min(differences) <= 1e-9:
+        # A coarse metric on a small split: every seed moved both alike. A zero-width interval
+        # would claim a certainty the seeds do not give.
+        return (f"the winner {winner.label} and {second.label} differ by "
+                f"{differences[0]:+.4g} on each of {len(differences)} shared seeds: no spread, "
+                f"no 95 % interval; confirm over more seeds")
+    if len(differences) >= 2:
+        mean, low, high = t_interval(differences)
+        verb = "is not" if low <= 0.0 <= high or math.isnan(low) else "is"
+        return (f"the winner {winner.label} {verb} separated from {second.label} at 95 %: "
+                f"paired difference {mean:+.4g} [{low:.4g}, {high:.4g}] over "
+                f"{len(differences)} shared seeds")
     first_interval, second_interval = t_interval(winner.val)[1:], t_interval(second.val)[1:]
     verb = "is not" if intervals_overlap(first_interval, second_interval) else "is"
     # A seed that diverged or failed leaves the interval narrower in count than planned: say so.
     return (f"the winner {winner.label} {verb} separated from {second.label} at 95 % "
-            f"(intervals over {winner.share} and {second.share} planned seeds)")
+            f"(unpaired: intervals over {winner.share} and {second.share} planned seeds)")
 
 
 def verdict_sentence(confirmed: Sequence[Confirmed], mode: str) -> str | None:
@@ -307,7 +375,24 @@ def confirm_lines(header: Sequence[str], rows: Sequence[Sequence[Any]],
     return lines
 
 
-__all__ = ["CONFIDENCE", "CONFIRM_TAG", "CSV_NAME", "SEED_STRIDE", "Confirmed",
-           "confirm_lines", "confirm_table", "confirmation_seeds", "intervals_overlap",
-           "rank_of_seed", "ranked_by_validation", "separation_sentence", "t_interval",
-           "top_configurations", "verdict_sentence", "write_confirm_csv"]
+__all__ = [
+    "CONFIDENCE",
+    "CONFIRM_TAG",
+    "CSV_NAME",
+    "DELTA",
+    "SEED_STRIDE",
+    "Confirmed",
+    "chosen_configurations",
+    "confirm_lines",
+    "confirm_table",
+    "confirmation_seeds",
+    "intervals_overlap",
+    "paired_differences",
+    "rank_of_seed",
+    "ranked_by_validation",
+    "separation_sentence",
+    "t_interval",
+    "top_configurations",
+    "verdict_sentence",
+    "write_confirm_csv",
+]

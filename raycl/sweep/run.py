@@ -59,6 +59,17 @@ def run(config: CoreConfig, search_file: str | None = None, fresh: bool = False,
         return _run(config, search_file, fresh, address, verbose, plan)
 
 
+def confirmation_trial_config(config: CoreConfig, loader: str) -> CoreConfig:
+    """The config a confirmation trial's values are applied to: as the search's trials get it
+    (absolute paths, settled ``loader``), on the search's data (``data.seed`` pinned) unless
+    ``tune.confirm.redraw_data``: paired seeds then draw initialisation and augmentations
+    only."""
+    pinned: dict[str, Any] = {"data.loader": loader}
+    if config.tune.confirm is not None and not config.tune.confirm.redraw_data:
+        pinned["data.seed"] = config.data_seed
+    return apply_overrides(with_absolute_paths(config), pinned)
+
+
 def _confirm(config: CoreConfig, search_file: str | None, results: Any, loader: str,
              verbose: bool) -> list[str]:
     """Seed confirmation (``tune.confirm``) after the search: :mod:`raycl.sweep.confirm_tuner`
@@ -68,8 +79,7 @@ def _confirm(config: CoreConfig, search_file: str | None, results: Any, loader: 
     from raycl.sweep.confirm_tuner import confirmation_tuner, report_confirmation
     from raycl.tracking.callback import INTERRUPTED
 
-    absolute = with_absolute_paths(config)  # as build_tuner gives the search's trials
-    trial_config = apply_overrides(absolute, {"data.loader": loader})
+    trial_config = confirmation_trial_config(config, loader)
     storage = resolved_storage(config.tune.storage_path)
     trainable = sweep_trainable(trial_config, storage_child(storage,
     f"{config.name}-confirm-train"))

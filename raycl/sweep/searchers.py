@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch as _RayOptunaSearch
 
-from raycl.config.schema import CoreConfig, Domain
+from raycl.config.schema import CoreConfig, Domain, key_is_active, trial_sections
 from raycl.launch.feasibility import JOINT_PREFIX, JointDomain, joint_domain
 from raycl.sweep.warm_start import find_seeds
 from raycl.worker.outcome import FAILED_KEY
@@ -40,23 +40,51 @@ class ConstrainedSpace:
     Independent keys are suggested one by one. The searched keys tied by a feasibility
     constraint are suggested together as one categorical parameter over their feasible
     combinations (Optuna has no dynamic categorical domains, so K's choices cannot depend on N);
-    the returned dict puts their values under their own config keys. A class rather than a
-    closure so that Tune can pickle the searcher with the experiment state.
+    the returned dict puts their values under their own config keys.
+
+    Conditional on the method: when ``method`` (or a ``<section>.base``) is searched, it is
+    suggested first and a method's knobs only for the trials that run that method
+    (:func:`raycl.config.schema.key_is_active`): a SimCLR trial of a ``method: [simclr, hscl]``
+    search has no ``hscl.filter_exponent``, in Optuna's study (so TPE models each method's
+    knobs over that method's trials only), in its config, its name or its MLflow params.
+
+    A class rather than a closure so that Tune can pickle the searcher with the experiment
+    state.
     """
 
     def __init__(self, config: CoreConfig) -> None:
+        self.config = config
         self.space = dict(config.tune.search_space)
         self.joint: JointDomain | None = joint_domain(config)
 
     def __call__(self, trial: optuna.Trial) -> dict[str, Any] | None:
         tied = set(self.joint.keys) if self.joint else set()
-        for key, domain in self.space.items():
-            if key not in tied:
-                suggest(trial, key, domain)
+        values = self._suggest_active(trial, [key for key in self.space if key not in tied])
         if self.joint is None:
             return None
         label = trial.suggest_categorical(self.joint.name, self.joint.labels())
-        return self.joint.values(label)
+        # A tied key the trial does not read (MCL's K for a SimCLR trial) is left out.
+        sections = trial_sections(self.config, values)
+        return {key: value for key, value in self.joint.values(label).items()
+                if key_is_active(key, sections)}
+
+    def _suggest_active(self, trial: optuna.Trial, keys: list[str]) -> dict[str, Any]:
+        """Suggest ``keys`` that the trial reads: ``method`` and the ``.base`` keys first, each
+        choice deciding which knobs follow."""
+        deciding = [key for key in keys if key == "method" or key.endswith(".base")]
+        pending = deciding + [key for key in keys if key not in deciding]
+        values: dict[str, Any] = {}
+        progress = True
+        while progress:
+            progress = False
+            sections = trial_sections(self.config, values)
+            for key in pending:
+                if key_is_active(key, sections):
+                    values[key] = suggest(trial, key, self.space[key])
+                    pending.remove(key)
+                    progress = True
+                    break  # a method or base may have changed what the trial reads
+        return values
 
 
 class OptunaSearch(_RayOptunaSearch):

@@ -17,11 +17,14 @@ import json
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from raycl.config.schema import CoreConfig, Domain, Problem
+from raycl.config.schema import CoreConfig, Domain, Problem, key_is_active, trial_sections
 from raycl.config.search_config import flatten
 from raycl.launch.feasibility import JointDomain, joint_domain
+
+if TYPE_CHECKING:
+    from raycl.results.trials import FinishedTrial
 
 # The parent run's record of the seeded configurations.
 WARM_START_TAG = "raycl.warm_start"
@@ -142,14 +145,36 @@ def find_seeds(config: CoreConfig) -> list[Seed]:
                          top=seed_count(config.tune.num_samples))
     seeds: list[Seed] = []
     for trial in trials:
-        point, dropped = fit_to_space(flatten(trial.config.to_dict()), config.tune.search_space,
-                                      joint)
-        for line in dropped:
-            print(f"raycl: warm start: {experiment} {trial.label}: {line}; dropped", flush=True)
-        if point and point not in [seed.point for seed in seeds]:
-            seeds.append(Seed(trial.label, seed_values(point, joint), point))
+        seed = _seed_of(config, trial, joint)
+        if seed is not None and seed.point not in [known.point for known in seeds]:
+            seeds.append(seed)
+            print(f"raycl: warm start: {experiment} {seed.trial} seeds "
+                  f"{json.dumps(seed.values, sort_keys=True)}", flush=True)
     _FOUND[found_key(config)] = seeds
     return seeds
+
+
+def _seed_of(config: CoreConfig, trial: FinishedTrial, joint: JointDomain | None) -> Seed | None:
+    """The earlier ``trial`` as a seed of this search, or None (said in a line): a trial of
+    another method than this sweep's is skipped, and of its values only the keys its method
+    reads are kept."""
+    experiment = config.tune.warm_start
+    values = flatten(trial.config.to_dict())
+    theirs = trial_sections(trial.config, {})
+    space = config.tune.search_space
+    deciding = {key: values[key] for key in space
+                if (key == "method" or key.endswith(".base")) and key in values}
+    ours = trial_sections(config, deciding)
+    if ours != theirs:
+        print(f"raycl: warm start: {experiment} {trial.label}: trained "
+              f"{'+'.join(sorted(theirs))}, this sweep trains {'+'.join(sorted(ours))}; "
+              f"skipped", flush=True)
+        return None
+    active = {key: domain for key, domain in space.items() if key_is_active(key, theirs)}
+    point, dropped = fit_to_space(values, active, joint)
+    for line in dropped:
+        print(f"raycl: warm start: {experiment} {trial.label}: {line}; dropped", flush=True)
+    return Seed(trial.label, seed_values(point, joint), point) if point else None
 
 
 def warm_start_tag(experiment: str, seeds: list[Seed]) -> str:

@@ -31,9 +31,9 @@ from ray.tune import Callback
 import raycl
 from raycl.config.metric_names import TEST, maybe_metric
 from raycl.config.paper import compare_to_paper, comparison_metrics
-from raycl.config.schema import CoreConfig
+from raycl.config.schema import CoreConfig, active_values
 from raycl.config.search_config import apply_overrides, flatten
-from raycl.config.sweep import resolve_tracking_uri
+from raycl.config.sweep import resolve_tracking_uri, trial_values
 from raycl.tracking.importance import log_importance
 from raycl.tracking.leaderboard_plot import plot_leaderboard
 from raycl.tracking.naming import trial_index, trial_run_name
@@ -234,17 +234,23 @@ class MLflowSweepCallback(Callback):
                 TRIAL_INDEX_TAG: str(index), OBJECTIVE_TAG: self.config.tune.metric}
         if self.commit:
             tags[COMMIT_TAG] = self.commit
-        name = trial_run_name(index, trial.config, self.config.tune.search_space)
+        name = trial_run_name(index, self.trial_values(trial), self.config.tune.search_space)
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         self._children[trial.trial_id] = run.info.run_id
         self._describe_trial_run(run.info.run_id, trial)
         return run.info.run_id
 
+    def trial_values(self, trial: Trial) -> dict[str, Any]:
+        """The trial's searched values its own method reads (a confirmation trial's reserved
+        case key and the knobs pinned for another method's configuration left out)."""
+        return active_values(self.config, trial_values(trial.config))
+
     def _describe_trial_run(self, run_id: str, trial: Trial) -> None:
         """The trial's params and config.yaml, then ``raycl.searched``: set last, it says the
         run is whole (a driver killed before it leaves a run the next one completes)."""
-        resolved = apply_overrides(self.config, trial.config)
-        flat = flatten(resolved.to_dict(used_sections_only=True))
+        values = self.trial_values(trial)
+        resolved = apply_overrides(self.config, values)
+        flat = flatten(resolved.trial_dict(values))
         flat.pop("tune.search_space", None)
         self._log_params(run_id, flat)  # the same values again: MLflow accepts them
         with tempfile.TemporaryDirectory() as directory:
@@ -252,7 +258,7 @@ class MLflowSweepCallback(Callback):
             path.write_text(yaml.safe_dump(resolved.to_dict(), sort_keys=False))
             self.client.log_artifact(run_id, str(path))
         self.client.set_tag(run_id, SEARCHED_TAG, ", ".join(
-            f"{key}={value}" for key, value in trial.config.items()))
+            f"{key}={value}" for key, value in values.items()))
 
     def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
         # The first step of a driver: Tune has restored every trial it saved, and this driver
@@ -345,7 +351,7 @@ class MLflowSweepCallback(Callback):
         last = trial.last_result or {}
         # Stopped early is no failure: FINISHED, told apart by its tag and the epoch it stopped
         # at (a column of the leaderboard view).
-        resolved = apply_overrides(self.config, trial.config)
+        resolved = apply_overrides(self.config, self.trial_values(trial))
         ended = trial_ending(last, resolved.num_stages, resolved.train.epochs)
         status = {"skipped": "KILLED", "diverged": "FAILED"}.get(ended, "FINISHED")
         if ended == "stopped_by_scheduler":

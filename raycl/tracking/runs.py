@@ -63,6 +63,9 @@ TRAINING_KIND = "custom_model_development"
 PRIMARY_METRIC_TAG = "mlflow.experiment.primaryMetric.name"
 GREATER_IS_BETTER_TAG = "mlflow.experiment.primaryMetric.greaterIsBetter"
 NOTE_TAG = "mlflow.note.content"  # a run's description, shown on its page
+# The parent run's search trial whose configuration won seed confirmation: what `--trial best`
+# names once confirmation ran (raycl.sweep.confirm_tuner.report_confirmation).
+CONFIRMED_RUN_TAG = "raycl.confirmed_run"
 # A saved view of the UI's runs table ("Share" writes these): the leaderboard's link opens it.
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 LEADERBOARD_VIEW = "raycl-leaderboard"

@@ -36,6 +36,7 @@ import raycl.methods  # noqa: F401  (fills the schema's method sections in a tri
 from raycl.config.metric_names import MCL, metric_name
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides, search_config_class
+from raycl.config.sweep import trial_values
 from raycl.data import ATTRIBUTES, split_sizes_for
 from raycl.data.listed_once import listed_once
 from raycl.eval.diagnostics import SPECTRUM, plot_diagnostics
@@ -184,7 +185,8 @@ def run_trial(params: dict[str, Any], base_config: dict[str, Any], storage_path:
 
 def _run_trial(params: dict[str, Any], base_config: dict[str, Any], storage_path: str) -> None:
     started = time.time()
-    config = apply_overrides(search_config_class().model_validate(base_config), params)
+    config = apply_overrides(search_config_class().model_validate(base_config),
+                             trial_values(params))
     # A safety net: the searcher only proposes feasible trials (raycl.launch.feasibility), but a
     # trial that still cannot train is pruned before any training. Optuna records a trial without
     # the metric as PRUNED.

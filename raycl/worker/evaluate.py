@@ -241,7 +241,7 @@ def scored_subset(config: CoreConfig, data: DatasetSplits, split: str) -> np.nda
     # An unlabelled split (an image-text corpus) is one class: a seeded sample of its rows.
     labels = (part.labels[data.attributes[0]] if data.attributes
               else np.zeros(count, dtype=np.int64))
-    return stratified_subset(labels, cap, config.seed)
+    return stratified_subset(labels, cap, config.data_seed)
 
 
 def select_splits(

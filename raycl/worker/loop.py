@@ -107,7 +107,7 @@ def run_trial_loop(context: TrialContext, session: Session) -> None:
 
 def _load_data(config: CoreConfig) -> tuple[DatasetSplits, EvalSets]:
     """The trial's data, loaded once, and its extra evaluation sets (transfer, MMVP pairs)."""
-    data = load_dataset(config.data, config.seed)
+    data = load_dataset(config.data, config.data_seed)
     if config.train.batch_size > len(data.train.images):
         raise ValueError(f"train.batch_size={config.train.batch_size} exceeds the training split "
                          f"({len(data.train.images)} samples)")
