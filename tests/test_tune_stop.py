@@ -47,7 +47,8 @@ def finished_sweep(uri: str, name: str, confirmation: bool = False
     callback = MLflowSweepCallback(config)
     callback.setup()
     if confirmation:
-        callback = ConfirmCallback(config, None, callback.parent_run_id)
+        callback = ConfirmCallback(config, None, callback.parent_run_id,
+                                   {"configurations": [{}], "seeds": [[SEED_STRIDE]]})
         callback.setup()
     trial = StubTrial("done0001", {"seed": SEED_STRIDE}, RESULT, status="TERMINATED")
     callback.on_trial_start(0, [trial], trial)
