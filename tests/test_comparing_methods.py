@@ -5,12 +5,12 @@ confirmation's param space and the data are exercised directly."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from test_search import proposals
 
 from raycl.config.schema import ConfigError, active_values, conditional_keys, trial_sections
 from raycl.config.search_config import apply_overrides
@@ -29,17 +29,6 @@ METHOD_SEARCH = ("tune.search_space={method: {choice: [simclr, hscl]}, "
                  "simclr.temperature: {uniform: [0.1, 0.5]}, "
                  "hscl.filter_exponent: {uniform: [0.0, 0.6]}, "
                  "train.lr: {loguniform: [0.0001, 0.01]}}")
-
-
-def proposals(config, count: int) -> list[dict]:
-    searcher = build_searcher(config)
-    rng = random.Random(0)
-    suggested = []
-    for index in range(count):
-        params = searcher.suggest(f"t{index}")
-        suggested.append(params)
-        searcher.on_trial_complete(f"t{index}", {config.tune.metric: rng.random()})
-    return suggested
 
 
 @pytest.mark.parametrize("searcher", ["optuna", "random"])

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import itertools
 import pickle
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from test_progress import FakeTrial
 
 from raycl.config.search_config import search_config_class
 from raycl.config.sweep import Domain
@@ -213,18 +213,6 @@ def test_log_ticks_are_few_and_round() -> None:
 # -- 5. one ``finished:`` line a trial --------------------------------------------------------
 
 
-@dataclass
-class FakeTrial:
-    """What the display reads of a Tune trial."""
-
-    trial_id: str
-    config: dict
-    experiment_tag: str
-    last_result: dict = field(default_factory=dict)
-    metric_analysis: dict = field(default_factory=dict)
-    status: str = "RUNNING"
-
-
 def _report(trial: FakeTrial, epoch: int, objective: float) -> dict:
     result = {"epoch": epoch, "stage": 0, "global_epoch": epoch, "training_iteration": epoch,
               OBJECTIVE: objective, "time_total_s": 10.0 * epoch}
@@ -244,7 +232,8 @@ def test_a_trial_started_again_after_it_finished_prints_no_second_line(
         capsys: pytest.CaptureFixture[str]) -> None:
     display = ProgressDisplay(_config())
     display.setup(total_num_samples=4)
-    trial = FakeTrial("id1", {"simclr.temperature": 0.3, "train.lr": 0.001}, "1_x")
+    trial = FakeTrial("id1", {"simclr.temperature": 0.3, "train.lr": 0.001}, "1_x",
+                      status="RUNNING")
     _run_to_the_end(display, trial)
     # Tune runs it again: its worker hands its last checkpoint back (the same last report),
     # and Tune completes it again.
@@ -261,7 +250,8 @@ def test_a_restored_sweep_does_not_finish_a_trial_twice(
     before = ProgressDisplay(_config())
     pickled = pickle.dumps(before)  # as the Tuner keeps it, from before the sweep ran
     before.setup(total_num_samples=4)
-    trial = FakeTrial("id1", {"simclr.temperature": 0.3, "train.lr": 0.001}, "1_x")
+    trial = FakeTrial("id1", {"simclr.temperature": 0.3, "train.lr": 0.001}, "1_x",
+                      status="RUNNING")
     _run_to_the_end(before, trial)
     # The driver stops before Tune saves the trial's end: the next one restores it RUNNING with
     # its last report, runs it again (its checkpoint handed back) and completes it.
@@ -276,7 +266,8 @@ def test_a_restored_sweep_does_not_finish_a_trial_twice(
         "t01 τ=0.3 lr=0.001: had run to its end before the sweep stopped "
         "(val/linear/mean 0.8); resumed only to hand its result back")
     # A trial resumed part-way is started as before, and finishes once.
-    other = FakeTrial("id2", {"simclr.temperature": 0.2, "train.lr": 0.002}, "2_x")
+    other = FakeTrial("id2", {"simclr.temperature": 0.2, "train.lr": 0.002}, "2_x",
+                      status="RUNNING")
     _report(other, 4, 0.4)
     after.on_trial_start(0, [], other)
     after.on_trial_result(0, [], other, _report(other, 8, 0.7))

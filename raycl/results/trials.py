@@ -161,12 +161,13 @@ def _latest_sweep(client: MlflowClient, experiment_id: str, experiment: str) -> 
     return parents[0]
 
 
-def _ranked_trials(client: MlflowClient, experiment_id: str, experiment: str) -> list[Run]:
+def _ranked_trials(client: MlflowClient, experiment_id: str, experiment: str,
+                   parent: Run | None = None) -> list[Run]:
     """The latest sweep's trials that may be ranked (:func:`raycl.tracking.runs.rankable`: a
     failed, killed or running trial's last objective came from part of its training) and
     reported its objective, best first (the leaderboard's order,
     :func:`raycl.tracking.trial_table.trial_table`)."""
-    parent = _latest_sweep(client, experiment_id, experiment)
+    parent = parent or _latest_sweep(client, experiment_id, experiment)
     metric = parent.data.tags.get("raycl.metric", "val/linear/mean")
     mode = parent.data.tags.get("raycl.mode", "max")
     table = trial_table(trial_runs(client, experiment_id, parent.info.run_id), metric, mode)
@@ -182,8 +183,8 @@ def _ranked_trials(client: MlflowClient, experiment_id: str, experiment: str) ->
 def _best_trial(client: MlflowClient, experiment_id: str, experiment: str) -> Run:
     """``--trial best``: the search trial of the configuration seed confirmation found best
     (said on stderr when it is not the search's own best), else the search's best."""
-    ranked = _ranked_trials(client, experiment_id, experiment)
     parent = _latest_sweep(client, experiment_id, experiment)
+    ranked = _ranked_trials(client, experiment_id, experiment, parent)
     confirmed = parent.data.tags.get(CONFIRMED_RUN_TAG)
     winner = next((run for run in ranked if run.info.run_id == confirmed), None)
     if winner is None:
