@@ -320,7 +320,7 @@ def test_the_trial_process_reads_only_the_diagnostics_of_the_final_checkpoint(
             return SimpleNamespace(metrics={"epoch": 1}, checkpoint=ray.train.Checkpoint(
                 str(final), filesystem=counting.filesystem()))
 
-    monkeypatch.setattr(raycl.trial.trainable, "TorchTrainer", Trainer)
+    monkeypatch.setattr(raycl.trial.trainable, "TorchTrainerWithoutDatasets", Trainer)
     config = SearchConfig.model_validate({"name": "final", "scaling": {"num_workers": 1}})
     output = raycl.trial.trainable.fit_trial(config, str(tmp_path / "storage"))
     assert output.checkpoint_dir is not None

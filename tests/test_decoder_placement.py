@@ -123,7 +123,7 @@ def test_a_workers_bundle_holds_its_decoders_and_tune_holds_the_trial_process_on
         seen["worker"] = scaling_config.resources_per_worker
         raise Stop
 
-    monkeypatch.setattr(trainable, "TorchTrainer", fake_trainer)
+    monkeypatch.setattr(trainable, "TorchTrainerWithoutDatasets", fake_trainer)
     with pytest.raises(Stop):
         trainable.fit_trial(config, "/tmp/unused")
     assert seen["worker"] == {"CPU": 1.5}

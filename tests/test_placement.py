@@ -293,7 +293,7 @@ def test_resources_per_worker_reach_ray_trains_scaling_config(monkeypatch) -> No
         seen["timeout_s"] = torch_config.timeout_s
         raise Stop
 
-    monkeypatch.setattr(trainable, "TorchTrainer", fake_trainer)
+    monkeypatch.setattr(trainable, "TorchTrainerWithoutDatasets", fake_trainer)
     wanted = config({"num_workers": 2, "resources_per_worker": {"gpu_node": 1},
                      "collective_timeout_s": 600})
     with pytest.raises(Stop):
@@ -311,3 +311,23 @@ def test_a_storage_uri_keeps_its_options_after_the_sweeps_directory() -> None:
         "s3://b/raycl/sweep-train?endpoint_override=127.0.0.1:9000&scheme=http")
     assert storage_child("s3://b/raycl/", "sweep") == "s3://b/raycl/sweep"
     assert storage_child("/data/ray_results", "sweep") == "/data/ray_results/sweep"
+
+
+def test_a_trainer_without_datasets_starts_no_dataset_actor() -> None:
+    """raycl passes Ray Train no datasets: its trainer leaves out the callback that starts a
+    DatasetManager actor per worker-group start (raycl.trial.torch_trainer); given datasets, the
+    trainer is Ray's own, callback included."""
+    from ray.train.v2._internal.callbacks import DatasetsCallback
+
+    from raycl.trial.torch_trainer import TorchTrainerWithoutDatasets
+
+    def kinds(**datasets: Any) -> set[str]:
+        trainer = TorchTrainerWithoutDatasets(lambda: None, datasets=datasets or None)
+        return {type(callback).__name__ for callback in trainer._create_default_callbacks()}
+
+    without, given = kinds(), kinds(train=[1, 2, 3])
+    assert DatasetsCallback.__name__ not in without
+    assert DatasetsCallback.__name__ in given
+    # nothing else is dropped: the placement-group cleaner and the backend setup stay
+    assert given - without == {DatasetsCallback.__name__}
+    assert {"PlacementGroupCleanerCallback", "BackendSetupCallback"} <= without

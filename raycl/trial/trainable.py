@@ -30,7 +30,7 @@ import ray.train
 import torch
 from ray import tune
 from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchConfig, TorchTrainer
+from ray.train.torch import TorchConfig
 
 import raycl.methods  # noqa: F401  (fills the schema's method sections in a trial process)
 from raycl.config.metric_names import MCL, metric_name
@@ -48,6 +48,7 @@ from raycl.trial.population_workers import (
     StartingSession,
     trains_population_with_workers,
 )
+from raycl.trial.torch_trainer import TorchTrainerWithoutDatasets
 from raycl.worker.context import TrialContext
 from raycl.worker.loop import run_trial_loop, train_loop_per_worker
 from raycl.worker.outcome import FAILED_KEY, SKIP_REASON_KEY, SKIPPED_KEY
@@ -125,7 +126,7 @@ def fit_trial(
         from ray.tune.integration.ray_train import TuneReportCallback
 
         callbacks.append(TuneReportCallback())
-    trainer = TorchTrainer(
+    trainer = TorchTrainerWithoutDatasets(
         # The context travels with the function (pickled once per worker): Ray Train's
         # per-worker config argument is a plain dict.
         functools.partial(_train_loop, context, population.start if population else None),
