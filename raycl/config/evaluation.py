@@ -193,6 +193,20 @@ class EvalConfig(Section):
         "rest (diag/shared_directions, diag/subclass_directions; at most 64 classes, a fixed "
         "draw), plots as artifacts."
     )
+    label_free: bool = Field(
+        True, description="Every evaluation: figures of the val features alone, no labels "
+        "(raycl.eval.label_free), for any dataset: val/label_free/rankme (RankMe, Garrido et al. "
+        "2023: how many directions the representation uses; higher is better), "
+        "val/label_free/alpha (alpha-ReQ, Agrawal et al. 2022: the eigenspectrum's power-law "
+        "decay, good near 1) and val/label_free/std (the L2-normalised features' per-dimension "
+        "std times sqrt(D): ~1 spread out, 0 collapsed); test/label_free/... after a stage's last "
+        "epoch. Any may be tune.metric or an objective, also on a dataset without labels."
+    )
+    label_free_rows: int | None = Field(
+        4096, ge=10, description="Rows (a seeded draw, the same at every evaluation) the "
+        "label-free figures read per split; their cost is O(rows * D^2) on rank 0 "
+        "(None: every scored row)."
+    )
     mmvp: str | None = Field(
         None, description="MMVP-style pair benchmark for image-text methods (clip): "
         "'synthetic' = Trifeature pairs differing in one attribute (colour, texture, shape), "

@@ -6,8 +6,8 @@ A name is ``[stage<j>/]<split>/<family>/<name>``:
 - ``val/linear/shape``, ``test/knn/mean``, ``val/linear_50pct/mean`` (a probe fit on 50 % of
   the training labels), ``test/linear_sgd/mean`` and ``val/linear_sgd_50pct/shape`` (the
   papers' SGD linear evaluation at a trial's end), ``val/retrieval/rank1``,
-  ``val/nn_retrieval/mean``, ``val/mmvp/mean``, ``val/zeroshot/colour``, ``val/i2t/r1``: a
-  split (``val``, ``test``) scored by a family;
+  ``val/nn_retrieval/mean``, ``val/label_free/rankme`` (no labels), ``val/mmvp/mean``,
+  ``val/zeroshot/colour``, ``val/i2t/r1``: a split (``val``, ``test``) scored by a family;
 - ``transfer/<set>/linear/<attribute>``: a transfer set's held-out share, probed (and
   ``transfer/<set>/knn/...``, ``.../retrieval/...``, ``.../linear_50pct/...`` from
   ``python -m raycl.evaluate``);
@@ -58,8 +58,10 @@ T2I = "t2i"  # caption retrieval, text to image
 # The papers' linear evaluation: an SGD-trained head on the frozen backbone per attribute (and
 # ``linear_sgd_<percent>pct``), its learning rate chosen on val (eval.linear_sgd).
 LINEAR_SGD = "linear_sgd"
+# Figures of the features alone, no labels (raycl.eval.label_free): rankme, alpha, std.
+LABEL_FREE = "label_free"
 FAMILIES: tuple[str, ...] = (LINEAR, KNN, RETRIEVAL, NN_RETRIEVAL, MMVP, ZEROSHOT, I2T, T2I,
-                             LINEAR_SGD)
+                             LINEAR_SGD, LABEL_FREE)
 # Families that classify by the labels: a dataset without attributes has none of them.
 LABEL_FAMILIES: tuple[str, ...] = (LINEAR, KNN, RETRIEVAL, NN_RETRIEVAL, ZEROSHOT, LINEAR_SGD)
 # Families with label-fraction variants (``<family>_<percent>pct``).
@@ -262,7 +264,7 @@ def fraction_percent(fraction: float) -> str:
 
 
 __all__ = ["BASELINE_PREFIX", "DATA", "DIAG", "FAMILIES", "FRACTION_FAMILIES", "GROUPS", "I2T",
-           "KNN", "LABEL_FAMILIES", "LINEAR", "LINEAR_SGD", "MCL",
+           "KNN", "LABEL_FAMILIES", "LABEL_FREE", "LINEAR", "LINEAR_SGD", "MCL",
            "MEAN", "MMVP", "NN_RETRIEVAL", "PERF", "RETRIEVAL", "SCORED_SPLITS", "T2I", "TEST",
            "TRAIN", "TRANSFER", "TRANSFER_FAMILIES", "VAL", "ZEROSHOT", "MetricName",
            "MetricNameError", "baseline_metric", "fraction_percent", "maybe_metric",

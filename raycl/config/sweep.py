@@ -208,7 +208,8 @@ class TuneSection(Section):
     metric: str = Field(
         "val/linear/mean", description="Objective the searcher and scheduler select on: a "
         "validation metric (val/linear/<attribute>, val/knn/<attribute>, val/linear/mean, "
-        "stage<j>/val/...) or a train/ metric; test/ metrics are never optimised."
+        "stage<j>/val/...; without labels a label-free figure, val/label_free/rankme, see "
+        "eval.label_free) or a train/ metric; test/ metrics are never optimised."
     )
     mode: Literal["max", "min"] = Field("max", description="Maximise or minimise the metric.")
     objectives: list[Objective] | None = Field(

@@ -110,17 +110,19 @@ def check_method_settings(config: CoreConfig) -> Iterator[Problem]:
 
 
 def check_labels(config: CoreConfig) -> Iterator[Problem]:
-    """A dataset without labels (captions only) is only for an image-text method."""
+    """A dataset without labels (captions only) is scored by an image-text method's caption
+    retrieval, or by the label-free figures (eval.label_free): with neither, nothing."""
     from raycl.data import ATTRIBUTES
     from raycl.methods import METHODS
 
     method = METHODS.get(_trained(config))
     if method is not None and not ATTRIBUTES.get(config.data.dataset, ("?",)) \
-            and not method.multimodal:
+            and not method.multimodal and not config.eval.label_free:
         yield Problem("data.dataset", f"{config.data.dataset} has captions but no labels, which "
-                                      f"only an image-text method uses (method: clip, or "
-                                      f"mcl.base: clip); {_trained(config)} would have nothing "
-                                      f"to be evaluated on")
+                                      f"only an image-text method (method: clip, or mcl.base: "
+                                      f"clip) or the label-free figures (eval.label_free: true) "
+                                      f"score; {_trained(config)} would have nothing to be "
+                                      f"evaluated on")
 
 
 def dataset_problems(data: DataConfig, section: str) -> Iterator[Problem]:

@@ -12,18 +12,24 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from raycl.config.metric_names import (
+    I2T,
     KNN,
     LABEL_FAMILIES,
+    LABEL_FREE,
     LINEAR,
     LINEAR_SGD,
     MEAN,
     MMVP,
     PERF,
+    T2I,
     VAL,
+    ZEROSHOT,
     maybe_metric,
 )
 from raycl.config.schema import CoreConfig, Problem
 
+# Families only an image-text method reports.
+IMAGE_TEXT_FAMILIES: tuple[str, ...] = (I2T, T2I, ZEROSHOT, MMVP)
 # The perf/ figures every epoch's report carries (raycl.worker.stage); the others come once.
 EVERY_EPOCH_PERF: tuple[str, ...] = ("perf/device_hours", "perf/peak_rss_mb")
 
@@ -54,6 +60,15 @@ def check_objectives(config: CoreConfig) -> Iterator[Problem]:
                 break
 
 
+def _trains_image_text(config: CoreConfig) -> bool:
+    """Whether the (base) method a trial trains is an image-text one (CLIP)."""
+    from raycl.methods import METHODS
+
+    trained = config.mcl.base if config.method == "mcl" else config.method
+    method = METHODS.get(trained)
+    return method is None or method.multimodal  # an unknown method is named elsewhere
+
+
 def check_metric(config: CoreConfig) -> Iterator[Problem]:
     """A probe metric must name an attribute the dataset has."""
     from raycl.data import ATTRIBUTES
@@ -71,8 +86,14 @@ def check_metric(config: CoreConfig) -> Iterator[Problem]:
     unlabelled = dataset in ATTRIBUTES and not ATTRIBUTES[dataset]
     if unlabelled and name.family in LABEL_FAMILIES:
         yield Problem("tune.metric", f"{dataset} has no labels to probe or classify; select on "
-                                     f"caption retrieval (val/i2t/r1, val/t2i/r1) or "
-                                     f"val/mmvp/mean with eval.mmvp: synthetic")
+                                     f"a label-free figure (val/label_free/rankme), caption "
+                                     f"retrieval (val/i2t/r1, val/t2i/r1) or val/mmvp/mean "
+                                     f"with eval.mmvp: synthetic")
+    if name.family in IMAGE_TEXT_FAMILIES and not _trains_image_text(config):
+        yield Problem("tune.metric", f"{metric} is reported by an image-text method only "
+                                     f"(method: clip, or mcl.base: clip)")
+    if name.family == LABEL_FREE and not config.eval.label_free:
+        yield Problem("tune.metric", f"{metric} needs eval.label_free: true")
     if name.family == MMVP and config.eval.mmvp != "synthetic":
         yield Problem("tune.metric", f"{metric} needs validation pairs: eval.mmvp: synthetic (a "
                                      f"real MMVP-VLM directory is a test set)")

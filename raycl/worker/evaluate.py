@@ -36,6 +36,7 @@ from raycl.data.stream.files import FileRows
 from raycl.data.stream.shards import ShardRows
 from raycl.distributed import CollectiveInSingleRankSection, barrier_after, single_rank_section
 from raycl.eval.diagnostics import representation_diagnostics
+from raycl.eval.label_free import label_free_scores
 from raycl.eval.multimodal import EvalSets, image_text_metrics
 from raycl.eval.scoring import evaluate_features, evaluate_transfer
 from raycl.eval.support_retrieval import neighbour_retrieval_accuracy
@@ -335,6 +336,10 @@ def _stage_and_trial_metrics(
         if "test" in values:  # a stage's last epoch: the transfer sets were embedded too
             metrics.update(evaluate_transfer(config, eval_sets.transfer, values, stage,
                                              device))
+        if config.eval.label_free:
+            metrics.update(label_free_scores(values, stage=stage,
+                                             max_rows=config.eval.label_free_rows,
+                                             seed=config.seed))
         if type(model).multimodal:
             metrics.update(image_text_metrics(model, data, values, eval_sets.mmvp, stage,
                                               device, config.eval.mmvp_direction))
