@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from raycl.config.collapse import CollapseConfig
 from raycl.config.metric_names import (
     TEST,
     TRANSFER,
@@ -259,6 +260,12 @@ class TuneSection(Section):
         "they ended), e.g. {top_k: 1, seeds: 3}. None: off. Refused with scheduler.type pbt / "
         "pb2 (a population trial's values change while it trains: its last ones re-run from "
         "scratch are no run it was)."
+    )
+    collapse: CollapseConfig | None = Field(
+        None, description="Stop a trial whose representation collapsed, judged at each "
+        "evaluation from the label-free figures (eval.label_free), e.g. {std_below: 0.1, "
+        "from_epoch: 2}: stopped at once, its run FINISHED with raycl.ended=collapsed and the "
+        "reason in its description, recorded as pruned by Optuna, never ranked. None: off."
     )
 
     @field_validator("confirm")

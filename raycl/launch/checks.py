@@ -49,7 +49,7 @@ from raycl.config.search_config import (
 from raycl.config.training import DataConfig
 from raycl.launch.feasibility import CONSTRAINED_KEYS, joint_domain, trial_problem
 from raycl.launch.linear_sgd_check import check_linear_sgd
-from raycl.launch.objectives_check import check_metric, check_objectives
+from raycl.launch.objectives_check import check_collapse, check_metric, check_objectives
 from raycl.launch.optimizer_check import check_optimizer
 from raycl.launch.paper_check import check_paper
 from raycl.launch.pbt_check import check_pbt
@@ -455,7 +455,7 @@ def check_tracking(config: CoreConfig) -> Iterator[Problem]:
 CONFIG_CHECKS: tuple[Check, ...] = (
     check_method, check_method_settings, check_optimizer, check_labels, check_data,
     check_loader, check_cache_disk, check_pretrain_unlabeled,
-    check_splits, check_objectives, check_metric, check_linear_sgd, check_paper,
+    check_splits, check_objectives, check_metric, check_collapse, check_linear_sgd, check_paper,
     check_search_space, check_pretrained,
     check_feasible, check_gpu_sharing, check_grid, check_pbt,
 )

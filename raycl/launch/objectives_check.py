@@ -99,4 +99,13 @@ def check_metric(config: CoreConfig) -> Iterator[Problem]:
                                      f"real MMVP-VLM directory is a test set)")
 
 
-__all__ = ["EVERY_EPOCH_PERF", "check_metric", "check_objectives", "selecting_on"]
+def check_collapse(config: CoreConfig) -> Iterator[Problem]:
+    """``tune.collapse`` judges the label-free figures: they must be computed, at evaluations
+    a trial reaches."""
+    if config.tune.collapse is not None and not config.eval.label_free:
+        yield Problem("tune.collapse", "judges the label-free figures: needs eval.label_free: "
+                                       "true")
+
+
+__all__ = ["EVERY_EPOCH_PERF", "check_collapse", "check_metric", "check_objectives",
+           "selecting_on"]

@@ -10,8 +10,7 @@ It prints plain, flushed lines to stdout: the same text in a terminal, in ``tee`
 :func:`quiet_ray` turns Ray's, Tune's and Optuna's own chatter down to warnings for the length
 of a sweep (``python -m raycl.tune -v`` keeps it); errors and tracebacks still reach the
 terminal, while other processes' chatter that Ray forwards is left out
-(:mod:`raycl.sweep.quiet_lines`). A failure inside the display is logged once and never stops
-a sweep.
+(:mod:`raycl.sweep.quiet_lines`). A failure inside the display is logged once, never fatal.
 """
 
 from __future__ import annotations
@@ -236,10 +235,11 @@ class ProgressDisplay(Callback):
         took = f" ({fmt_duration(last['time_total_s'])})" if "time_total_s" in last else ""
         objective = self._objective(trial)
         resolved = self._resolved(trial)
-        ending = trial_ending(last, resolved.num_stages, resolved.train.epochs)
-        if ending == "skipped":
-            self._ended[trial.trial_id] = "skipped"
-            text = f"skipped: {last.get(SKIP_REASON_KEY, 'infeasible')}"
+        collapsed = resolved.tune.collapse and resolved.tune.collapse.reason(last)
+        ending = trial_ending(last, resolved.num_stages, resolved.train.epochs, bool(collapsed))
+        if ending in ("skipped", "collapsed"):
+            self._ended[trial.trial_id] = ending
+            text = f"{ending}: {collapsed or last.get(SKIP_REASON_KEY, 'infeasible')}"
         elif ending == "diverged":
             self._ended[trial.trial_id] = "failed"
             text = f"failed: {last.get(FAIL_REASON_KEY, 'no reason reported')}"

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch as _RayOptunaSearch
 
+from raycl.config.collapse import CollapseConfig
 from raycl.config.schema import CoreConfig, Domain, key_is_active, trial_sections
 from raycl.launch.feasibility import JOINT_PREFIX, JointDomain, joint_domain
 from raycl.sweep.warm_start import find_seeds
@@ -102,6 +103,9 @@ class OptunaSearch(_RayOptunaSearch):
     None among the values).
     """
 
+    # tune.collapse (set by build_searcher; a class default for a searcher pickled before it)
+    collapse: CollapseConfig | None = None
+
     def suggest(self, trial_id: str) -> dict | None:
         config = super().suggest(trial_id)
         if isinstance(config, dict):
@@ -122,6 +126,9 @@ class OptunaSearch(_RayOptunaSearch):
         # a crash to retry); Optuna records it as FAIL, what it is, not PRUNED (stopped early).
         if result and result.get(FAILED_KEY):
             result, error = None, True
+        # tune.collapse stopped it: pruned, so TPE learns the region is bad but no value counts
+        if result and self.collapse is not None and self.collapse.reason(result):
+            result, error = None, False
         # Several objectives: a last report without one of them tells Optuna nothing (Ray would
         # hand it a None among the values, which Optuna refuses): recorded as pruned.
         if result and isinstance(self.metric, list) and any(m not in result for m in self.metric):
@@ -150,8 +157,10 @@ def build_searcher(config: CoreConfig) -> OptunaSearch:
     metric, mode = searched_objectives(config)
     # tune.warm_start: the earlier sweep's best configurations are Optuna's first trials.
     seeds = [seed.point for seed in find_seeds(config)]
-    return OptunaSearch(space=space, metric=metric, mode=mode, sampler=sampler,
-                        points_to_evaluate=seeds or None)
+    searcher = OptunaSearch(space=space, metric=metric, mode=mode, sampler=sampler,
+                            points_to_evaluate=seeds or None)
+    searcher.collapse = config.tune.collapse
+    return searcher
 
 
 def searched_objectives(config: CoreConfig) -> tuple[str | list[str], str | list[str]]:

@@ -15,6 +15,7 @@ from raycl.launch.identity import store_settings
 from raycl.launch.load import with_absolute_paths
 from raycl.launch.reservations import trial_resources
 from raycl.launch.sweep_plan import SweepPlan, plan_sweep, resolved_storage, storage_child
+from raycl.sweep.collapse import collapse_stopper
 from raycl.sweep.old_names import alias_moved_modules
 
 
@@ -23,9 +24,10 @@ def _print_notice(notice: str | None) -> None:
         print(f"raycl: {notice}", flush=True)
 
 
-def _keep_train_coordinator_on_this_node() -> None:
+def _keep_train_coordinator_on_this_node(config: CoreConfig) -> None:
     """Create Ray Train's detached ``AutoscalingCoordinator`` actor here, on the driver's node
-    (the head on a cluster), before any trial does.
+    (the head on a cluster), before any trial does; nothing for in-process trials
+    (``scaling.num_workers: 0``), which start no Train controller.
 
     Works around ray-project/ray#58481 (Ray 2.60; the fix proposed for Ray Data's actors,
     ray-project/ray#62260, was not merged): each trial's Train controller gets-or-creates this
@@ -34,6 +36,8 @@ def _keep_train_coordinator_on_this_node() -> None:
     never removes it. Created first by the driver, it lives on the head and controllers reuse
     it (it is looked up by name). Best effort: a private API that may move.
     """
+    if not _trains_with_workers(config):
+        return
     try:
         from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
             get_or_create_autoscaling_coordinator,
@@ -108,8 +112,7 @@ def build_tuner(
 
     plan = plan or plan_sweep(config, search_file, fresh)
     start_relay()  # trials on other nodes log to MLflow through this one
-    if _trains_with_workers(config):  # in-process trials start no Train controller
-        _keep_train_coordinator_on_this_node()
+    _keep_train_coordinator_on_this_node(config)
 
     # Trials run in directories of their own: every path they get must be absolute.
     config = with_absolute_paths(config)
@@ -132,6 +135,7 @@ def build_tuner(
         # Two, so a corrupt latest checkpoint can fall back to the one before it.
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         verbose=1 if verbose else 0,  # 0: raycl.sweep.display prints the sweep
+        stop=collapse_stopper(config),  # tune.collapse (None: off)
     )
     experiment_path = plan.experiment_path
     if plan.resume:

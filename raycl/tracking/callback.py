@@ -352,8 +352,13 @@ class MLflowSweepCallback(Callback):
         # Stopped early is no failure: FINISHED, told apart by its tag and the epoch it stopped
         # at (a column of the leaderboard view).
         resolved = apply_overrides(self.config, self.trial_values(trial))
-        ended = trial_ending(last, resolved.num_stages, resolved.train.epochs)
+        rule = resolved.tune.collapse
+        collapsed = rule.reason(last) if rule is not None else None
+        ended = trial_ending(last, resolved.num_stages, resolved.train.epochs, bool(collapsed))
         status = {"skipped": "KILLED", "diverged": "FAILED"}.get(ended, "FINISHED")
+        if collapsed:  # tune.collapse stopped it: why, on the run's page
+            self.client.set_tag(run_id, NOTE_TAG, f"Collapsed: {collapsed}; stopped by "
+                                                  f"tune.collapse, never ranked.")
         if ended == "stopped_by_scheduler":
             epoch = last.get("global_epoch", self._logged_step.get(trial.trial_id))
             if isinstance(epoch, (int, float)):

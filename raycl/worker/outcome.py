@@ -20,7 +20,7 @@ FAIL_REASON_KEY = "raycl/fail_reason"
 SKIPPED_KEY = "raycl/skipped"
 SKIP_REASON_KEY = "raycl/skip_reason"
 
-Ending = Literal["skipped", "diverged", "completed", "stopped_by_scheduler"]
+Ending = Literal["skipped", "diverged", "collapsed", "completed", "stopped_by_scheduler"]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -28,20 +28,26 @@ class NonFiniteLossError(RuntimeError):
     infrastructure failure, so it is reported and not retried)."""
 
 
-def trial_ending(last: Mapping[str, Any], num_stages: int, epochs: int) -> Ending:
+def trial_ending(last: Mapping[str, Any], num_stages: int, epochs: int,
+                 collapsed: bool = False) -> Ending:
     """How a trial Tune calls complete ended, from its last report: pruned before training,
-    diverged, ran to its end (the last epoch of its last stage's training phase), or stopped by
-    the scheduler (Tune marks a trial ASHA stopped as done too).
+    diverged, collapsed (stopped by ``tune.collapse``), ran to its end (the last epoch of its
+    last stage's training phase), or stopped by the scheduler (Tune marks a trial ASHA stopped
+    as done too).
 
     Args:
         last: the trial's last report.
         num_stages: the trial's stages (``config.num_stages``).
         epochs: the training epochs of a stage (``train.epochs``).
+        collapsed: ``tune.collapse`` calls the last report collapsed
+            (:func:`raycl.sweep.collapse.collapse_reason`).
     """
     if last.get(SKIPPED_KEY):
         return "skipped"
     if last.get(FAILED_KEY):
         return "diverged"
+    if collapsed:
+        return "collapsed"
     if (last.get("stage", 0) == num_stages - 1 and last.get("phase", "train") == "train"
             and last.get("epoch") == epochs):
         return "completed"
