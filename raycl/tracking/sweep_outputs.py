@@ -37,11 +37,18 @@ def log_warm_start(client: MlflowClient, parent_run_id: str, config: CoreConfig)
 
 def log_sweep_outputs(client: MlflowClient, parent_run_id: str, children: Sequence[Run],
                       config: CoreConfig) -> str:
-    """The Pareto front and the warm start's record on the parent run (each when configured);
-    what they add to its description (markdown, "" for neither)."""
+    """The Pareto front and the warm start's record on the parent run (each when configured),
+    and once no trial runs any more how early its ranking settled
+    (:mod:`raycl.tracking.rung_agreement`); what they add to its description (markdown)."""
+    from raycl.tracking.rung_agreement import log_rung_agreement
+
     front = log_pareto(client, parent_run_id, children, config)
     log_warm_start(client, parent_run_id, config)
-    return front
+    try:
+        return front + log_rung_agreement(client, parent_run_id, children, config)
+    except Exception:  # a diagnostic is never worth the leaderboard
+        logger.warning("could not write rung_agreement.csv", exc_info=True)
+        return front
 
 
 __all__ = ["log_sweep_outputs", "log_warm_start"]
