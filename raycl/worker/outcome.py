@@ -40,7 +40,7 @@ def trial_ending(last: Mapping[str, Any], num_stages: int, epochs: int,
         num_stages: the trial's stages (``config.num_stages``).
         epochs: the training epochs of a stage (``train.epochs``).
         collapsed: ``tune.collapse`` calls the last report collapsed
-            (:func:`raycl.sweep.collapse.collapse_reason`).
+            (:meth:`raycl.config.collapse.CollapseConfig.reason`).
     """
     if last.get(SKIPPED_KEY):
         return "skipped"
