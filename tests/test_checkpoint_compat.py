@@ -30,7 +30,9 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "old_checkpoints"
 ONCE_PER_PROCESS = {"perf/startup_seconds", "perf/kmeans_seconds"}
 # Reported every epoch since the fixtures were written (a new figure, not a changed one).
 ADDED_SINCE = {"train/effective_lr", "data/val_size", "data/chance/shape",
-               "data/chance/texture", "data/chance/color", "perf/device_hours"}
+               "data/chance/texture", "data/chance/color", "perf/device_hours",
+               *(f"{split}/label_free/{name}" for split in ("val", "test")
+                 for name in ("rankme", "alpha", "std"))}
 # (trial, checkpoint, index of the first report the resumed run repeats, its resumed_from_epoch)
 CASES = [
     ("simclr", "checkpoint_000000", 1, 1),  # mid-stage: epoch 1 of 2
