@@ -62,6 +62,11 @@ PAUSE_S = 90.0  # the paused worker's wait: longer than taking its node away tak
 # by default, every PREEMPTION_POLL[1] s here, so it sees the notice before the node goes.
 DRAIN_NOTICE_S = 2.0
 PREEMPTION_POLL = ("RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "0.5")
+# Tune snapshots a sweep's state (its experiment state, the searcher's, each trial's result
+# files) and uploads all of it to the bucket, by default ("auto") ~25 times for one trial's
+# sweep here: most of the bucket's requests. Here at most once a minute, besides the snapshots
+# Tune forces, the one at the end of a sweep (what the re-run resumes from) included.
+TUNE_SNAPSHOTS = ("TUNE_GLOBAL_CHECKPOINT_S", "60")
 SHRUNK = {"data.samples_per_combination": 1, "data.resolution": 16, "train.batch_size": 64,
           "model.width": 8, "model.projector_hidden_dim": 32, "model.projector_dim": 16,
           "eval.linear_max_iter": 50, "train.epochs": 2, "eval.every_n_epochs": 2,
@@ -74,23 +79,54 @@ SHRUNK = {"data.samples_per_combination": 1, "data.resolution": 16, "train.batch
 REFERENCE = ("eval.diagnostics=false",)
 
 
+def import_sweep_modules() -> None:
+    """What a sweep's driver imports (Tune, raycl's checks and tuner, the trial function with
+    torch): seconds of CPU, spent while the cluster starts rather than before the first sweep."""
+    import raycl.launch.checks
+    import raycl.launch.load
+    import raycl.launch.placement
+    import raycl.sweep.display
+    import raycl.sweep.tuner
+    import raycl.trial.trainable  # noqa: F401
+
+
 def mark(phase: str) -> None:
     """A line in the output with the seconds since this process started: where the time goes."""
     print(f"[cloud_local {time.monotonic() - STARTED:6.1f} s] {phase}", flush=True)
 
 
-def start_bucket() -> tuple[Any, str, str]:
+class S3Server:
+    """moto's S3 service on loopback ``port``, served from a thread of this process (moto keeps
+    its buckets in the process: a server started again on the port serves them as they were).
+    ``ThreadedMotoServer`` serves every moto service and looks up the service of each request
+    (~1 ms of CPU each); this hands every request to the S3 app, which that lookup chose for
+    every request here."""
+
+    def __init__(self, port: int) -> None:
+        from moto.moto_server.werkzeug_app import MotoRequestHandler, create_backend_app
+        from werkzeug.serving import make_server
+
+        self._server = make_server("127.0.0.1", port, create_backend_app("s3"), threaded=True,
+                                   request_handler=MotoRequestHandler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops serving and closes the port (connections are refused from then on)."""
+        self._server.shutdown()  # serve_forever closes the socket as it returns
+        self._thread.join()
+
+
+def start_bucket() -> tuple[S3Server, str, str]:
     """moto's S3 server on loopback with one bucket: the server, its endpoint, and the storage
     URI pointing at the bucket."""
     import boto3
-    from moto.server import ThreadedMotoServer
 
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                       AWS_DEFAULT_REGION="us-east-1")
     port = free_port()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
+    server = S3Server(port)
     endpoint = f"127.0.0.1:{port}"
     boto3.client("s3", endpoint_url=f"http://{endpoint}").create_bucket(Bucket=BUCKET)
     # pyarrow's S3 URI options (pyarrow.fs.FileSystem.from_uri): endpoint, plain HTTP, region.
@@ -299,8 +335,6 @@ def interrupt_bucket(port: int, marker: Path, log: dict[str, Any], tracking_uri:
     bucket's server until ``BACK_AFTER_UPLOAD_S`` after epoch 2's upload met it (``output``:
     this process's stdout), then serve it again on the same port (moto keeps its buckets in
     this process, so the bucket comes back with everything in it)."""
-    from moto.server import ThreadedMotoServer
-
     deadline = time.monotonic() + 300
     while not (marker.exists() and epoch_logged(tracking_uri, name)):
         if time.monotonic() > deadline:
@@ -316,8 +350,7 @@ def interrupt_bucket(port: int, marker: Path, log: dict[str, Any], tracking_uri:
     elif upload_met_outage(output, output.stat().st_size, OUTAGE_LIMIT_S):
         mark(f"{name}: the upload met the outage")
         time.sleep(BACK_AFTER_UPLOAD_S)
-    restarted = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    restarted.start()
+    restarted = S3Server(port)
     log["server"], log["restarted_at"] = restarted, time.time()
     mark(f"{name}: bucket back")
 
@@ -437,10 +470,12 @@ def stop_postgres(postgres: Postgres) -> None:
 
 
 def start_mlflow(root: Path, backend: str) -> tuple[Spawned, str]:
-    """``python -m raycl.server`` on loopback with ``backend`` as its database."""
+    """``python -m raycl.server`` on loopback with ``backend`` as its database; one server
+    worker (each imports MLflow: seconds of CPU), as the sweep's callback sends one request at a
+    time."""
     port = free_port()
     server = spawn(
-        [sys.executable, "-m", "raycl.server", "--port", str(port), "--workers", "2",
+        [sys.executable, "-m", "raycl.server", "--port", str(port), "--workers", "1",
          "--backend-store-uri", backend, "--artifacts-destination", str(root / "artifacts")],
         cwd=root, log=root / "mlflow-server.log")
     return server, f"http://127.0.0.1:{port}"
@@ -462,9 +497,9 @@ def wait_for_mlflow(server: Spawned, uri: str, timeout_s: float = 180) -> None:
     raise TimeoutError(f"{uri} did not answer within {timeout_s:.0f} s")
 
 
-def four_trials(storage: str, tracking_uri: str) -> dict[str, Any]:
-    """Four trials at once, each training in its own trial process (0.5 CPU each: two per
-    worker node), logging to ``tracking_uri``."""
+def four_trials(storage: str, tracking_uri: str, database: str) -> dict[str, Any]:
+    """Four trials at once, each training in its own trial process (0.5 CPU each), logging to
+    ``tracking_uri``; their runs read back from the server's ``database`` itself."""
     from raycl.launch.load import load_search
 
     overrides = [f"{key}={value}" for key, value in SHRUNK.items()]
@@ -476,7 +511,7 @@ def four_trials(storage: str, tracking_uri: str) -> dict[str, Any]:
                   # trial processes importing matplotlib at once on two cores cost seconds.
                   "eval.diagnostics=false"]
     outcome = run_sweep(load_search(REPO / "searches" / "quickstart.yaml", overrides))
-    outcome["runs"] = logged_runs(tracking_uri, "four")
+    outcome["runs"] = logged_runs(database, "four")
     return outcome
 
 
@@ -493,7 +528,7 @@ def logged_runs(tracking_uri: str, name: str) -> list[dict[str, Any]]:
         return sorted(metric.step for metric in client.get_metric_history(run_id, key))
 
     # A request per run and metric (~100 for four trials): several at once from a server, one
-    # at a time from a SQLite file.
+    # at a time from a database file or connection.
     with ThreadPoolExecutor(max_workers=8 if tracking_uri.startswith("http") else 1) as pool:
         histories = [{key: pool.submit(steps, run.info.run_id, key) for key in run.data.metrics}
                      for run in runs]
@@ -601,7 +636,7 @@ def first_epoch_at(tracking_uri: str, name: str, started: float, out: dict[str, 
         except Exception:  # the experiment is being created
             pass
         out["most_workers"] = max(out.get("most_workers", 0), alive_workers(address))
-        time.sleep(0.5)
+        time.sleep(1.0)  # nodes live for tens of seconds; each look costs this driver CPU
 
 
 def autoscale(root: Path, storage: str) -> dict[str, Any]:
@@ -617,6 +652,12 @@ def autoscale(root: Path, storage: str) -> dict[str, Any]:
     tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
     outcome: dict[str, Any] = {}
     try:
+        # The sweep's imports and settings while the head starts. One epoch: what is measured
+        # is the nodes' coming and going, not the training.
+        import_sweep_modules()
+        config = sweep_config("autoscale", storage, tracking_uri, "tune.num_samples=2",
+                              "tune.max_concurrent_trials=2", "train.epochs=1",
+                              "eval.every_n_epochs=1", "eval.diagnostics=false")
         wait_for_head(head, address, root)
         mark("autoscaling head up")
         try:
@@ -627,10 +668,6 @@ def autoscale(root: Path, storage: str) -> dict[str, Any]:
             init_ray(quiet=True, address=address, log_to_driver=True)
         mark("driver connected")
         outcome["workers_at_start"] = alive_workers(address)
-        # One epoch: what is measured is the nodes' coming and going, not the training.
-        config = sweep_config("autoscale", storage, tracking_uri, "tune.num_samples=2",
-                              "tune.max_concurrent_trials=2", "train.epochs=1",
-                              "eval.every_n_epochs=1", "eval.diagnostics=false")
         started = time.monotonic()
         watcher = threading.Thread(target=first_epoch_at, daemon=True,
                                    args=(tracking_uri, "autoscale", started, outcome, address))
@@ -669,6 +706,7 @@ def stop_servers(bucket: Any, mlflow: tuple[Spawned, str] | None,
 
 def main(root: Path, scenarios: list[str]) -> None:
     name_fault_file(root)  # before any Ray process starts: each of them looks there
+    os.environ.setdefault(*TUNE_SNAPSHOTS)
     if scenarios == ["autoscale"]:
         # Token authentication, as on the shipped clusters (`ray start` turns it on), with a
         # token of this process's own for the head and this driver; nothing under ~/.ray is
@@ -702,11 +740,16 @@ def main(root: Path, scenarios: list[str]) -> None:
             outcome["postgres_skipped"] = str(exc)
     cluster, tracking_uri = None, f"sqlite:///{root / 'mlflow.db'}"
     os.environ.setdefault(*PREEMPTION_POLL)  # before the cluster: its processes inherit it
+    import ray.cluster_utils  # what start_cluster imports: in this thread only
+
+    importer = threading.Thread(target=import_sweep_modules, daemon=True)
+    importer.start()  # while the cluster starts
     try:
         cluster = start_cluster(root)
         mark("cluster up")
         outcome["temp"] = temp_places(cluster, fresh)
         init_ray(quiet=True, address=cluster.address, log_to_driver=True)
+        importer.join()
         mark("driver connected")
         if "reference" in scenarios and "outage" in scenarios:
             # One sweep for both (a sweep's start-up is most of a scenario's cost): the bucket
@@ -728,11 +771,11 @@ def main(root: Path, scenarios: list[str]) -> None:
         if "killed" in scenarios:
             outcome["killed"] = preempted_sweep(cluster, "killed", storage, tracking_uri, root,
                                                 preempt=False)
-        if mlflow is not None:
+        if mlflow is not None and postgres is not None:
             wait_for_mlflow(*mlflow)
             mark("mlflow (postgres) answers")
             outcome["postgres_uri"] = mlflow[1]
-            outcome["postgres"] = four_trials(storage, mlflow[1])
+            outcome["postgres"] = four_trials(storage, mlflow[1], postgres[2])
             mark("four: runs read back")
         import boto3
 

@@ -245,7 +245,8 @@ def test_a_checkpoint_written_while_the_bucket_is_away_waits_for_it(cloud: Outco
 @SCENARIO
 def test_four_trials_at_once_lose_no_write_to_postgresql(cloud: Outcome) -> None:
     """MLflow's production backend: a PostgreSQL started on loopback behind ``python -m
-    raycl.server``, four trials logging at once through the driver's relay."""
+    raycl.server``, four trials logging at once through the driver; what they logged is read
+    back from PostgreSQL itself."""
     if "postgres_skipped" in cloud.results:
         pytest.skip(f"no PostgreSQL to start: {cloud.results['postgres_skipped']}")
     outcome = cloud.results["postgres"]

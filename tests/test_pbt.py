@@ -363,14 +363,15 @@ class PbtSweep:
 
 def test_pbt_sweep_records_exploits_and_keeps_them_through_ctrl_c(
         ray_session, data_cache, tmp_path, capsys, sigint_handler_kept) -> None:
-    """Trials in their Tune process, four epochs; Ctrl+C once the first exploit is on MLflow,
-    then the same command. Each exploit stays on the worse trial's run as it was, each trial
-    goes on with its mutated values, every trial finishes with every epoch logged once."""
+    """Trials in their Tune process, three epochs; Ctrl+C once the first exploit is on MLflow
+    (epoch 1's, so the resumed population meets again at epoch 2's perturbation), then the
+    same command. Each exploit stays on the worse trial's run as it was, each trial goes on
+    with its mutated values, every trial finishes with every epoch logged once."""
     import threading
 
     from test_confirm import sigint_once
 
-    sweep = PbtSweep(tmp_path, 4, "scaling.num_workers=0")
+    sweep = PbtSweep(tmp_path, 3, "scaling.num_workers=0")
     stop = threading.Event()
     watcher = sigint_once(lambda: bool(sweep.exploit_tags()), stop)
     try:
@@ -389,15 +390,20 @@ def test_pbt_sweep_records_exploits_and_keeps_them_through_ctrl_c(
 
 def test_pbt_sweep_with_workers_starts_the_exploiting_trial_from_the_donors_checkpoint(
         ray_session, data_cache, tmp_path) -> None:
-    """Trials of one Ray Train worker each, two epochs, one perturbation (after epoch 1): the
-    worse trial exploits the better one, whose epoch-1 checkpoint is copied whole into its
-    trial directory, and its epoch 2 trains in a fresh Train run started from a Tune checkpoint
-    (a restarted trial never resumes its own Train storage, ray-project/ray#28509)."""
+    """Trials of one Ray Train worker each, side by side, two epochs, one perturbation (after
+    epoch 1): the worse trial exploits the better one, whose epoch-1 checkpoint is copied whole
+    into its trial directory, and its epoch 2 trains in a fresh Train run started from a Tune
+    checkpoint (a restarted trial never resumes its own Train storage, ray-project/ray#28509)."""
     import json
 
     sweep = PbtSweep(tmp_path, 2,
-                     # one trial at a time on 2 CPUs: each waits for the other's paused workers
-                     "scaling.num_workers=1", "scaling.cpus_per_worker=1")
+                     # Both trials at once on 2 CPUs (0.01 + 0.99 each): their epoch-2 starts
+                     # need the paused epoch-1 workers' CPUs back (a paused trial keeping its
+                     # workers hangs the sweep, ray-project/ray#18808).
+                     "scaling.num_workers=1", "scaling.cpus_per_worker=0.99",
+                     # No assertion reads a probe's score: the torch head spares each worker
+                     # scikit-learn's import and lbfgs (~2 s of CPU).
+                     "eval.linear_backend=torch")
     assert main(sweep.args) == 0
     exploits = sweep.check_population()
     assert [epoch for _, epoch in exploits] == [1]

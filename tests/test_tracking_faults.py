@@ -1,11 +1,12 @@
 """Faults on the MLflow logging path, end to end: ``python -m raycl.tune`` sweeps (each starting
-its own Ray) through a driver killed outright and resumed through a sqlite store another process
-holds locked, and through an MLflow server down for seconds, then a Ctrl+C (SIGINT) to that
-driver; plus the retry layer's bound and its one-row retried metrics (raycl.tracking.retry) and
-the runs of trials a killed driver's Tune state lost, without Ray."""
+its own Ray) through a driver killed outright (its trial held by the test) and resumed through a
+sqlite store another process holds locked, and through an MLflow server down for seconds, then a
+Ctrl+C (SIGINT) to that driver; plus the retry layer's bound and its one-row retried metrics
+(raycl.tracking.retry) and the runs of trials a killed driver's Tune state lost, without Ray."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -26,6 +27,7 @@ from raycl.config.search_config import SearchConfig
 from raycl.tracking import MLflowSweepCallback
 from raycl.tracking.retry import RETRY_ENV, TrackingUnavailableError
 from raycl.tracking.runs import ROLE_TAG, TRIAL_TAG, mlflow_client
+from raycl.worker.faults import FAULT_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 # The two sweeps start a Ray of their own each (RAY_ADDRESS=local) and share nothing: no xdist
@@ -144,20 +146,70 @@ def hold_exclusive_lock(database: Path, until: Callable[[], bool], limit_s: floa
     return thread
 
 
-def test_driver_sigkilled_resumes_each_epoch_once_through_a_locked_store(tmp_path: Path) -> None:
-    """SIGKILL to the driver's process group (the driver and its Ray) once the first of two
-    trials finished and the second logged an epoch; the same command again, the sqlite store
-    held locked by another connection from the resumed driver's start until it has waited past
-    sqlite's own 5 s. The resume finishes (exit 0), the finished trial is not re-run (its run
-    unchanged), MLflow holds one parent and one child run per trial (the run of a trial Tune's
-    saved state had lost is deleted), and every epoch of both trials is logged exactly once.
+class EpochGate:
+    """The fault spec the first driver's trials read ($RAYCL_TEST_FAULT, read halfway through
+    and after the report of every epoch: raycl.worker.epoch), served from a thread through a
+    FIFO: the first ``passes`` reads get no fault, the next one blocks, its trial held right
+    there until the test kills it. Each read opens a FIFO of its own (the next is put in place
+    once a reader has one), so none gets two answers."""
 
-    The end-of-trial plots stay on: they keep the last trial running for seconds after the
-    epoch the kill waits for, so the kill lands while it runs, not after the sweep ended."""
+    def __init__(self, path: Path, passes: int) -> None:
+        self.path, self.passes = path, passes
+        self.held = threading.Event()  # a trial waits on the read that gets no answer
+        self._stopping = False
+        self._holding: int | None = None
+        self._install()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _install(self) -> None:
+        fresh = self.path.with_suffix(".next")
+        os.mkfifo(fresh)
+        os.replace(fresh, self.path)
+
+    def _serve(self) -> None:
+        for _ in range(self.passes):
+            answer = os.open(self.path, os.O_WRONLY)  # returns once a reader opened it
+            self._install()
+            try:
+                if not self._stopping:
+                    os.write(answer, b"null")  # no fault
+            except OSError:  # the reader went away (stop())
+                pass
+            finally:
+                os.close(answer)
+            if self._stopping:
+                return
+        self._holding = os.open(self.path, os.O_WRONLY)  # never written: the reader waits
+        self.held.set()
+
+    def stop(self) -> None:
+        """End the thread (a reader that reads nothing lets a waiting writer go)."""
+        self._stopping = True
+        deadline = time.monotonic() + 10
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                os.close(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK))
+            self._thread.join(timeout=0.1)
+        if self._holding is not None:
+            os.close(self._holding)
+
+
+def test_driver_sigkilled_resumes_each_epoch_once_through_a_locked_store(tmp_path: Path) -> None:
+    """SIGKILL to the driver's process group (the driver and its Ray, and then Ray's workers)
+    once the first of two trials finished and the second logged an epoch, held by the test
+    (:class:`EpochGate`) so the kill lands while it runs; the same command again, the sqlite
+    store held locked by another connection from the resumed driver's start until it has
+    waited past sqlite's own 5 s. The resume finishes (exit 0), the finished trial is not re-run
+    (its run unchanged), MLflow holds one parent and one child run per trial (the run of a
+    trial Tune's saved state had lost is deleted), and every epoch of both trials is logged
+    exactly once."""
     database = tmp_path / "mlflow.db"
     uri = f"sqlite:///{database}"
-    command = sweep_command(tmp_path, "killed", uri)
+    command = sweep_command(tmp_path, "killed", uri, epochs=2, plots=False)
     client = MlflowClient(tracking_uri=uri)
+    # The store made here (a copy of tests/conftest.py's template), not by the first driver.
+    client.search_experiments()
 
     def finished_and_training() -> tuple | None:
         runs = trial_runs(client, "killed")
@@ -166,27 +218,33 @@ def test_driver_sigkilled_resumes_each_epoch_once_through_a_locked_store(tmp_pat
                     and "train/loss" in r.data.metrics]
         return (done[0], training[0]) if done and training else None
 
+    # Passed: the first trial's two epochs (two reads each) and the middle of the second's first
+    # epoch; held: the second trial's read after it reported its first epoch.
+    gate = EpochGate(tmp_path / "fault.json", passes=2 * 2 + 1)
     first_log = tmp_path / "first.log"
-    first = spawn(command, log=first_log, env=sweep_env())
+    first = spawn(command, log=first_log, env={**sweep_env(), FAULT_ENV: str(gate.path)})
     try:
-        done, killed_in = wait_until(finished_and_training, first.process, first_log)
+        wait_until(gate.held.is_set, first.process, first_log, poll_s=0.1)
+        done, killed_in = wait_until(finished_and_training, first.process, first_log,
+                                     timeout_s=120)
         os.killpg(first.process.pid, signal.SIGKILL)  # the driver and its Ray, outright
         first.process.wait(timeout=30)
     finally:
-        first.stop(grace_s=5)  # what survived in process groups of its own (Ray's workers)
+        first.stop(grace_s=0)  # SIGKILL at once to what has a process group of its own (Ray)
+        gate.stop()
     done_epochs = steps(client, done.info.run_id, "train/loss")
 
     out = resume_through_a_locked_store(command, database, tmp_path / "second.log")
     parents = parent_runs(client, "killed")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    children = assert_one_run_per_trial_each_epoch_once(client, "killed", trials=2, epochs=3)
+    children = assert_one_run_per_trial_each_epoch_once(client, "killed", trials=2, epochs=2)
     if killed_in.info.run_id not in {r.info.run_id for r in children}:
         # Created after Tune's last upload of its state: the trial was replaced by a new one.
         assert client.get_run(killed_in.info.run_id).info.lifecycle_stage == "deleted"
         assert "was lost with the killed driver" in out
     again = client.get_run(done.info.run_id)  # the finished trial was not re-run
     assert again.info.end_time == done.info.end_time
-    assert steps(client, done.info.run_id, "train/loss") == done_epochs == [1, 2, 3]
+    assert steps(client, done.info.run_id, "train/loss") == done_epochs == [1, 2]
 
 
 def resume_through_a_locked_store(command: list[str], database: Path, log: Path) -> str:
@@ -228,14 +286,17 @@ def test_mlflow_server_down_mid_sweep_loses_nothing_on_a_loopback_only_ray(
     127.0.0.1 / ::1 (tests/listening.py)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    database = tmp_path / "server.db"
+    # Made here (tests/conftest.py's template copied): no schema migrations in its start-up.
+    MlflowClient(tracking_uri=f"sqlite:///{database}").search_experiments()
     server_command = [sys.executable, "-m", "raycl.server", "--port", str(port), "--workers", "1",
-                      "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+                      "--backend-store-uri", f"sqlite:///{database}",
                       "--artifacts-destination", str(tmp_path / "artifacts")]
-    server_log = tmp_path / "server.log"
+    server_log, sweep_log = tmp_path / "server.log", tmp_path / "sweep.log"
     server = spawn(server_command, log=server_log)
-    sweep_log = tmp_path / "sweep.log"
     sweep = None
     try:
+        # The sweep checks at its start that the server answers: it waits for the server.
         wait_for_http(f"{url}/health", server.process, timeout_s=120, any_status=False)
         # Two epochs, no end-of-trial plots: the outage meets the first trial's second epoch,
         # and the Ctrl+C is sent as the second trial starts, with all of it still to run.
@@ -243,9 +304,11 @@ def test_mlflow_server_down_mid_sweep_loses_nothing_on_a_loopback_only_ray(
                       log=sweep_log, env=sweep_env())
         listeners = ListenerSampler(sweep.process.pid).start()
         client = MlflowClient(tracking_uri=url)
-        first = wait_until(lambda: next((r for r in trial_runs(client, "outage")
-                                         if "train/loss" in r.data.metrics), None),
-                           sweep.process, sweep_log)
+        # MLflow asked only once the driver says the trial started (reading a file is cheap).
+        first = wait_until(lambda: "started with" in sweep_log.read_text() and next(
+            (r for r in trial_runs(client, "outage") if "train/loss" in r.data.metrics), None),
+            sweep.process, sweep_log)
+        outage_from = sweep_log.stat().st_size
         os.killpg(server.process.pid, signal.SIGKILL)
         server.stop(grace_s=5)
         down = time.monotonic()
@@ -255,7 +318,9 @@ def test_mlflow_server_down_mid_sweep_loses_nothing_on_a_loopback_only_ray(
         print(f"MLflow was down {time.monotonic() - down:.0f} s")
         assert sweep.process.poll() is None, sweep_log.read_text()[-3000:]
 
-        def second_started() -> bool:
+        def second_started() -> bool:  # MLflow asked once the driver says so, as above
+            if sweep_log.read_text().count("started with") < 2:
+                return False
             runs = trial_runs(client, "outage")
             return len(runs) == 2 and any(r.info.status == "FINISHED" for r in runs)
 
@@ -264,7 +329,8 @@ def test_mlflow_server_down_mid_sweep_loses_nothing_on_a_loopback_only_ray(
         assert sweep.process.wait(timeout=120) == 130, sweep_log.read_text()[-3000:]
         listeners.stop()
         out = sweep_log.read_text()
-        assert "retrying for up to" in out and "back after" in out, out[-3000:]
+        since = sweep_log.read_bytes()[outage_from:].decode(errors="replace")
+        assert "retrying for up to" in since and "back after" in since, out[-3000:]
         assert "interrupted; run the same command again" in out
         assert "Tuner.restore" not in out, out[-3000:]  # raycl's hint only, not Ray's
         (parent,) = parent_runs(client, "outage")
@@ -281,7 +347,7 @@ def test_mlflow_server_down_mid_sweep_loses_nothing_on_a_loopback_only_ray(
     finally:
         if sweep is not None:
             sweep.stop(grace_s=5)
-        server.stop(grace_s=5)
+        server.stop(grace_s=0)  # SIGKILL: nothing of it is read any more
 
 
 def test_a_store_away_past_the_bound_stops_with_a_clear_error(

@@ -10,8 +10,9 @@ from the wrong weights. The workarounds, all here (the scheduler's own are in
   and the checkpoint's path only; the trial's Tune session reports them without a checkpoint
   (``ray/train/_internal/session.py``, ``_get_result_from_queues``), so PBT pauses and exploits
   trials that never checkpointed (ray-project/ray#27170). :class:`_ReportRelay` queues the
-  metrics and the checkpoint's path to the trial process instead, which reports them itself
-  with ``tune.report(metrics, checkpoint=...)`` (Tune copies the checkpoint into the trial's
+  metrics and the checkpoint's path to the trial process instead (through one small
+  :class:`_Channels` actor per start), which reports them itself with
+  ``tune.report(metrics, checkpoint=...)`` (Tune copies the checkpoint into the trial's
   directory; the earlier MCL stages' features it refers to are copied beside it).
 - **The exploited checkpoint wins.** A trial's Train run name used to be stable, so a restarted
   trial's ``TorchTrainer`` resumed its *own* Train storage, and an exploit would go on from its
@@ -41,6 +42,7 @@ from the wrong weights. The workarounds, all here (the scheduler's own are in
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import posixpath
 import re
@@ -48,6 +50,7 @@ import threading
 import uuid
 from typing import Any
 
+import ray
 import ray.train
 from ray.train.v2.api.callback import UserCallback
 
@@ -59,8 +62,10 @@ from raycl.worker.stage_integration import STAGE_FEATURES_DIR
 
 logger = logging.getLogger(__name__)
 
-# The trainer's thread ended: no more reports (an item of the report queue).
+# The trainer's thread ended: no more reports (an item of the report channel).
 _FINISHED = None
+# _Channels' two directions: reports to the trial process, its replies to the controller.
+_REPORTS, _REPLIES = "reports", "replies"
 
 
 def trains_population_with_workers(config: CoreConfig) -> bool:
@@ -101,18 +106,36 @@ class StartingSession(RayTrainSession):
         return ray.train.get_checkpoint() or self.start
 
 
+@ray.remote(num_cpus=0)
+class _Channels:
+    """The two one-way FIFO channels between one start's Train controller and its trial process
+    (:data:`_REPORTS`, :data:`_REPLIES`), in one actor, so a start costs one helper process:
+    ``get`` waits for an item of its channel (an async actor, so a waiting ``get`` never
+    blocks a ``put``)."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, asyncio.Queue] = {_REPORTS: asyncio.Queue(),
+                                                  _REPLIES: asyncio.Queue()}
+
+    async def put(self, channel: str, item: Any) -> None:
+        self._queues[channel].put_nowait(item)
+
+    async def get(self, channel: str) -> Any:
+        return await self._queues[channel].get()
+
+
 class _ReportRelay(UserCallback):
     """In the Train controller: each report's rank-0 metrics and checkpoint path to the trial
     process, then wait until the trial process says Tune let the trial go on."""
 
-    def __init__(self, reports: Any, replies: Any) -> None:
-        self._reports = reports
-        self._replies = replies
+    def __init__(self, channels: Any) -> None:
+        self._channels = channels
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]],
                      checkpoint: ray.train.Checkpoint | None) -> None:
-        self._reports.put((dict(metrics[0]), checkpoint.path if checkpoint else None))
-        self._replies.get()
+        report = (dict(metrics[0]), checkpoint.path if checkpoint else None)
+        ray.get(self._channels.put.remote(_REPORTS, report))
+        ray.get(self._channels.get.remote(_REPLIES))
 
 
 def drop_earlier_runs(filesystem: Any, train_root: str, trial_run_name: str,
@@ -150,7 +173,6 @@ class PopulationStart:
     def __init__(self, trial_run_name: str, train_storage_path: str) -> None:
         from ray import tune
         from ray.train._internal.storage import get_fs_and_path
-        from ray.util.queue import Queue
 
         self.start: ray.train.Checkpoint | None = tune.get_checkpoint()
         self.run_name = generation_run_name(trial_run_name)
@@ -158,12 +180,11 @@ class PopulationStart:
         self._train_fs, train_root = get_fs_and_path(train_storage_path)
         self._train_root = train_root
         self._train_run_dir = posixpath.join(train_root, self.run_name)
-        # Owned by this process: they end with it, and so does a controller waiting on them.
-        self._reports = Queue(actor_options={"num_cpus": 0})
-        self._replies = Queue(actor_options={"num_cpus": 0})
+        # Owned by this process: it ends with it, and so does a controller waiting on it.
+        self._channels = _Channels.remote()
 
     def callbacks(self) -> list[UserCallback]:
-        return [_ReportRelay(self._reports, self._replies)]
+        return [_ReportRelay(self._channels)]
 
     def fit(self, trainer: Any) -> Any:
         """``trainer.fit()`` (in a thread) while this thread reports each of its reports to
@@ -184,13 +205,13 @@ class PopulationStart:
             except BaseException as exc:  # re-raised in the trial's thread below
                 outcome["error"] = exc
             finally:
-                self._reports.put(_FINISHED)
+                ray.get(self._channels.put.remote(_REPORTS, _FINISHED))
 
         # A daemon: a paused trial's process ends without waiting for its trainer.
         threading.Thread(target=fit_in_thread, name="raycl-pbt-trainer", daemon=True).start()
-        while (item := self._reports.get()) is not _FINISHED:
+        while (item := ray.get(self._channels.get.remote(_REPORTS))) is not _FINISHED:
             self._report(*item)
-            self._replies.put(True)
+            ray.get(self._channels.put.remote(_REPLIES, True))
         if "error" in outcome:
             raise outcome["error"]
         return outcome["result"]
