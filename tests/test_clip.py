@@ -338,7 +338,7 @@ def test_metrics_a_trial_would_never_report_are_rejected(tmp_path) -> None:
     assert "pairs has no labels" in error(data=pairs, tune={"metric": "val/linear/mean"})
     # an image-only method on captions: nothing scores it without the label-free figures, and
     # it never reports caption retrieval
-    assert "data.dataset: pairs has captions but no labels" in error(
+    assert "data.dataset: pairs has no labels" in error(
         method="simclr", data=pairs, eval={"mmvp": None, "label_free": False},
         tune={"metric": "val/label_free/rankme"})
     assert "tune.metric: val/i2t/r1 is reported by an image-text method only" in error(

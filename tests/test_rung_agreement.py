@@ -70,6 +70,8 @@ def test_the_parent_run_gets_the_csv_once_every_trial_ended(tmp_path: Path) -> N
         rows = list(csv.DictReader(handle))
     assert [(row["figure"], row["epoch"]) for row in rows] == [
         (OBJECTIVE, "1"), (OBJECTIVE, "2"), (OBJECTIVE, "3")]
+    plot = client.download_artifacts(parent, "rung_agreement.png", str(tmp_path))
+    assert Path(plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a trial still running: nothing yet (the ranking is not final)
     running = client.create_run(experiment, tags={ROLE_TAG: "trial", PARENT_TAG: parent})
     assert log_rung_agreement(client, parent, [*children, client.get_run(

@@ -25,10 +25,10 @@ from raycl.data.sources.folders import (
     folder_fingerprint,
     image_folder_files,
     resolve_layout,
-    unreadable_images_problem,
 )
 from raycl.data.sources.imagenet import IMAGENET_READER
 from raycl.data.stream.files import FileRows, decode_batch, decode_paths, spare_batches
+from raycl.data.unreadable import unreadable_images_problem
 
 RESOLUTION = 8
 BUCKET = "raycl-stream"

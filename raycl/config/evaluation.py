@@ -202,6 +202,18 @@ class EvalConfig(Section):
         "std times sqrt(D): ~1 spread out, 0 collapsed); test/label_free/... after a stage's last "
         "epoch. Any may be tune.metric or an objective, also on a dataset without labels."
     )
+    online_probe: bool = Field(
+        False, description="Train a linear head per attribute beside the method, on each "
+        "training batch's backbone features (stop-gradient: the encoder gets nothing from it; "
+        "its own AdamW optimizer; gradients averaged over the ranks), as solo-learn and "
+        "stable-pretraining do: train/online_linear/<attribute> (the epoch's running accuracy "
+        "on the augmented views) and, at each evaluation, val/online_linear/<attribute> (the "
+        "heads on the val embeddings; test/ at the end), each with /mean. A family of its own, "
+        "never the closed-form probe's numbers; may be tune.metric. Labelled data, one stage "
+        "(not MCL), an image-only method."
+    )
+    online_probe_lr: float = Field(
+        1e-3, gt=0.0, description="The online probe's learning rate (AdamW, no weight decay).")
     label_free_rows: int | None = Field(
         4096, ge=10, description="Rows (a seeded draw, the same at every evaluation) the "
         "label-free figures read per split; their cost is O(rows * D^2) on rank 0 "

@@ -60,10 +60,14 @@ T2I = "t2i"  # caption retrieval, text to image
 LINEAR_SGD = "linear_sgd"
 # Figures of the features alone, no labels (raycl.eval.label_free): rankme, alpha, std.
 LABEL_FREE = "label_free"
+# The online probe's heads, trained beside the method (eval.online_probe): per attribute, also
+# ``train/online_linear/<attribute>`` (the epoch's running accuracy).
+ONLINE_LINEAR = "online_linear"
 FAMILIES: tuple[str, ...] = (LINEAR, KNN, RETRIEVAL, NN_RETRIEVAL, MMVP, ZEROSHOT, I2T, T2I,
-                             LINEAR_SGD, LABEL_FREE)
+                             LINEAR_SGD, LABEL_FREE, ONLINE_LINEAR)
 # Families that classify by the labels: a dataset without attributes has none of them.
-LABEL_FAMILIES: tuple[str, ...] = (LINEAR, KNN, RETRIEVAL, NN_RETRIEVAL, ZEROSHOT, LINEAR_SGD)
+LABEL_FAMILIES: tuple[str, ...] = (LINEAR, KNN, RETRIEVAL, NN_RETRIEVAL, ZEROSHOT, LINEAR_SGD,
+                                   ONLINE_LINEAR)
 # Families with label-fraction variants (``<family>_<percent>pct``).
 FRACTION_FAMILIES: tuple[str, ...] = (LINEAR, LINEAR_SGD)
 # raycl.evaluate scores a set by every label family (kNN, retrieval, the SGD protocol) too.

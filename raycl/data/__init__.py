@@ -46,6 +46,7 @@ from raycl.data.registry import (
     DATASETS,
     SOURCES,
     Source,
+    attributes_of,
     describe_datasets,
     is_unlabelled,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "ImageSet",
     "Reader",
     "Source",
+    "attributes_of",
     "caption_rates",
     "caption_seed",
     "carve_validation",

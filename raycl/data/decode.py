@@ -27,7 +27,7 @@ from PIL import Image, UnidentifiedImageError
 from raycl.data.bucket_paths import is_remote, read_bytes
 
 # What a file Pillow cannot identify is, in the words of the launch's check
-# (raycl.data.sources.folders.image_problem): its own message names a BytesIO, not the file.
+# (raycl.data.unreadable.image_problem): its own message names a BytesIO, not the file.
 NOT_AN_IMAGE = "not an image Pillow can decode"
 
 

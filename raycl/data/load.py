@@ -60,10 +60,10 @@ from raycl.data.registry import (
     streams,
     unknown_dataset,
 )
-from raycl.data.sources.folders import image_problem, unreadable_message
 from raycl.data.splits import split_indices
 from raycl.data.stream.files import FileRows, decoded_bytes
 from raycl.data.types import DatasetSplits, ImageFiles, ImageRows, ImageSet
+from raycl.data.unreadable import image_problem, unreadable_message
 
 # Keeps the synthetic captions' draws apart from the Trifeature generator's, which is seeded
 # with the same data seed: otherwise whether a caption names the colour would follow the
@@ -302,7 +302,7 @@ def split_image_set(cfg: DataConfig, image_set: ImageSet, unreadable: Sequence[U
 def streamed_unreadable(cfg: DataConfig, seed: int, paths: Sequence[Any],
                         threads: int = 1) -> list[Unreadable]:
     """(row, file, why) of the local image files of ``paths`` that cannot be decoded
-    (:func:`raycl.data.sources.folders.image_problem`: header, end marker, a full decode when that
+    (:func:`raycl.data.unreadable.image_problem`: header, end marker, a full decode when that
     is
     missing), for stream mode to leave out before the split. Checked once per content and node:
     the result is kept beside the cache (``<cache>.unreadable.json``), so the trials of a sweep

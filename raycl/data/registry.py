@@ -13,6 +13,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Literal
 
+from raycl.config.training import DataConfig
 from raycl.data.types import Reader
 
 
@@ -32,6 +33,9 @@ class Source:
         stream: how ``data.loader: stream`` reads it: ``"no"`` (an array source, read whole),
             ``"files"`` (its reader lists image files, decoded batch by batch) or ``"only"``
             (shards, streamed only).
+        labels_from_root: whether the root's content decides if the images are labelled (a
+            folder: class folders, or images directly in it, unlabelled); its reader then
+            answers ``labelled(cfg)`` (:func:`attributes_of`).
     """
 
     description: str
@@ -40,6 +44,7 @@ class Source:
     reader: str
     num_classes: int | dict[str, int] | None = None
     stream: Literal["no", "files", "only"] = "no"
+    labels_from_root: bool = False
 
     def fixed_num_classes(self) -> dict[str, int] | None:
         """Classes per attribute when the source fixes them, else None."""
@@ -72,8 +77,10 @@ SOURCES: dict[str, Source] = {
         ("digit",), 1, "raycl.data.sources.packaged:DIGITS_READER", num_classes=10),
     "folder": Source(
         "ImageFolder layout root/<class>/*.png|jpg, or root/train/<class>/ and "
-        "root/test/<class>/ (the shipped test split), RGB; attribute class; needs root",
-        ("class",), 3, "raycl.data.sources.folders:READER", stream="files"),
+        "root/test/<class>/ (the shipped test split), RGB; attribute class; or root/*.png|jpg "
+        "without class folders: unlabelled, split at random; needs root",
+        ("class",), 3, "raycl.data.sources.folders:READER", stream="files",
+        labels_from_root=True),
     "pairs": Source(
         "image-caption pairs listed in a CSV/TSV file (root; columns image|filepath|path and "
         "caption|title|text, image paths relative to the file), RGB; no labels, one caption "
@@ -160,3 +167,19 @@ def streamed_only(dataset: str) -> bool:
 def is_unlabelled(dataset: str) -> bool:
     """Whether ``dataset`` has no class labels (its splits are random, it cannot be probed)."""
     return ATTRIBUTES.get(dataset) == ()
+
+
+def attributes_of(data: DataConfig) -> tuple[str, ...] | None:
+    """The attributes the images of the data settings ``data`` are labelled with: its
+    source's (:data:`ATTRIBUTES`), but () for a root whose content says it is unlabelled (a
+    folder of images without class folders; the root is listed once per launch,
+    :mod:`raycl.data.listed_once`). None for an unknown dataset. A root that cannot be listed
+    answers its source's: the dataset's own check names what is wrong with it."""
+    source = SOURCES.get(data.dataset)
+    if source is None or not source.labels_from_root or not data.root:
+        return None if source is None else source.attributes
+    try:
+        labelled = reader(data.dataset).labelled(data)  # type: ignore[attr-defined]
+    except (OSError, ValueError):
+        return source.attributes
+    return source.attributes if labelled else ()

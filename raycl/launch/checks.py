@@ -50,6 +50,7 @@ from raycl.config.training import DataConfig
 from raycl.launch.feasibility import CONSTRAINED_KEYS, joint_domain, trial_problem
 from raycl.launch.linear_sgd_check import check_linear_sgd
 from raycl.launch.objectives_check import check_collapse, check_metric, check_objectives
+from raycl.launch.online_probe_check import check_online_probe
 from raycl.launch.optimizer_check import check_optimizer
 from raycl.launch.paper_check import check_paper
 from raycl.launch.pbt_check import check_pbt
@@ -110,15 +111,16 @@ def check_method_settings(config: CoreConfig) -> Iterator[Problem]:
 
 
 def check_labels(config: CoreConfig) -> Iterator[Problem]:
-    """A dataset without labels (captions only) is scored by an image-text method's caption
-    retrieval, or by the label-free figures (eval.label_free): with neither, nothing."""
-    from raycl.data import ATTRIBUTES
+    """A dataset without labels (captions only, or a folder without class folders) is scored
+    by an image-text method's caption retrieval, or by the label-free figures
+    (eval.label_free): with neither, nothing."""
+    from raycl.data import attributes_of
     from raycl.methods import METHODS
 
     method = METHODS.get(_trained(config))
-    if method is not None and not ATTRIBUTES.get(config.data.dataset, ("?",)) \
+    if method is not None and attributes_of(config.data) == () \
             and not method.multimodal and not config.eval.label_free:
-        yield Problem("data.dataset", f"{config.data.dataset} has captions but no labels, which "
+        yield Problem("data.dataset", f"{config.data.dataset} has no labels, which "
                                       f"only an image-text method (method: clip, or mcl.base: "
                                       f"clip) or the label-free figures (eval.label_free: true) "
                                       f"score; {_trained(config)} would have nothing to be "
@@ -132,7 +134,7 @@ def dataset_problems(data: DataConfig, section: str) -> Iterator[Problem]:
     of ``<section>.<key>``. ``data``: the data section, or a transfer set's data settings.
     """
     from raycl.data.registry import SOURCES, reader
-    from raycl.data.sources.folders import SKIP_HINT
+    from raycl.data.unreadable import SKIP_HINT
 
     if data.dataset not in SOURCES:
         return  # pydantic's message names an unknown dataset
@@ -455,7 +457,8 @@ def check_tracking(config: CoreConfig) -> Iterator[Problem]:
 CONFIG_CHECKS: tuple[Check, ...] = (
     check_method, check_method_settings, check_optimizer, check_labels, check_data,
     check_loader, check_cache_disk, check_pretrain_unlabeled,
-    check_splits, check_objectives, check_metric, check_collapse, check_linear_sgd, check_paper,
+    check_splits, check_objectives, check_metric, check_collapse, check_linear_sgd,
+    check_online_probe, check_paper,
     check_search_space, check_pretrained,
     check_feasible, check_gpu_sharing, check_grid, check_pbt,
 )

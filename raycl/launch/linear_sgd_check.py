@@ -28,7 +28,7 @@ def check_linear_sgd(config: CoreConfig) -> Iterator[Problem]:
     Yields:
         At most one problem, of ``eval.linear_sgd`` or ``tune.metric``.
     """
-    from raycl.data import ATTRIBUTES
+    from raycl.data import attributes_of
     from raycl.data.registry import streamed_only
 
     name = maybe_metric(config.tune.metric)
@@ -42,7 +42,7 @@ def check_linear_sgd(config: CoreConfig) -> Iterator[Problem]:
         yield Problem(KEY, "not yet for data.loader: stream (its images are files decoded in "
                            "batches); use data.loader: memory")
         return
-    if data.dataset in ATTRIBUTES and not ATTRIBUTES[data.dataset]:
+    if attributes_of(data) == ():
         yield Problem(KEY, f"{data.dataset} has no labels to train a linear head on")
         return
     for chosen, candidate in searched_variants(config, ("method", "mcl.stages")):

@@ -255,6 +255,27 @@ def _grid_notice(config: CoreConfig) -> str | None:
             f"{what}")
 
 
+def _unlabelled_objective(config: CoreConfig, raw: dict[str, Any],
+                          notices: list[str]) -> CoreConfig:
+    """``config`` selecting on RankMe (``val/label_free/rankme``, max) when its data has no
+    labels (a folder without class folders, a caption corpus), its method is an image-only one
+    and neither the YAML nor a ``--set`` names ``tune.metric`` or ``tune.objectives``: the
+    default, the class probe, would have nothing to score. Said in a notice. (An image-text
+    method has caption retrieval to select on: which, the user says.)"""
+    from raycl.config.collapse import RANKME
+    from raycl.data import attributes_of
+    from raycl.launch.objectives_check import trains_image_text
+
+    named = raw.get("tune") if isinstance(raw.get("tune"), dict) else {}
+    if ("metric" in named or config.tune.objectives or not config.eval.label_free
+            or trains_image_text(config) or attributes_of(config.data) != ()):
+        return config
+    where = f"data.root {config.data.root}" if config.data.root else config.data.dataset
+    notices.append(f"tune.metric: {RANKME} (max), the label-free default: {where} has no "
+                   f"labels to probe")
+    return apply_overrides(config, {"tune.metric": RANKME, "tune.mode": "max"})
+
+
 def _usage_notices(config: CoreConfig, raw: dict[str, Any]) -> list[str]:
     """Sections the YAML sets that no trial reads; trials that are only seed repeats."""
     notices = []
@@ -305,6 +326,8 @@ def load_search(
     config = _validate(raw, source, overrides or [], lines, keys)
     if config is None:
         raise ConfigErrors(lines)
+    if check_references:
+        config = _unlabelled_objective(config, raw, [] if lines else notices)
     config = _clamp_scheduler(config, [] if lines else notices)
     if check_references:
         problems = all_problems(config, CONFIG_CHECKS, skip=tuple(keys))

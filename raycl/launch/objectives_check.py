@@ -20,6 +20,7 @@ from raycl.config.metric_names import (
     LINEAR_SGD,
     MEAN,
     MMVP,
+    ONLINE_LINEAR,
     PERF,
     T2I,
     VAL,
@@ -45,6 +46,7 @@ def check_objectives(config: CoreConfig) -> Iterator[Problem]:
     """Every objective names a metric this sweep's trials report (an attribute the dataset has,
     a linear-SGD metric with ``eval.linear_sgd`` set, a per-epoch ``perf/`` figure)."""
     from raycl.launch.linear_sgd_check import check_linear_sgd
+    from raycl.launch.online_probe_check import check_online_probe
 
     for index, objective in enumerate(config.tune.objectives or []):
         key = f"tune.objectives.{index}.metric"
@@ -54,13 +56,14 @@ def check_objectives(config: CoreConfig) -> Iterator[Problem]:
                                f"objective is one of {', '.join(EVERY_EPOCH_PERF)}")
             continue
         single = selecting_on(config, objective.metric)
-        for problem in (*check_metric(single), *check_linear_sgd(single)):
+        for problem in (*check_metric(single), *check_linear_sgd(single),
+                        *check_online_probe(single)):
             if problem.key == "tune.metric":
                 yield Problem(key, problem.why)
                 break
 
 
-def _trains_image_text(config: CoreConfig) -> bool:
+def trains_image_text(config: CoreConfig) -> bool:
     """Whether the (base) method a trial trains is an image-text one (CLIP)."""
     from raycl.methods import METHODS
 
@@ -69,9 +72,17 @@ def _trains_image_text(config: CoreConfig) -> bool:
     return method is None or method.multimodal  # an unknown method is named elsewhere
 
 
+def _unlabelled(config: CoreConfig) -> str:
+    """What the unlabelled data is called in a message: the dataset, or the folder that has no
+    class folders."""
+    if config.data.dataset == "folder":
+        return f"data.root {config.data.root} (images without class folders)"
+    return config.data.dataset
+
+
 def check_metric(config: CoreConfig) -> Iterator[Problem]:
     """A probe metric must name an attribute the dataset has."""
-    from raycl.data import ATTRIBUTES
+    from raycl.data import attributes_of
 
     dataset, metric = config.data.dataset, config.tune.metric
     if config.tune.objectives:  # each checked by check_objectives, under its own key
@@ -79,17 +90,18 @@ def check_metric(config: CoreConfig) -> Iterator[Problem]:
     name = maybe_metric(metric)  # the schema let only reported names through
     if name is None or name.split != VAL:
         return
-    known = ATTRIBUTES.get(dataset)
-    if name.family in (LINEAR, KNN, LINEAR_SGD) and known and name.name not in (*known, MEAN):
+    known = attributes_of(config.data)
+    if name.family in (LINEAR, KNN, LINEAR_SGD, ONLINE_LINEAR) and known \
+            and name.name not in (*known, MEAN):
         yield Problem("tune.metric", f"{dataset} has no attribute {name.name!r} "
                                      f"(attributes: {', '.join(known)}, or mean)")
-    unlabelled = dataset in ATTRIBUTES and not ATTRIBUTES[dataset]
-    if unlabelled and name.family in LABEL_FAMILIES:
-        yield Problem("tune.metric", f"{dataset} has no labels to probe or classify; select on "
+    if known == () and name.family in LABEL_FAMILIES:
+        yield Problem("tune.metric", f"{_unlabelled(config)} has no labels to probe or "
+                                     f"classify; select on "
                                      f"a label-free figure (val/label_free/rankme), caption "
                                      f"retrieval (val/i2t/r1, val/t2i/r1) or val/mmvp/mean "
                                      f"with eval.mmvp: synthetic")
-    if name.family in IMAGE_TEXT_FAMILIES and not _trains_image_text(config):
+    if name.family in IMAGE_TEXT_FAMILIES and not trains_image_text(config):
         yield Problem("tune.metric", f"{metric} is reported by an image-text method only "
                                      f"(method: clip, or mcl.base: clip)")
     if name.family == LABEL_FREE and not config.eval.label_free:
@@ -108,4 +120,4 @@ def check_collapse(config: CoreConfig) -> Iterator[Problem]:
 
 
 __all__ = ["EVERY_EPOCH_PERF", "check_collapse", "check_metric", "check_objectives",
-           "selecting_on"]
+           "selecting_on", "trains_image_text"]

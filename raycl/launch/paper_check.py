@@ -27,12 +27,10 @@ from raycl.config.schema import CoreConfig, Problem
 KEY = "paper.metric"
 
 
-def _attribute_problem(name: MetricName, dataset: str) -> str | None:
-    """Why ``dataset`` has no attribute for ``name`` (None when it has, or is not a label
-    family's name)."""
-    from raycl.data import ATTRIBUTES
-
-    known = ATTRIBUTES.get(dataset)
+def _attribute_problem(name: MetricName, dataset: str,
+                       known: tuple[str, ...] | None) -> str | None:
+    """Why ``dataset`` (labelled with the attributes ``known``, None: an unknown dataset) has
+    no attribute for ``name`` (None when it has, or is not a label family's name)."""
     if name.family not in LABEL_FAMILIES or known is None:
         return None
     if not known:
@@ -68,8 +66,10 @@ def check_paper(config: CoreConfig) -> Iterator[Problem]:
     ``paper:`` block)."""
     if config.paper is None:
         return
+    from raycl.data import ATTRIBUTES, attributes_of
+
     name = parse_metric(config.paper.metric)  # the schema let only reported names through
-    dataset = config.data.dataset
+    dataset, known = config.data.dataset, attributes_of(config.data)
     if name.split == TRANSFER:
         sets = {entry.label: entry.dataset for entry in config.eval.transfer}
         if name.transfer not in sets:
@@ -77,7 +77,8 @@ def check_paper(config: CoreConfig) -> Iterator[Problem]:
                                f"in eval.transfer (now: {', '.join(sets) or 'none'})")
             return
         dataset = sets[name.transfer]
-    problem = _attribute_problem(name, dataset) or _evaluation_problem(name, config)
+        known = ATTRIBUTES.get(dataset)
+    problem = _attribute_problem(name, dataset, known) or _evaluation_problem(name, config)
     if problem:
         yield Problem(KEY, problem)
 

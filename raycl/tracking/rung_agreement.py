@@ -3,10 +3,12 @@
 SSL rankings can reverse late (a method that warms up slowly ends on top), so an ASHA rung at a
 quarter of the budget may stop the eventual winner. Once every trial of a sweep has ended, this
 reads, over the trials that ran to their last epoch, each per-epoch figure's history (the
-objective, the label-free figures, ``train/loss``) and says for every evaluated epoch how well
-the ranking by that figure at that epoch agreed with the ranking by the final objective:
-Kendall's τ and the share of the final top 3 already in the figure's top 3. The leaderboard's
-description gets one line: from which epoch on the objective's ranking agreed (τ ≥ 0.8).
+objective, the label-free figures, the online probe's mean, ``train/loss``) and says for every
+evaluated epoch how well the ranking by that figure at that epoch agreed with the ranking by the
+final objective: Kendall's τ and the share of the final top 3 already in the figure's top 3
+(``rung_agreement.csv``, and ``rung_agreement.png``: τ against the epoch, one line per figure).
+The leaderboard's description gets one line: from which epoch on the objective's ranking agreed
+(τ ≥ 0.8).
 
 Pure functions of the histories (:func:`agreement_rows`, :func:`settled_epoch`) and the MLflow
 side (:func:`log_rung_agreement`); failures are the caller's to log, never a sweep's end.
@@ -19,14 +21,18 @@ import logging
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from mlflow import MlflowClient
 from mlflow.entities import Run
 
-from raycl.config.metric_names import LABEL_FREE, VAL, metric_name
+from raycl.config.metric_names import LABEL_FREE, MEAN, ONLINE_LINEAR, VAL, metric_name
 from raycl.config.schema import CoreConfig
 from raycl.tracking.runs import COMPLETED, ENDED_TAG
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +46,7 @@ FIGURES: dict[str, str] = {
     metric_name(VAL, LABEL_FREE, "rankme"): "max",
     metric_name(VAL, LABEL_FREE, "std"): "max",
     metric_name(VAL, LABEL_FREE, "alpha"): "near_one",
+    metric_name(VAL, ONLINE_LINEAR, MEAN): "max",
     "train/loss": "min",
 }
 COLUMNS = ("figure", "epoch", "trials", "kendall_tau", "top3_overlap")
@@ -106,6 +113,27 @@ def settled_epoch(rows: Sequence[Mapping[str, object]], figure: str) -> int | No
     return settled
 
 
+def agreement_figure(rows: Sequence[Mapping[str, object]], objective: str) -> Figure:
+    """Kendall's τ with the final ranking against the epoch, one line per figure of ``rows``
+    (NaN, a tie, leaves a gap), the objective's drawn thickest, and the :data:`SETTLED_TAU`
+    line. A bare Figure (Agg, no pyplot), as the leaderboard's plot."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6.4, 4.0))
+    axes = figure.add_subplot()
+    for name in dict.fromkeys(str(row["figure"]) for row in rows):
+        points = sorted((int(row["epoch"]), float(row["kendall_tau"]))  # type: ignore[arg-type]
+                        for row in rows if row["figure"] == name)
+        axes.plot([epoch for epoch, _ in points], [tau for _, tau in points], marker="o",
+                  label=name, linewidth=2.5 if name == objective else 1.2)
+    axes.axhline(SETTLED_TAU, color="grey", linestyle="--", linewidth=0.8)
+    axes.set(xlabel="epoch", ylabel="Kendall τ with the final ranking", ylim=(-1.05, 1.05),
+             title="How early each figure ranked the trials as they ended")
+    axes.legend(fontsize="small", loc="lower right")
+    figure.tight_layout()
+    return figure
+
+
 def _histories(client: MlflowClient, runs: Sequence[Run],
                figures: Sequence[str]) -> dict[str, History]:
     return {figure: {run.info.run_id: {int(m.step): float(m.value) for m in
@@ -136,6 +164,10 @@ def log_rung_agreement(client: MlflowClient, parent_run_id: str, children: Seque
             writer.writeheader()
             writer.writerows(rows)
         client.log_artifact(parent_run_id, str(path))
+        if rows:
+            plot = Path(directory, "rung_agreement.png")
+            agreement_figure(rows, metric).savefig(plot, dpi=100)
+            client.log_artifact(parent_run_id, str(plot))
     epoch = settled_epoch(rows, metric)
     last = max((int(row["epoch"]) for row in rows if row["figure"] == metric), default=None)
     if epoch is None or last is None:
@@ -146,5 +178,5 @@ def log_rung_agreement(client: MlflowClient, parent_run_id: str, children: Seque
             f"shorter than that judged before the ranking settled (rung_agreement.csv).")
 
 
-__all__ = ["COLUMNS", "FIGURES", "SETTLED_TAU", "agreement_rows", "log_rung_agreement",
-           "settled_epoch"]
+__all__ = ["COLUMNS", "FIGURES", "SETTLED_TAU", "agreement_figure", "agreement_rows",
+           "log_rung_agreement", "settled_epoch"]

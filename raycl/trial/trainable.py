@@ -37,7 +37,7 @@ from raycl.config.metric_names import MCL, metric_name
 from raycl.config.schema import CoreConfig
 from raycl.config.search_config import apply_overrides, search_config_class
 from raycl.config.sweep import trial_values
-from raycl.data import ATTRIBUTES, split_sizes_for
+from raycl.data import attributes_of, split_sizes_for
 from raycl.data.listed_once import listed_once
 from raycl.eval.diagnostics import SPECTRUM, plot_diagnostics
 from raycl.eval.figures import mcl_figure, method_figures
@@ -253,5 +253,5 @@ def log_mcl_diagnostics(config: CoreConfig, arrays: dict[str, np.ndarray]) -> No
         (out / "ami_matrix.json").write_text(json.dumps(ami.round(4).tolist()))
         np.savetxt(out / "group_sizes.txt", sizes, fmt="%d")
         mcl_figure(out, ami, sizes, json.loads(str(arrays[MCL_STAGE_METRICS])),
-                   list(ATTRIBUTES[config.data.dataset]))
+                   list(attributes_of(config.data) or ()))
         log_to_trial_run(config, _trial_id(), metrics, out)

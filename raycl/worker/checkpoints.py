@@ -297,16 +297,19 @@ def write_checkpoint(
     diagnostics: dict[str, np.ndarray] | None = None,
     soup: StageWeights | None = None,
     run: StoredDirectory | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> None:
     """Write one checkpoint into ``directory`` (existing, empty); ``progress.json`` goes last.
     ``run``: the directory of the run's storage the checkpoint will be persisted into (its
     session's :meth:`run_storage`): earlier stages' features are written there once and
-    referenced (:func:`store_stage_features`); None: inline."""
+    referenced (:func:`store_stage_features`); None: inline. ``extra``: more state for
+    ``state.pt`` beside the method's (the online probe's heads, ``"online_probe"``)."""
     # Tensors, numbers, strings and plain containers only: read back with weights_only=True.
     state = {"model": method.state_dict(), "optimizer": optimizer.state_dict(),
              "scaler": scaler.state_dict()}
     if soup is not None:  # a finished stage's kept weights (soup share or concat encoder)
         state["soup"] = soup
+    state.update(extra or {})
     torch.save(state, directory / STATE_FILE)
     store_stage_features(inputs, run)
     inputs.save(directory / STAGE_INPUTS_FILE)

@@ -12,6 +12,7 @@ the step and the value. :func:`report_epoch` hands the epoch's metrics and check
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from raycl.distributed import any_rank
 from raycl.methods.base import Batch, Method, Phase
 from raycl.worker.batches import TrainBatch, TrainLoader
 from raycl.worker.faults import maybe_inject_fault
+from raycl.worker.online_probe import OnlineProbe
 from raycl.worker.optim import Autocast, LrSchedule
 from raycl.worker.outcome import NonFiniteLossError
 from raycl.worker.perf import Clock
@@ -51,6 +53,8 @@ class StepParts:
         autocast: the forward pass's autocast region.
         scaler: the loss scaler (a no-op unless fp16 on CUDA).
         clock: the start-up clock (the first step stops it).
+        online_probe: the heads trained beside the method on each step's backbone features
+            (``eval.online_probe``; None: off).
     """
 
     stage: int
@@ -63,6 +67,7 @@ class StepParts:
     autocast: Autocast
     scaler: torch.amp.GradScaler
     clock: Clock
+    online_probe: OnlineProbe | None = None
 
     @property
     def device(self) -> torch.device:
@@ -120,6 +125,7 @@ def run_epoch(
     """Train ``run.model`` for epoch ``epoch`` of ``run.phase``: one optimizer step per batch,
     the learning rate set per step, the views drawn from ``generator``."""
     model, optimizer, schedule = run.model, run.optimizer, run.schedule
+    probe = parts.online_probe
     steps_per_epoch = len(parts.loader)
     model.train()
     sums: dict[str, Tensor] = {}
@@ -131,12 +137,14 @@ def run_epoch(
         schedule.apply(optimizer, step)
         batch = _batch(parts, loaded, run.phase.augment, generator)
 
-        with parts.autocast():
+        with parts.autocast(), probe.capturing() if probe is not None else nullcontext():
             outputs = model(batch)
         optimizer.zero_grad(set_to_none=True)
         parts.scaler.scale(outputs["loss"]).backward()
         parts.scaler.step(optimizer)
         parts.scaler.update()
+        if probe is not None:  # its heads' own step, on the features the forward captured
+            probe.step(batch.index)
         parts.method.on_train_step_end(step + 1, schedule.total_steps)
         parts.clock.first_step_done()
 

@@ -46,8 +46,9 @@ from raycl.worker.epoch import (
     run_epoch,
     seed_epoch,
 )
-from raycl.worker.evaluate import evaluate_epoch
+from raycl.worker.evaluate import evaluate_epoch, scored_subset
 from raycl.worker.loader import TrainImages, build_loader
+from raycl.worker.online_probe import OnlineProbe
 from raycl.worker.optim import (
     LrSchedule,
     autocast_and_scaler,
@@ -164,7 +165,21 @@ def _build_parts(
     autocast, scaler = autocast_and_scaler(config, device)
     return StepParts(stage=inputs.stage, session=session, method=method, loader=loader,
                      augment=BatchAugment(config.augment), pseudo_labels=pseudo_labels,
-                     tokens=tokens, autocast=autocast, scaler=scaler, clock=clock)
+                     tokens=tokens, autocast=autocast, scaler=scaler, clock=clock,
+                     online_probe=_online_probe(config, data, method, device, resume))
+
+
+def _online_probe(config: CoreConfig, data: DatasetSplits, method: Method,
+                  device: torch.device, resume: Restored | None) -> OnlineProbe | None:
+    """The online probe's heads (``eval.online_probe``), with the checkpoint's when resumed."""
+    if not config.eval.online_probe or not data.attributes:
+        return None
+    probe = OnlineProbe(method.backbone, {name: data.train.labels[name]
+                                          for name in data.attributes},
+                        data.num_classes, config.eval.online_probe_lr, device)
+    if resume is not None:
+        probe.load_state_dict(resume.state.pop("online_probe", {}))
+    return probe
 
 
 def build_stage_method(
@@ -257,6 +272,7 @@ def _end_epoch(stage: _Stage, run: PhaseRun, stats: EpochStats, completed: int) 
         features, evaluation, diagnostics = evaluate_epoch(
             config, stage.data, stage.eval_sets, inputs, method, session, last)
         metrics.update(evaluation)  # eval.linear_sgd's too at the trial's end
+        metrics.update(_online_probe_scores(stage, features))
     metrics.update(stage.parts.clock.pop_metrics())
     metrics["perf/peak_rss_mb"] = peak_rss_mb()
     metrics[DEVICE_HOURS] = stage.parts.clock.device_hours(trial_devices(config.scaling))
@@ -273,9 +289,31 @@ def _end_epoch(stage: _Stage, run: PhaseRun, stats: EpochStats, completed: int) 
         with single_rank_section("rank 0's checkpoint writing"):
             write_checkpoint(Path(checkpoint_dir), method, run.optimizer, stage.parts.scaler,
                              progress, inputs, kept, metrics,
-                             diagnostics, soup, run=session.run_storage())
+                             diagnostics, soup, run=session.run_storage(),
+                             extra=_probe_state(stage.parts.online_probe))
     report_epoch(stage.parts, metrics, checkpoint_dir, run.offset + completed)
     return StageResult(features=features, metrics=metrics, weights=soup)
+
+
+def _online_probe_scores(stage: _Stage, features: Features) -> dict[str, float]:
+    """Rank 0: the online probe's heads on the val (and at the end test) embeddings the
+    evaluation computed, at the rows it scored."""
+    probe = stage.parts.online_probe
+    if probe is None or stage.session.rank != 0:
+        return {}
+    scores: dict[str, float] = {}
+    for split in ("val", "test"):
+        if split in features:
+            rows = scored_subset(stage.config, stage.data, split)
+            labels = stage.data.split(split).labels
+            scores.update(probe.score(split, features[split], {
+                name: values if rows is None else values[rows]
+                for name, values in labels.items()}))
+    return scores
+
+
+def _probe_state(probe: OnlineProbe | None) -> dict[str, Any] | None:
+    return None if probe is None else {"online_probe": probe.state_dict()}
 
 
 def _epoch_metrics(
@@ -302,6 +340,8 @@ def _epoch_metrics(
     if len(stage.phases) > 1:
         metrics["phase"] = run.phase.name
     metrics.update(stage.parts.loader.pop_metrics())  # train/sampler_*, data/skipped
+    if stage.parts.online_probe is not None:  # a collective: every rank, every epoch
+        metrics.update(stage.parts.online_probe.pop_metrics())
     if stage.data.skipped:  # left out by data.skip_unreadable: counted beside stream's skips
         metrics["data/skipped"] = metrics.get("data/skipped", 0.0) + len(stage.data.skipped)
     if config.num_stages > 1:

@@ -64,8 +64,8 @@ from raycl.data.cache.store import (
 )
 from raycl.data.decode import decode_square
 from raycl.data.progress import Progress
-from raycl.data.sources.folders import image_problem, unreadable_message
 from raycl.data.types import ImageFiles, ImageSet
+from raycl.data.unreadable import image_problem, unreadable_message
 
 # Images one decoding task handles: large enough to amortise the pool's overhead, small enough
 # that the progress line moves and every worker gets work to the end.

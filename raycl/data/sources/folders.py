@@ -1,9 +1,11 @@
-"""Images from a folder a user points at, in the torchvision ImageFolder layout.
+"""Images from a folder a user points at, in the torchvision ImageFolder layout, or without labels.
 
 Two layouts (``data.layout``):
 
     flat:        root/<class name>/<image>.png|jpg|jpeg|bmp|webp
                  one pool, split into train/val/test by data.val_fraction and data.test_fraction
+                 (stratified by class); or root/<image> with no class folders: unlabelled
+                 images, split at random, scored by the label-free figures (eval.label_free)
     train_test:  root/train/<class name>/<image>   root/test/<class name>/<image>
                  the split the dataset ships (CUB-200, Stanford Cars, FGVC-Aircraft): test is
                  exactly test/, validation is a stratified data.val_fraction share of train/
@@ -21,22 +23,20 @@ files' URIs, and the images are decoded from the bucket (stream mode: when a bat
 
 from __future__ import annotations
 
-import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from raycl.config.section import Problem
 from raycl.config.training import DataConfig
-from raycl.data.bucket_paths import BucketPath, as_listed, is_remote, read_bytes, root_path
+from raycl.data.bucket_paths import BucketPath, as_listed, is_remote, root_path
 from raycl.data.cache.manifest import node_listed, node_remembered
-from raycl.data.decode import NOT_AN_IMAGE
 from raycl.data.listed_once import remembered
-from raycl.data.splits import counted_split_sizes
+from raycl.data.splits import counted_split_sizes, unlabelled_split_sizes
 from raycl.data.types import ImageFiles
+from raycl.data.unreadable import unreadable_images, unreadable_message
 
 T = TypeVar("T")
 
@@ -47,12 +47,12 @@ HALVES: tuple[str, ...] = ("train", "test")
 # Folders a train_test root may not hold: a shipped validation split would be silently ignored.
 _VALIDATION_DIRS: tuple[str, ...] = ("val", "valid", "validation")
 
-# The headers read before launch from a folder in a bucket (each a request): a sample.
-REMOTE_HEADER_SAMPLE = 64
 # A local directory or file, or one in a bucket (listed through pyarrow's file systems).
 Listed = Path | BucketPath
 # (image path, class name) pairs, per part: "all" (flat) or "train" and "test" (train_test).
 FileList = list[tuple[Listed, str]]
+# The class name of every image of a root without class folders (its images are unlabelled).
+UNLABELLED = ""
 
 
 def _folder(root: str | Path | BucketPath) -> Listed:
@@ -66,23 +66,28 @@ def _is_image(path: Listed) -> bool:
     return path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES
 
 
-def list_image_files(root: str | Listed, classes: list[str] | None = None) -> FileList:
+def list_image_files(root: str | Listed, classes: list[str] | None = None, *,
+                     own_images: bool = False) -> FileList:
     """All (image path, class name) pairs under root, sorted by class then file name.
 
     Args:
         root: a directory (or bucket folder) with one sub-folder per class.
         classes: read only these class folders (ImageNet-100's subset of ImageNet's); one
             that does not exist is skipped (its caller checks for it). None: every folder.
+        own_images: a root with its images directly in it and no class folder is read too:
+            every image's class is then :data:`UNLABELLED` (a flat folder's root).
 
     Raises:
         FileNotFoundError: root does not exist or is not a directory.
-        ValueError: root holds no class folder with an image in it, or a bucket folder cannot
-            be listed.
+        ValueError: root holds no image (in class folders or of its own), holds images of its
+            own beside class folders with images, or a bucket folder cannot be listed.
     """
     root_path = _folder(root)
     if not root_path.is_dir():
         raise FileNotFoundError(f"image folder {str(root_path)!r} does not exist")
-    class_dirs = (sorted(p for p in root_path.iterdir() if p.is_dir()) if classes is None
+    children = sorted(root_path.iterdir()) if classes is None else []
+    own = [(path, UNLABELLED) for path in children if own_images and _is_image(path)]
+    class_dirs = ([child for child in children if child.is_dir()] if classes is None
                   else [root_path / name for name in sorted(classes)
                         if (root_path / name).is_dir()])
     files = [
@@ -91,12 +96,24 @@ def list_image_files(root: str | Listed, classes: list[str] | None = None) -> Fi
         for path in sorted(class_dir.iterdir())
         if _is_image(path)
     ]
-    if not files:
+    if own and files:
         raise ValueError(
-            f"no images in {str(root_path)!r}: expected root/<class>/*.png|jpg "
+            f"{str(root_path)!r} holds {len(own)} image(s) of its own beside class folders "
+            f"with images: put every image in a class folder (root/<class>/*.jpg), or none "
+            f"(root/*.jpg: unlabelled)")
+    if not files and not own:
+        unlabelled = ", or root/*.png|jpg (unlabelled)" if own_images else ""
+        raise ValueError(
+            f"no images in {str(root_path)!r}: expected root/<class>/*.png|jpg{unlabelled} "
             f"(suffixes {', '.join(sorted(IMAGE_SUFFIXES))})"
         )
-    return files
+    return files or own
+
+
+def is_unlabelled_listing(parts: dict[str, FileList]) -> bool:
+    """Whether a folder's listing (:func:`list_folder`) is of unlabelled images (no class
+    folders: the images sit in the root itself)."""
+    return all(name == UNLABELLED for files in parts.values() for _, name in files)
 
 
 def _holds_class_folders(path: Listed) -> bool:
@@ -185,7 +202,7 @@ def list_folder(root: str | Listed, layout: str = "auto",
 def _list_folder(root: str | Listed, layout: str) -> dict[str, FileList]:
     root_path = _folder(root)
     if resolve_layout(root_path, layout) == "flat":
-        return {"all": list_image_files(root_path)}
+        return {"all": list_image_files(root_path, own_images=True)}
     parts = {half: list_image_files(root_path / half) for half in HALVES}
     require_trained_classes(parts["train"], parts["test"], root_path / "train",
                             root_path / "test")
@@ -262,94 +279,6 @@ def folder_fingerprint(root: str | Listed, layout: str = "auto",
     return fingerprint
 
 
-def _header_sample(paths: Sequence[Listed | str]) -> tuple[list[Listed | str], str]:
-    """The files whose headers are checked, and how the message counts them: every local file;
-    of files in a bucket, :data:`REMOTE_HEADER_SAMPLE` spread evenly through the (class-sorted)
-    list, so every part of the listing is represented and the pick is the same every run."""
-    if not paths or not is_remote(str(paths[0])) or len(paths) <= REMOTE_HEADER_SAMPLE:
-        return list(paths), f"{len(paths)} image files"
-    picks = np.linspace(0, len(paths) - 1, REMOTE_HEADER_SAMPLE).round().astype(int)
-    return [paths[i] for i in picks], f"{REMOTE_HEADER_SAMPLE} sampled of {len(paths)} image files"
-
-
-def unreadable_images(paths: Sequence[Listed | str]) -> tuple[list[tuple[str, str]], str]:
-    """The files of ``paths`` that are not images Pillow can decode, each with why, in the
-    order given; and how the check counts the files (``"602 image files"``).
-
-    Reads each file's header (thousands of files a second) and its last bytes: a JPEG or PNG
-    whose end marker is missing (a file cut short, the usual way a sound header hides bad data)
-    is decoded whole to confirm it, so both an unopenable and a truncated file are found before
-    launch. Files in a bucket (URIs) cost a request each: at most :data:`REMOTE_HEADER_SAMPLE`
-    (64) of them are read, evenly spread, so that a wrong prefix or a folder of non-images is
-    caught before launch; a bad file the sample misses is replaced and counted when training
-    reads it in stream mode (:mod:`raycl.data.stream.files`), and found by the cache build in
-    memory mode.
-    """
-    checked, counted = _header_sample(paths)
-    unreadable = [(str(path), why) for path in checked
-                  if (why := image_problem(path)) is not None]
-    return unreadable, counted
-
-
-def image_problem(path: Listed | str) -> str | None:
-    """Why the image file ``path`` cannot be decoded, in a few words; None when it can (see
-    :func:`unreadable_images`)."""
-    try:
-        data = read_bytes(str(path)) if is_remote(str(path)) else None
-        if (len(data) if data is not None else Path(str(path)).stat().st_size) == 0:
-            return "empty file"
-        with Image.open(io.BytesIO(data) if data is not None else path) as image:
-            if not _ends_whole(image.format, data if data is not None else path):
-                image.load()  # decoded whole: a missing end marker alone is not an error
-    except UnidentifiedImageError:
-        return NOT_AN_IMAGE
-    except (OSError, ValueError, Image.DecompressionBombError) as error:
-        return str(error)
-    return None
-
-
-# The bytes a file of these formats ends with (possibly followed by a little padding).
-_END_MARKERS: dict[str, bytes] = {"JPEG": b"\xff\xd9", "PNG": b"IEND"}
-
-
-def _ends_whole(image_format: str | None, source: bytes | Listed | str) -> bool:
-    """Whether a JPEG or PNG ends with its end marker within its last 64 bytes (other formats:
-    True, nothing known to check)."""
-    marker = _END_MARKERS.get(image_format or "")
-    if marker is None:
-        return True
-    if isinstance(source, bytes):
-        return marker in source[-64:]
-    with open(str(source), "rb") as handle:
-        handle.seek(0, io.SEEK_END)
-        handle.seek(max(0, handle.tell() - 64))
-        return marker in handle.read()
-
-
-# Unreadable files a message names before "and N more".
-SHOWN_UNREADABLE = 3
-SKIP_HINT = "set data.skip_unreadable: true to leave them out"
-
-
-def unreadable_message(unreadable: Sequence[tuple[str, str]], counted: str,
-                       hint: bool = True) -> str:
-    """One line naming the first :data:`SHOWN_UNREADABLE` of ``unreadable`` ((file, why)
-    pairs) with why, how many there are of ``counted``, and (``hint``: the training data, not
-    a transfer set) how to leave them out."""
-    shown = "; ".join(f"{name!r}: {why}" for name, why in unreadable[:SHOWN_UNREADABLE])
-    more = len(unreadable) - SHOWN_UNREADABLE
-    return (f"cannot read image {shown}{f' and {more} more' if more > 0 else ''} "
-            f"({len(unreadable)} of {counted} unreadable){f': {SKIP_HINT}' if hint else ''}")
-
-
-def unreadable_images_problem(paths: Sequence[Listed | str]) -> str | None:
-    """One line naming the first few of ``paths`` that are not images Pillow can decode, with
-    why, and how many are not (:func:`unreadable_message`); None when every file decodes. See
-    :func:`unreadable_images` for what is read."""
-    unreadable, counted = unreadable_images(paths)
-    return unreadable_message(unreadable, counted) if unreadable else None
-
-
 def folder_unreadable(root: str | Listed, layout: str = "auto") -> tuple[list[tuple[str, str]],
                                                                            str]:
     """:func:`unreadable_images` of every image of a folder dataset (its listing's order);
@@ -394,8 +323,9 @@ def image_folder_files(root: str | Path, layout: str = "auto",
         on_node: see :func:`list_folder`.
 
     Returns:
-        ImageFiles with label "class" (index into the sorted class names). In the train_test
-        layout the train/ images come first and ``test_mask`` marks the test/ ones.
+        ImageFiles with label "class" (index into the sorted class names), or no label at all
+        for a root without class folders. In the train_test layout the train/ images come
+        first and ``test_mask`` marks the test/ ones.
 
     Raises:
         FileNotFoundError: root (or, for train_test, one of its halves) does not exist.
@@ -404,12 +334,13 @@ def image_folder_files(root: str | Path, layout: str = "auto",
     parts = list_folder(root, layout, on_node)
     class_index = {name: index for index, name in enumerate(class_names(parts))}
     files = [entry for part_files in parts.values() for entry in part_files]
-    labels = np.array([class_index[class_name] for _, class_name in files], dtype=np.int64)
+    labels = {} if is_unlabelled_listing(parts) else {"class": np.array(
+        [class_index[class_name] for _, class_name in files], dtype=np.int64)}
     test_mask = None
     if "test" in parts:
         test_mask = np.concatenate([np.full(len(part_files), part == "test")
                                     for part, part_files in parts.items()])
-    return ImageFiles(paths=[as_listed(path) for path, _ in files], labels={"class": labels},
+    return ImageFiles(paths=[as_listed(path) for path, _ in files], labels=labels,
                       test_mask=test_mask)
 
 
@@ -492,7 +423,14 @@ class FolderReader:
         return count_classes(kept, {name: i for i, name in enumerate(class_names(parts))})
 
     def split_sizes(self, cfg: DataConfig) -> dict[str, int]:
-        return counted_split_sizes(self.class_counts(cfg), cfg.val_fraction, cfg.test_fraction)
+        counts = self.class_counts(cfg)
+        if self.labelled(cfg):
+            return counted_split_sizes(counts, cfg.val_fraction, cfg.test_fraction)
+        return unlabelled_split_sizes(sum(counts["all"]), cfg.val_fraction, cfg.test_fraction)
+
+    def labelled(self, cfg: DataConfig) -> bool:
+        """Whether the images are in class folders (else they sit in the root: unlabelled)."""
+        return not is_unlabelled_listing(list_folder(_folder_root(cfg), cfg.layout, cfg))
 
 
 READER = FolderReader()
