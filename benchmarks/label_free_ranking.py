@@ -47,7 +47,7 @@ def run_sweep(out: Path, trials: int, epochs: int, samples: int) -> None:
     overrides = [
         f"data.samples_per_combination={samples}", f"train.epochs={epochs}",
         f"eval.every_n_epochs={max(1, epochs // 4)}", "tune.searcher=random",
-        "tune.scheduler={type: none}", "tune.max_concurrent_trials=2",
+        "tune.scheduler.type=none", "tune.max_concurrent_trials=2",
         "scaling.cpus_per_worker=1", "eval.diagnostics=false", "mlflow.log_encoder=false",
         "tune.search_space={simclr.temperature: {loguniform: [0.03, 1.0]}, "
         "train.lr: {loguniform: [0.0001, 0.02]}}"]

@@ -122,10 +122,11 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Datasets generated once per test run, shared by every test, xdist worker and Ray worker
-    (the cache writes each file atomically, so two workers building one set is safe)."""
+    (the cache writes each file atomically, so two workers building one set is safe). Used by
+    every test: none writes into the user's own cache (~/.cache/raycl), whatever ran before it."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the run's base directory, which every xdist worker shares

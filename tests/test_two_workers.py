@@ -50,7 +50,8 @@ TRIALS: dict[str, dict[str, Any]] = {
     "mocov2": {"mocov2": {"queue_size": 128}},
     "simsiam": {"simsiam": {"predictor_hidden_dim": 16}},
     "spectral": {},
-    "hscl": {},
+    # With the online probe (its heads step on gradients averaged over both ranks).
+    "hscl": {"eval": {"online_probe": True}},
     "nnclr": {"nnclr": {"queue_size": 256, "predictor_hidden_dim": 32}},
     "all4one": {"all4one": {"queue_size": 256, "predictor_hidden_dim": 32,
                             "transformer_heads": 2, "transformer_layers": 1,
@@ -115,6 +116,10 @@ def test_every_method_finishes_a_two_worker_trial(trial: str, worker_pair: Worke
     # (converted before DDP wraps the model) on gloo ranks too.
     if method != "clip":  # its tiny ViT has no BatchNorm
         assert first.batchnorm_layers == second.batchnorm_layers == {"GlobalBatchNorm"}
+    if config["eval"]["online_probe"]:  # counted over both ranks: the same on each
+        assert first.final["train/online_linear/mean"] == \
+            second.final["train/online_linear/mean"]
+        assert 0.0 <= final["val/online_linear/mean"] <= 1.0
     if config["eval"]["linear_sgd"] is not None:  # the same heads, hence scores, on both ranks
         scores = {key: value for key, value in final.items()
                   if "linear_sgd" in key and not key.startswith("perf/")}

@@ -165,7 +165,8 @@ def streamed_only(dataset: str) -> bool:
 
 
 def is_unlabelled(dataset: str) -> bool:
-    """Whether ``dataset`` has no class labels (its splits are random, it cannot be probed)."""
+    """Whether ``dataset`` has no class labels by its name alone (its splits are random, it
+    cannot be probed); a folder's answer depends on its root: :func:`attributes_of`."""
     return ATTRIBUTES.get(dataset) == ()
 
 
