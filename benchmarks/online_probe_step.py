@@ -4,7 +4,9 @@ The same SimCLR step (forward of both views, loss, backward, optimizer step) tim
 without the probe's part (the forward hook that keeps the backbone's outputs, then the heads'
 own step on them: three attributes of 10 classes, as Trifeature's), the two interleaved within
 each repeat so drift on a shared machine hits both alike. The figure is the median step time of
-each and their ratio. Needs torch only (no Ray or MLflow), so it runs on a bare GPU machine:
+each and their ratio, and the probe's own part alone (the heads' step; a ratio near 1 is within
+the machine's noise, the probe's seconds say what it adds). Needs torch only (no Ray or
+MLflow), so it runs on a bare GPU machine:
 
     .venv/bin/python benchmarks/online_probe_step.py                 # quickstart's CPU shape
     python benchmarks/online_probe_step.py --device cuda --backbone resnet18 --batch-size 256 \
@@ -72,6 +74,8 @@ def main() -> None:
     optimizers = {variant: torch.optim.SGD(method.parameters(), lr=1e-3, momentum=0.9)
                   for variant, method in methods.items()}
 
+    probe_seconds: list[float] = []
+
     def step(variant: str) -> float:
         method, optimizer = methods[variant], optimizers[variant]
         with_probe = variant == "online_probe"
@@ -88,7 +92,13 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         if with_probe:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            probe_started = time.perf_counter()
             probe.step(batch.index)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            probe_seconds.append(time.perf_counter() - probe_started)
         if device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - started
@@ -105,7 +115,9 @@ def main() -> None:
         "device": str(device), "backbone": args.backbone, "batch_size": args.batch_size,
         "resolution": args.resolution, "amp": args.amp,
         "step_seconds": medians,
-        "online_probe_over_plain": medians["online_probe"] / medians["plain"]}))
+        "online_probe_over_plain": medians["online_probe"] / medians["plain"],
+        "probe_step_seconds": statistics.median(probe_seconds),
+        "probe_step_share": statistics.median(probe_seconds) / medians["plain"]}))
 
 
 if __name__ == "__main__":
