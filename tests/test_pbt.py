@@ -125,6 +125,44 @@ def test_an_exploit_copies_the_checkpoint_and_the_stage_features_it_refers_to(
         == ["pbt_epoch1/progress.json", "pbt_epoch1/sub/state.pt", "stage_features/stage_0_ab.npz"]
 
 
+def test_an_exploit_reaches_the_sweeps_saved_state_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exploiting trial's run metadata as Tune saves it names the donor's copied checkpoint
+    right after the exploit, not its own older one from Tune's cached JSON (a Ctrl+C then lost
+    the exploit's weights while its config and MLflow tag stayed)."""
+    from types import SimpleNamespace
+
+    from ray.train import Checkpoint
+    from ray.train._internal.session import _TrainingResult
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    from raycl.methods import SearchConfig
+    from raycl.sweep.pbt import RayclPBT
+
+    config = SearchConfig.model_validate({"name": "pbt", "tune": {
+        "scheduler": {"type": "pbt", "perturbation_interval": 1},
+        "search_space": {"train.lr": {"loguniform": [0.0001, 0.01]}}}})
+    scheduler = RayclPBT(raycl={"config": config, "last_epoch": 4}, time_attr="epoch",
+                         perturbation_interval=1, hyperparam_mutations={"train.lr": [0.001]})
+    trial, donor = (Trial("trainable", stub=True, config={"train.lr": 0.001}) for _ in range(2))
+    def saved_checkpoint() -> str:  # what a snapshot of the sweep's state holds
+        metadata = type(trial.run_metadata).from_json_state(trial.run_metadata.get_json_state())
+        return metadata.checkpoint_manager.latest_checkpoint_result.checkpoint.path
+
+    trial.run_metadata.checkpoint_manager._latest_checkpoint_result = _TrainingResult(
+        checkpoint=Checkpoint(str(tmp_path / "own")), metrics={"epoch": 1})
+    assert saved_checkpoint() == str(tmp_path / "own")  # and cached as JSON now
+    scheduler._trial_state[donor] = SimpleNamespace(
+        last_result={"epoch": 1}, last_checkpoint=Checkpoint(str(tmp_path / "donor")))
+    copied = str(tmp_path / "copied")
+    monkeypatch.setattr(PopulationBasedTraining, "_exploit", lambda *args: None)
+    monkeypatch.setattr(RayclPBT, "_copy", lambda *args: Checkpoint(copied))
+    monkeypatch.setattr(RayclPBT, "_record", lambda *args: None)
+    scheduler._exploit(None, trial, donor)
+    assert saved_checkpoint() == copied
+
+
 def test_an_exploit_keeps_only_the_trials_newest_copy(tmp_path: Path) -> None:
     """Issue 46, finding 10: Ray's checkpoint manager never sees the exploits' copies, so each
     exploit deletes the trial's earlier ones (one full checkpoint per exploit otherwise, for

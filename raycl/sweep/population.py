@@ -289,6 +289,13 @@ class RayclPopulation:
         manager = trial.run_metadata.checkpoint_manager
         manager._latest_checkpoint_result = _TrainingResult(checkpoint=copied,
                                                             metrics=clone_result)
+        # Tune keeps each trial's run metadata (this checkpoint manager in it) as JSON, cached
+        # until an attribute of the metadata itself is set: the pointer set one level down, as
+        # Ray's own PBT sets it too, left the cache, so a snapshot taken before the trial's
+        # next result (a Ctrl+C right after the exploit) saved the donor's config beside the
+        # trial's own checkpoint, and the resumed trial trained on without the donor's weights
+        # (no upstream issue yet).
+        trial.run_metadata.invalidate_cache()
         new = {key: trial.config.get(key) for key in keys}
         self._record(trial, exploit_summary(trial_to_clone.trial_id, epoch, old, new), epoch)
 
