@@ -40,7 +40,9 @@ def test_an_unlabelled_folder_sweep_ranks_by_rankme_and_collapse_stops_every_tri
 
     # 1. No tune.metric named, no labels: ranked by RankMe, every trial to its end.
     assert main(folder_sweep(tmp_path, flat, "unlabelled", 3, "train.epochs=2")) == 0
-    assert f"tune.metric: {RANKME} (max), the label-free default" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"tune.metric: {RANKME} (max), the label-free default" in printed
+    assert f"The ranking by {RANKME} agreed with the final one" in printed  # the leaderboard
     client, (parent,), children = runs_of(tmp_path, "unlabelled")
     assert len(children) == 3
     for child in children:

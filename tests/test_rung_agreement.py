@@ -12,8 +12,14 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 
 from raycl.methods import SearchConfig
-from raycl.tracking.rung_agreement import agreement_rows, log_rung_agreement, settled_epoch
+from raycl.tracking.rung_agreement import (
+    RUNG_AGREEMENT_TAG,
+    agreement_rows,
+    log_rung_agreement,
+    settled_epoch,
+)
 from raycl.tracking.runs import ENDED_TAG, PARENT_TAG, ROLE_TAG
+from raycl.tracking.trial_table import build_leaderboard
 
 OBJECTIVE = "val/linear/mean"
 # Four trials whose ranking reverses: at epoch 1 the eventual worst leads, from epoch 2 on the
@@ -65,6 +71,9 @@ def test_the_parent_run_gets_the_csv_once_every_trial_ended(tmp_path: Path) -> N
                 if run.data.tags.get(ROLE_TAG) == "trial"]
     line = log_rung_agreement(client, parent, children, config)
     assert "from epoch 2 of 3 on, over 4 trials" in line
+    # The same line as a tag, which raycl.leaderboard prints under its table.
+    assert client.get_run(parent).data.tags[RUNG_AGREEMENT_TAG] == line.strip()
+    assert line.strip() in build_leaderboard(uri, "rungs", 10).notes
     path = client.download_artifacts(parent, "rung_agreement.csv", str(tmp_path))
     with open(path) as handle:
         rows = list(csv.DictReader(handle))

@@ -50,6 +50,8 @@ FIGURES: dict[str, str] = {
     "train/loss": "min",
 }
 COLUMNS = ("figure", "epoch", "trials", "kendall_tau", "top3_overlap")
+# The parent run's tag with the description's line, which raycl.leaderboard prints too.
+RUNG_AGREEMENT_TAG = "raycl.rung_agreement"
 
 # run id -> epoch -> value
 History = dict[str, dict[int, float]]
@@ -168,15 +170,22 @@ def log_rung_agreement(client: MlflowClient, parent_run_id: str, children: Seque
             plot = Path(directory, "rung_agreement.png")
             agreement_figure(rows, metric).savefig(plot, dpi=100)
             client.log_artifact(parent_run_id, str(plot))
+    line = _settled_line(rows, metric, len(ended))
+    client.set_tag(parent_run_id, RUNG_AGREEMENT_TAG, line)
+    return f"\n\n{line}"
+
+
+def _settled_line(rows: Sequence[Mapping[str, object]], metric: str, trials: int) -> str:
+    """One sentence: from which epoch the ranking by ``metric`` agreed with the final one."""
     epoch = settled_epoch(rows, metric)
     last = max((int(row["epoch"]) for row in rows if row["figure"] == metric), default=None)
     if epoch is None or last is None:
-        return f"\n\nRankings by {metric} never agreed with the final one (τ ≥ {SETTLED_TAU}) " \
-               f"before the end: see rung_agreement.csv."
-    return (f"\n\nThe ranking by {metric} agreed with the final one (Kendall τ ≥ {SETTLED_TAU})"
-            f" from epoch {epoch} of {last} on, over {len(ended)} trials: an ASHA grace period "
+        return (f"Rankings by {metric} never agreed with the final one (τ ≥ {SETTLED_TAU}) "
+                f"before the end: see rung_agreement.csv.")
+    return (f"The ranking by {metric} agreed with the final one (Kendall τ ≥ {SETTLED_TAU}) "
+            f"from epoch {epoch} of {last} on, over {trials} trials: an ASHA grace period "
             f"shorter than that judged before the ranking settled (rung_agreement.csv).")
 
 
-__all__ = ["COLUMNS", "FIGURES", "SETTLED_TAU", "agreement_figure", "agreement_rows",
-           "log_rung_agreement", "settled_epoch"]
+__all__ = ["COLUMNS", "FIGURES", "RUNG_AGREEMENT_TAG", "SETTLED_TAU", "agreement_figure",
+           "agreement_rows", "log_rung_agreement", "settled_epoch"]

@@ -403,11 +403,12 @@ def build_leaderboard(
     title = (f"{experiment}: {len(children)} trial(s), best {top} by {metric} ({mode})"
              f"{'' if all_sweeps else ', latest sweep'}; test/, transfer/ and diag/ columns are "
              f"reported, not ranked on{_unranked(table)}")
+    tags = {} if all_sweeps else parents[0].data.tags  # tracking.importance's, rung_agreement's
     notes = [line for line in (baseline_scope_line(table.baseline_scope) if base else None,
                                chance_line(table.chance), _resolution_line(table),
-                               paper_line(table, paper) if paper else None,  # the knobs next:
-                               None if all_sweeps else parents[0].data.tags.get(
-                                   "raycl.importance")) if line]  # raycl.tracking.importance
+                               paper_line(table, paper) if paper else None,
+                               tags.get("raycl.importance"), tags.get("raycl.rung_agreement"))
+             if line]
     if objectives:
         header, rows, baseline = mark_front(header, rows, table.runs[:top], front, objectives,
                                             _fmt, baseline)
@@ -451,8 +452,7 @@ def print_leaderboard(tracking_uri: str, experiment: str, top: int = 10,
         LookupError: no such experiment or sweep.
         ValueError: a ``--columns`` name the table does not have.
     """
-    board = build_leaderboard(tracking_uri, experiment, top, all_sweeps,
-                              choice or ColumnChoice())
+    board = build_leaderboard(tracking_uri, experiment, top, all_sweeps, choice or ColumnChoice())
     try:
         _print_table(tracking_uri, experiment, board, choice or ColumnChoice())
         sys.stdout.flush()  # here, not at exit, where a closed pipe would print a traceback
