@@ -45,11 +45,20 @@ def check_linear_sgd(config: CoreConfig) -> Iterator[Problem]:
     if attributes_of(data) == ():
         yield Problem(KEY, f"{data.dataset} has no labels to train a linear head on")
         return
+    several = several_encoders(config)
+    if several:
+        yield Problem(KEY, several)
+
+
+def several_encoders(config: CoreConfig) -> str | None:
+    """Why a probe of one encoder (``eval.linear_sgd``, ``eval.online_probe``) cannot score a
+    trial of ``config``: the first of its searched ``method`` / ``mcl.stages`` combinations
+    that trains several stages (MCL), named; None when none does."""
     for chosen, candidate in searched_variants(config, ("method", "mcl.stages")):
         if candidate.num_stages > 1:
-            yield Problem(KEY, f"{searched_note(chosen)}not yet for MCL (its representation "
-                               f"is several stages' encoders)")
-            return
+            return (f"{searched_note(chosen)}not yet for MCL (its representation is several "
+                    f"stages' encoders)")
+    return None
 
 
-__all__ = ["check_linear_sgd"]
+__all__ = ["check_linear_sgd", "several_encoders"]

@@ -264,15 +264,14 @@ def _unlabelled_objective(config: CoreConfig, raw: dict[str, Any],
     method has caption retrieval to select on: which, the user says.)"""
     from raycl.config.collapse import RANKME
     from raycl.data import attributes_of
-    from raycl.launch.objectives_check import trains_image_text
+    from raycl.launch.objectives_check import trains_image_text, unlabelled_data_name
 
     named = raw.get("tune") if isinstance(raw.get("tune"), dict) else {}
     if ("metric" in named or config.tune.objectives or not config.eval.label_free
             or trains_image_text(config) or attributes_of(config.data) != ()):
         return config
-    where = f"data.root {config.data.root}" if config.data.root else config.data.dataset
-    notices.append(f"tune.metric: {RANKME} (max), the label-free default: {where} has no "
-                   f"labels to probe")
+    notices.append(f"tune.metric: {RANKME} (max), the label-free default: "
+                   f"{unlabelled_data_name(config)} has no labels to probe")
     return apply_overrides(config, {"tune.metric": RANKME, "tune.mode": "max"})
 
 

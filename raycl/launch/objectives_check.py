@@ -72,10 +72,13 @@ def trains_image_text(config: CoreConfig) -> bool:
     return method is None or method.multimodal  # an unknown method is named elsewhere
 
 
-def _unlabelled(config: CoreConfig) -> str:
-    """What the unlabelled data is called in a message: the dataset, or the folder that has no
-    class folders."""
-    if config.data.dataset == "folder":
+def unlabelled_data_name(config: CoreConfig) -> str:
+    """What unlabelled data is called in a message: the dataset, or the root whose content
+    says it has no labels (a folder without class folders)."""
+    from raycl.data.registry import SOURCES
+
+    source = SOURCES.get(config.data.dataset)
+    if source is not None and source.labels_from_root:
         return f"data.root {config.data.root} (images without class folders)"
     return config.data.dataset
 
@@ -96,7 +99,7 @@ def check_metric(config: CoreConfig) -> Iterator[Problem]:
         yield Problem("tune.metric", f"{dataset} has no attribute {name.name!r} "
                                      f"(attributes: {', '.join(known)}, or mean)")
     if known == () and name.family in LABEL_FAMILIES:
-        yield Problem("tune.metric", f"{_unlabelled(config)} has no labels to probe or "
+        yield Problem("tune.metric", f"{unlabelled_data_name(config)} has no labels to probe or "
                                      f"classify; select on "
                                      f"a label-free figure (val/label_free/rankme), caption "
                                      f"retrieval (val/i2t/r1, val/t2i/r1) or val/mmvp/mean "
@@ -120,4 +123,4 @@ def check_collapse(config: CoreConfig) -> Iterator[Problem]:
 
 
 __all__ = ["EVERY_EPOCH_PERF", "check_collapse", "check_metric", "check_objectives",
-           "selecting_on", "trains_image_text"]
+           "selecting_on", "trains_image_text", "unlabelled_data_name"]

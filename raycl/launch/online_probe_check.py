@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from raycl.config.metric_names import ONLINE_LINEAR, maybe_metric
 from raycl.config.schema import CoreConfig, Problem
 from raycl.config.search_config import searched_note, searched_variants
+from raycl.launch.linear_sgd_check import several_encoders
 
 KEY = "eval.online_probe"
 
@@ -41,13 +42,13 @@ def check_online_probe(config: CoreConfig) -> Iterator[Problem]:
     if attributes_of(config.data) == ():
         yield Problem(KEY, f"{config.data.dataset} has no labels to train its heads on")
         return
+    several = several_encoders(config)
+    if several:
+        yield Problem(KEY, several)
+        return
     for chosen, candidate in searched_variants(config, ("method", "mcl.stages")):
         trained = candidate.mcl.base if candidate.method == "mcl" else candidate.method
         method = METHODS.get(trained)
-        if candidate.num_stages > 1:
-            yield Problem(KEY, f"{searched_note(chosen)}not yet for MCL (its representation is "
-                               f"several stages' encoders)")
-            return
         if method is not None and (method.multimodal or method.embed is not Method.embed):
             yield Problem(KEY, f"{searched_note(chosen)}not for {trained}: its embedding is not "
                                f"its backbone's output, which the heads are trained on")

@@ -302,13 +302,14 @@ def _online_probe_scores(stage: _Stage, features: Features) -> dict[str, float]:
     if probe is None or stage.session.rank != 0:
         return {}
     scores: dict[str, float] = {}
-    for split in ("val", "test"):
-        if split in features:
-            rows = scored_subset(stage.config, stage.data, split)
-            labels = stage.data.split(split).labels
-            scores.update(probe.score(split, features[split], {
-                name: values if rows is None else values[rows]
-                for name, values in labels.items()}))
+    with single_rank_section("rank 0's online probe scores"):  # local: no collective in here
+        for split in ("val", "test"):
+            if split in features:
+                rows = scored_subset(stage.config, stage.data, split)
+                labels = stage.data.split(split).labels
+                scores.update(probe.score(split, features[split], {
+                    name: values if rows is None else values[rows]
+                    for name, values in labels.items()}))
     return scores
 
 
