@@ -102,7 +102,7 @@ def test_ctrl_c_after_the_search_interrupts_the_sweep_before_its_confirmation(
     client = MlflowClient(tracking_uri=uri)
     parent = client.create_run(client.create_experiment("late")).info.run_id
     client.set_terminated(parent, status="FINISHED")  # as the search's callback left it
-    monkeypatch.setattr(confirm_tuner, "_parent_run", lambda config, results: parent)
+    monkeypatch.setattr(confirm_tuner, "sweep_parent_run", lambda config, results: parent)
     results = [SimpleNamespace(config={"train.lr": 0.004}, error=None,
                                metrics={"val/linear/mean": 0.9})]
     signal.raise_signal(signal.SIGINT)

@@ -261,6 +261,16 @@ class TuneSection(Section):
         "pb2 (a population trial's values change while it trains: its last ones re-run from "
         "scratch are no run it was)."
     )
+    compare: str | None = Field(
+        None, description="A searched choice key (method) whose values are compared fairly "
+        "as one sweep: each value gets an equal share of num_samples (which must split "
+        "evenly), a searcher of its own and ASHA brackets of its own (a trial is stopped "
+        "against its own value's rungs: a slow-starting method is not starved), then each "
+        "value's best configuration is confirmed over the same fresh seeds (tune.confirm, "
+        "default {seeds: 3}, per this key) and the sweep ends with each value's mean and 95 % "
+        "interval and their paired difference (raycl.config.compare). None: one search over "
+        "every value."
+    )
     collapse: CollapseConfig | None = Field(
         None, description="Stop a trial whose representation collapsed, judged at each "
         "evaluation from the label-free figures (eval.label_free), e.g. {std_below: 0.1, "
@@ -300,6 +310,20 @@ class TuneSection(Section):
                                 or self.search_space[per].choice is None):
             raise ValueError(f"confirm.per={per}: not a choice of the search space (per "
                              f"compares the best configuration of each of its values)")
+        return self
+
+    @model_validator(mode="after")
+    def _compare_is_fair(self) -> TuneSection:
+        from raycl.config.compare import compare_problem
+
+        problem = compare_problem(self)
+        if problem:
+            raise ValueError(f"compare={self.compare}: {problem}")
+        if self.compare is not None:
+            # A comparison ends with its confirmation: per the compared key, seeds as given.
+            confirm = self.confirm or ConfirmConfig()
+            # Plain assignment would validate the section again (validate_assignment).
+            object.__setattr__(self, "confirm", confirm.model_copy(update={"per": self.compare}))
         return self
 
     @field_validator("metric")

@@ -204,7 +204,7 @@ def _rankable_trial_ids(config: CoreConfig, parent: str) -> set[str]:
             trial_runs(client, experiment.experiment_id, parent) if rankable(run)}
 
 
-def _parent_run(config: CoreConfig, results: ResultGrid) -> str | None:
+def sweep_parent_run(config: CoreConfig, results: ResultGrid) -> str | None:
     """The sweep's parent run, read from MLflow through one of its trials' runs."""
     client = mlflow_client(resolve_tracking_uri(config.mlflow.tracking_uri))
     experiment = client.get_experiment_by_name(experiment_name(config))
@@ -290,7 +290,7 @@ def confirmation_tuner(config: CoreConfig, trial_config: CoreConfig, search_file
     from raycl.sweep.confirm_caches import SeedCacheRemoval
     from raycl.sweep.display import ProgressDisplay
 
-    parent = _parent_run(config, results)
+    parent = sweep_parent_run(config, results)
     if _stopped_after_search(config, parent):
         return None
     choice = _choose(config, results, parent) if parent else None
@@ -417,16 +417,26 @@ def mark_confirmed_winner(client: Any, config: CoreConfig, parent: str,
 
 # Where the parent's description's confirmation section starts (replaced on a resume).
 CONFIRMATION_HEADING = "\n\n**Seed confirmation**"
+# MLflow's search syntax (the runs table's search box, ``search_runs``' filter_string) for the
+# confirmation's runs only, and for every run but them: its children are tagged, no other run is.
+CONFIRM_RUNS_FILTER = f"tags.{CONFIRM_TAG} IS NOT NULL"
+NOT_CONFIRM_RUNS_FILTER = f"tags.{CONFIRM_TAG} IS NULL"
 
 
 def describe_confirmation(client: Any, parent: str, lines: list[str]) -> None:
     """The confirmation's table and verdict under the parent run's description (the search's
-    leaderboard above it stays)."""
+    leaderboard above it stays), with the runs table's search filters that show only the
+    confirmation's runs and that hide them."""
     note = client.get_run(parent).data.tags.get(NOTE_TAG, "").split(CONFIRMATION_HEADING)[0]
     block = "\n".join(lines)
+    filters = (f"In the runs table, search `{CONFIRM_RUNS_FILTER}` to see only the "
+               f"confirmation's runs (tagged `{CONFIRM_TAG}` with their configuration's rank), "
+               f"`{NOT_CONFIRM_RUNS_FILTER}` to hide them.")
     client.set_tag(parent, NOTE_TAG, f"{note}{CONFIRMATION_HEADING} (paired seeds; what "
-                                     f"`--trial best` exports):\n\n```\n{block}\n```\n")
+                                     f"`--trial best` exports):\n\n```\n{block}\n```\n\n"
+                                     f"{filters}\n")
 
 
-__all__ = ["CHOICE_FILE", "ConfirmCallback", "PinnedValue", "confirm_path", "confirm_space",
-           "confirmation_tuner", "confirmed", "report_confirmation", "seed_ending"]
+__all__ = ["CHOICE_FILE", "CONFIRM_RUNS_FILTER", "NOT_CONFIRM_RUNS_FILTER", "ConfirmCallback",
+           "PinnedValue", "confirm_path", "confirm_space", "confirmation_tuner",
+           "confirmed", "report_confirmation", "seed_ending", "sweep_parent_run"]

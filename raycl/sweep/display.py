@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ray.tune import Callback
 
+from raycl.config.compare import trials_phrase
 from raycl.config.schema import CoreConfig, active_values
 from raycl.config.search_config import apply_overrides
 from raycl.config.sweep import trial_values
@@ -140,10 +141,8 @@ class ProgressDisplay(Callback):
         stops = (f"ASHA stops weak trials from epoch {scheduler.grace_period}"
                  if scheduler.type == "asha" and self.config.tune.search_space
                  else "every trial runs to its end")
-        space = self.config.tune.search_space
-        methods = (", ".join(map(str, space["method"].candidates())) if "method" in space
-                   else self.config.method)
-        self._print(f"sweep {self.config.name!r}: {self.total} trial(s) of {methods}, "
+        trials = trials_phrase(self.config.tune, self.total, self.config.method)
+        self._print(f"sweep {self.config.name!r}: {trials}, "
                     f"objective {self.metric} ({self.config.tune.mode}); {stops}")
 
     # -- names and lines ------------------------------------------------------------------------

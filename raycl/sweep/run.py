@@ -94,6 +94,8 @@ def _confirm(config: CoreConfig, search_file: str | None, results: Any, loader: 
 
 def _run(config: CoreConfig, search_file: str | None, fresh: bool, address: str | None,
          verbose: bool, plan: SweepPlan | None = None) -> int:
+    from raycl.sweep.confirm_tuner import sweep_parent_run
+    from raycl.sweep.repeats import is_seed_repeat, report_repeats
     from raycl.tracking.callback import INTERRUPTED
     from raycl.tracking.trial_table import print_leaderboard
     from raycl.worker.outcome import FAILED_KEY
@@ -112,12 +114,15 @@ def _run(config: CoreConfig, search_file: str | None, fresh: bool, address: str 
     confirmation: list[str] = []
     if config.tune.confirm is not None and not INTERRUPTED.get(config.name):
         confirmation = _confirm(config, search_file, results, settled.data.loader, verbose)
+    if is_seed_repeat(config) and not INTERRUPTED.get(config.name):
+        # One configuration over seeds: its answer is their mean and interval, no best seed.
+        confirmation = report_repeats(config, results, sweep_parent_run(config, results))
     finished = [r for r in results
                 if r.error is None and not (r.metrics or {}).get(FAILED_KEY)]
     print(flush=True)
     print_leaderboard(config.mlflow.tracking_uri, config.mlflow.experiment or config.name,
                       top=10)
-    for line in confirmation:  # the confirmed ranking: the sweep's last word
+    for line in confirmation:  # the confirmed ranking (or the repeats): the sweep's last word
         print(line, flush=True)
     if INTERRUPTED.get(config.name):
         # Tune stops on the first Ctrl+C/SIGINT after saving the sweep's state.

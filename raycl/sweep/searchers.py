@@ -136,8 +136,11 @@ class OptunaSearch(_RayOptunaSearch):
         super().on_trial_complete(trial_id, result, error)
 
 
-def build_searcher(config: CoreConfig) -> OptunaSearch:
-    """The seeded Optuna searcher for a config with a non-empty search space."""
+def build_searcher(config: CoreConfig,
+                   first_points: list[dict[str, Any]] | None = None) -> OptunaSearch:
+    """The seeded Optuna searcher for a config with a non-empty search space.
+
+    ``first_points``: Optuna's first trials (None: the warm start's, :func:`find_seeds`)."""
     from optuna.samplers import BaseSampler, GridSampler, RandomSampler, TPESampler
 
     space = ConstrainedSpace(config)
@@ -156,7 +159,8 @@ def build_searcher(config: CoreConfig) -> OptunaSearch:
         sampler = TPESampler(seed=config.seed)
     metric, mode = searched_objectives(config)
     # tune.warm_start: the earlier sweep's best configurations are Optuna's first trials.
-    seeds = [seed.point for seed in find_seeds(config)]
+    seeds = (first_points if first_points is not None
+             else [seed.point for seed in find_seeds(config)])
     searcher = OptunaSearch(space=space, metric=metric, mode=mode, sampler=sampler,
                             points_to_evaluate=seeds or None)
     searcher.collapse = config.tune.collapse

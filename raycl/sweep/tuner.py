@@ -76,13 +76,20 @@ def tuner_search(config: CoreConfig) -> tuple[dict[str, Any], Any, int, Any]:
         from raycl.sweep.pbt import population_tuner_parts
 
         return population_tuner_parts(config)
+    def new_scheduler() -> Any:
+        if config.tune.scheduler.type != "asha":
+            return FIFOScheduler()
+        return FinishingASHA(time_attr="training_iteration", max_t=max_reports(config),
+                             grace_period=config.tune.scheduler.grace_period,
+                             reduction_factor=config.tune.scheduler.reduction_factor)
+
+    if config.tune.compare is not None:  # a searcher and ASHA brackets per compared value
+        from raycl.sweep.compare import compare_search
+
+        searcher, scheduler = compare_search(config, build_searcher, new_scheduler)
+        return {}, searcher, config.tune.num_samples, scheduler
     # The searcher owns the space (define-by-run, feasible combinations only).
-    scheduler: Any = FIFOScheduler()
-    if config.tune.scheduler.type == "asha":
-        scheduler = FinishingASHA(time_attr="training_iteration", max_t=max_reports(config),
-                                  grace_period=config.tune.scheduler.grace_period,
-                                  reduction_factor=config.tune.scheduler.reduction_factor)
-    return {}, build_searcher(config), config.tune.num_samples, scheduler
+    return {}, build_searcher(config), config.tune.num_samples, new_scheduler()
 
 
 def build_tuner(
