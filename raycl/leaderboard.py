@@ -8,6 +8,10 @@ sweep in it. Under the table: chance on val, the untrained backbone's row ("at i
 the winner's objective at the epoch it reached. The searched keys are always shown;
 ``--columns a,b``, ``--wide`` and ``--attributes`` (per-attribute probes) choose the rest.
 
+A sweep that confirmed its best configurations over seeds (``tune.confirm``) leads with that
+confirmed answer (:mod:`raycl.tracking.confirm_summary`): the parent's ``confirm.csv`` and its
+verdict, and the trial ``--trial best`` names; the search's table follows.
+
 The same table (:func:`raycl.tracking.trial_table.trial_table`) is what the sweep's callback
 writes to its parent run after every trial: ``leaderboard.csv``, ``leaderboard.png`` and the
 run's description. This module is the command only; the table lives in
@@ -22,6 +26,7 @@ import sys
 
 from raycl.config.sweep import add_tracking_uri_option, resolve_tracking_uri
 from raycl.tracking.closed_stdout import CLOSED_EXIT_CODE, stdout_closed
+from raycl.tracking.confirm_summary import print_confirmed_answer
 from raycl.tracking.retry import RETRY_ENV, TrackingUnavailableError
 from raycl.tracking.runs import ROLE_TAG, mlflow_client
 from raycl.tracking.trial_table import ColumnChoice, print_leaderboard
@@ -74,6 +79,8 @@ def _main(argv: list[str] | None) -> int:
             return 2
         experiment = client.get_experiment(runs[0].info.experiment_id).name
     try:
+        if not args.all_sweeps:  # the confirmed answer first: it, not the search, decides
+            print_confirmed_answer(args.tracking_uri, experiment)
         print_leaderboard(args.tracking_uri, experiment, args.top, args.all_sweeps,
                           ColumnChoice(args.columns, args.wide, args.attributes))
     except (LookupError, ValueError) as exc:  # no such sweep; a --columns name it lacks

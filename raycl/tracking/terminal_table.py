@@ -1,5 +1,6 @@
 """The leaderboard as terminal text: columns fitted to the terminal's width, the searched keys
 and the first four never left out, the objective's test counterpart kept before the name is cut
+(to its number, ``t03``, at the most: the searched values beside it say the rest)
 (:func:`format_table`, :func:`fit_columns`). Pure text; the table itself is
 :mod:`raycl.tracking.trial_table`'s.
 """
@@ -7,6 +8,7 @@ and the first four never left out, the objective's test counterpart kept before 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Collection
 
@@ -46,8 +48,8 @@ def format_table(header: list[str], rows: list[list[str]], width: int | None = N
         shown, widths = fit_columns(header, rows, width, keep)
 
     def line(cells: list[str], titles: bool = False) -> str:
-        return "  ".join((_title if titles else _cut)(cells[i], widths[i]).ljust(widths[i])
-                         for i in shown)
+        return "  ".join((_title if titles else _cut_name if i == 1 else _cut)(
+            cells[i], widths[i]).ljust(widths[i]) for i in shown)
 
     lines = [line(header, titles=True).rstrip(), line(["-" * w for w in widths]),
              *(line(row).rstrip() for row in rows)]
@@ -67,8 +69,11 @@ def fit_columns(header: list[str], rows: list[list[str]], width: int,
     a reader compares the objective with, and a trial's name is what they look up: so first
     the columns no one asked to keep are left out from the right, then the kept knob columns
     are narrowed (their header shortened, never a value), then the status, and only then the
-    name (down to 8 characters). When even that does not fit, the test column is left out as
-    any other column and the name cut to what is left (knobs and status as they are).
+    name (down to 8 characters, then, where the searched keys have their own columns, down to
+    its number: ``t03 …``, the rest of a raycl name being those values). The whole name is
+    shown wherever it fits beside the kept columns. When even that does not fit, the test
+    column is left out as any other column and the name cut to what is left (knobs and status
+    as they are).
     """
     test = _KEPT_COLUMNS if len(header) > _KEPT_COLUMNS and \
         header[_KEPT_COLUMNS].startswith("test/") else None
@@ -99,6 +104,11 @@ def _layout(header: list[str], rows: list[list[str]], width: int, keep: Collecti
         over = _narrow(widths, {2: _MIN_STATUS} if len(shown) > 2 else {}, over)
     if len(shown) > 1:
         over = _narrow(widths, {1: max(len(header[1]), _MIN_NAME)}, over)
+    if protected is not None and over > 0 and any(header[i] in keep for i in shown):
+        # The rest of a name (``t03 method=hscl p=0.31``) is the searched values, shown whole
+        # in their own columns: its number alone names the trial, and the test column stays.
+        over = _narrow(widths, {1: max([len(header[1])] + [len(_first_word(row[1]))
+                                                          for row in rows])}, over)
     return shown, widths, over
 
 
@@ -115,6 +125,23 @@ def _narrow(widths: list[int], minimum: dict[int, int], over: int) -> int:
         widths[i] -= cut
         over -= cut
     return over
+
+
+def _first_word(name: str) -> str:
+    """A trial's number in the sweep (``t03`` of ``t03 method=hscl p=0.31``); "" for a name that
+    does not start with one (the untrained backbone's ``at init``: its status says what it is)."""
+    first = name.split(" ", 1)[0]
+    return first if re.fullmatch(r"[a-z]\d+", first) else ""
+
+
+def _cut_name(text: str, size: int) -> str:
+    """A trial's name in ``size`` characters (:func:`_cut`); narrower than :data:`_MIN_NAME`
+    (the searched values have their own columns), its number and "…" (``t03 …``), or its
+    number alone (``t103``), never a piece of a value."""
+    first = _first_word(text)
+    if len(text) <= size or size >= _MIN_NAME or not first or len(first) > size:
+        return _cut(text, size)
+    return f"{first} …" if len(first) + 2 <= size else first
 
 
 def _cut(text: str, size: int) -> str:
