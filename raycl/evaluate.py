@@ -4,8 +4,10 @@ The command's door: it parses the arguments, finds the trials (:func:`raycl.resu
 .find_trials`), and hands each to :mod:`raycl.results.reevaluate`, which rebuilds its encoder
 from its last checkpoint, reads the new data as a transfer set, scores it as a trial's own
 splits are scored (one Ray task per trial; ``--no-ray`` in this process), and logs
-``transfer/<name>/<family>/<attribute>`` into the trial's own MLflow run. ``--features-out DIR``
-writes each share's features and labels as ``.npy``.
+``transfer/<name>/<family>/<attribute>`` into the trial's own MLflow run; beside it the untrained
+encoder's and the raw pixels' scores, ``transfer/<name>/{at_init,pixels}/...``
+(:mod:`raycl.results.references`; ``--no-references``: not). ``--features-out DIR`` writes each
+share's features, labels and image ids as ``.npy``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from raycl.results.reevaluate import (
     split_overrides,
     write_features,
 )
+from raycl.results.references import table_rows
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -51,8 +54,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--name", default=None, help="Name in transfer/<name>/... (default: "
                         "the dataset's name).")
     parser.add_argument("--features-out", type=Path, default=None, metavar="DIR",
-                        help="Also write <DIR>/<trial, e.g. t07>/{train,test}_features.npy and "
-                        "{train,test}_labels_<attribute>.npy.")
+                        help="Also write <DIR>/<trial, e.g. t07>/{train,test}_features.npy, "
+                        "{train,test}_labels_<attribute>.npy and {train,test}_ids.npy.")
+    parser.add_argument("--no-references", dest="references", action="store_false",
+                        help="Score the trial's encoder alone: not also its untrained encoder "
+                        "(at_init) and the raw pixels (pixels), the floor its score is read by.")
     parser.add_argument("--no-ray", action="store_true", help="Score in this process instead "
                         "of one Ray task per trial.")
     parser.add_argument("--address", default=None, help="Ray cluster address (default: "
@@ -101,10 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     name = jobs[0][1].eval.transfer[0].label
-    keep_features = args.features_out is not None
+    keep, refs = args.features_out is not None, args.references
     try:
-        results = ([score_trial(trial, config, keep_features) for trial, config in jobs]
-                   if args.no_ray else score_with_ray(jobs, keep_features, args.address))
+        results = ([score_trial(trial, config, keep, None, refs) for trial, config in jobs]
+                   if args.no_ray else score_with_ray(jobs, keep, args.address, refs))
     except (TrialLookupError, UnscorableDataError) as exc:  # found once the data is read
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -114,7 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.features_out is not None:
             write_features(scores, args.features_out / trial.label)
         rows.append((trial.label, scores.metrics))
-    print_table(rows, name)
+    print_table(table_rows(rows, name), name)
+    for note in dict.fromkeys(note for scores in results for note in scores.notes):
+        print(note)  # a reference not scored, once however many trials
     return 0
 
 

@@ -74,7 +74,8 @@ def test_best_trial_scored_on_a_new_folder_into_its_own_run(
 
     # --top 2 scores the two best; eval.linear_sgd (the papers' protocol) joins the scores.
     sgd = "eval.linear_sgd={epochs: 1, batch_size: 8, lrs: [0.1, 1.0]}"
-    assert main(_args(sweep, "--top", "2", "--name", "top2", "--set", sgd)) == 0, \
+    assert main(_args(sweep, "--top", "2", "--name", "top2", "--set", sgd,
+                      "--no-references")) == 0, \
         capsys.readouterr().err
     for name in ("t02", "t03"):
         scores = _transfer(sweep, name)
@@ -85,7 +86,8 @@ def test_best_trial_scored_on_a_new_folder_into_its_own_run(
     imagenet = write_imagenet(tmp_path / "imagenet", ["n01", "n02", "n03"], per_class_train=6)
     assert main(["--experiment", EXPERIMENT, "--tracking-uri", sweep.uri, "--no-ray",
                  "--trial", "t01", "--set", "data.dataset=imagenet",
-                 "--set", f"data.root={imagenet}"]) == 0, capsys.readouterr().err
+                 "--set", f"data.root={imagenet}", "--no-references"]) == 0, \
+        capsys.readouterr().err
     assert "transfer/imagenet/linear/mean" in _transfer(sweep, "t01")
     assert "transfer/imagenet/linear/mean" not in _transfer(sweep, "t02")
 
@@ -199,3 +201,101 @@ def test_the_papers_probe_on_new_data_reads_views_of_its_rows(monkeypatch) -> No
     for images in (seen["train"], seen["val"]):
         assert isinstance(images, ImageRows) and images.base is base
     assert len(seen["train"]) + len(seen["val"]) == 30
+
+
+# --- issue 47: the references beside a trial's score, and the rows' image ids ---------------
+
+
+def test_the_untrained_encoder_and_the_pixels_are_scored_beside_the_trial(
+        sweep: Sweep, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "features"
+    assert main(_args(sweep, "--trial", "t01", "--name", "refs", "--features-out",
+                      str(out))) == 0, capsys.readouterr().err
+    scores = _transfer(sweep, "t01")
+    # The fixture's t01 checkpoint is a fresh build seeded 0, its trial's seed: the untrained
+    # encoder built here is that network, so it scores exactly the same.
+    for family in ("linear/mean", "knn/mean", "retrieval/map"):
+        assert scores[f"transfer/refs/at_init/{family}"] == scores[f"transfer/refs/{family}"]
+        assert 0.0 <= scores[f"transfer/refs/pixels/{family}"] <= 1.0
+    # Colour classes: their pixels alone separate them.
+    assert scores["transfer/refs/pixels/linear/mean"] >= 0.8
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["trial", "t01", "t01/at_init", "pixels"]
+    # Every image's id, its path under the folder, beside its features' row.
+    files = sorted(path.relative_to(sweep.folder).as_posix()
+                   for path in sweep.folder.rglob("*.png"))
+    ids = {split: np.load(out / "t01" / f"{split}_ids.npy") for split in ("train", "test")}
+    assert sorted([*ids["train"], *ids["test"]]) == files
+    classes = sorted(CLASSES)  # a folder's class index: its sorted class names
+    for split, names in ids.items():
+        labels = np.load(out / "t01" / f"{split}_labels_class.npy")
+        assert len(names) == len(labels) == len(np.load(out / "t01" / f"{split}_features.npy"))
+        assert [classes.index(name.split("/")[0]) for name in names] == labels.tolist()
+
+    # Another trial's untrained encoder is its own (seeded as its trial; t02's weights differ).
+    assert main(_args(sweep, "--trial", "t02", "--name", "refs2")) == 0
+    assert "transfer/refs2/at_init/linear/mean" in _transfer(sweep, "t02")
+
+
+def test_no_references_scores_the_trial_alone(
+        sweep: Sweep, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_args(sweep, "--trial", "t02", "--name", "alone", "--no-references")) == 0
+    scores = _transfer(sweep, "t02")
+    assert "transfer/alone/linear/mean" in scores
+    assert not any(key.startswith(("transfer/alone/at_init/", "transfer/alone/pixels/"))
+                   for key in scores)
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["trial", "t02"]
+
+
+def test_pixels_over_the_limit_are_skipped_with_a_note(
+        sweep: Sweep, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import raycl.results.references as references
+
+    monkeypatch.setattr(references, "PIXEL_VALUES_LIMIT", 100)
+    assert main(_args(sweep, "--trial", "t02", "--name", "few_pixels")) == 0
+    scores = _transfer(sweep, "t02")
+    assert "transfer/few_pixels/at_init/linear/mean" in scores
+    assert not any(key.startswith("transfer/few_pixels/pixels/") for key in scores)
+    out = capsys.readouterr().out
+    images = len(CLASSES) * PER_CLASS
+    assert f"pixels: not scored ({images} images x 768 pixel values" in out  # 3 x 16 x 16
+
+
+def test_packaged_data_ids_are_rows_of_the_set_raycl_reads(sweep: Sweep) -> None:
+    from raycl.data import load_image_set
+    from raycl.eval.transfer import transfer_data_config
+    from raycl.results.new_data import load_new_data
+    from raycl.results.reevaluate import evaluation_config
+    from raycl.results.trials import find_trials
+
+    # As raycl.evaluate reads --set data.dataset=digits (sklearn's 1 797 images), without
+    # embedding them: the ids are what --features-out writes beside the rows.
+    (trial,) = find_trials(sweep.uri, EXPERIMENT, "t01", None)
+    config = evaluation_config(trial.config, {"dataset": "digits"}, {}, "digit_ids")
+    data = load_new_data(config, 3, with_ids=True)
+    ids = data.ids
+    assert all(values.dtype == np.int64 for values in ids.values())
+    assert sorted([*ids["train"], *ids["test"]]) == list(range(1797))  # each row once
+    whole = load_image_set(transfer_data_config(config, config.eval.transfer[0]),
+                           config.data_seed)
+    for split, rows in ids.items():
+        part = data.splits.split(split)
+        assert whole.labels["digit"][rows].tolist() == part.labels["digit"].tolist()
+        # The same images, converted to the encoder's 3 channels.
+        assert np.array_equal(np.repeat(whole.images[rows[:5]], 3, axis=1), part.images[:5])
+
+
+def test_table_rows_put_each_reference_under_its_trial() -> None:
+    from raycl.results.references import table_rows
+
+    def scored(value: float) -> dict[str, float]:
+        return {"transfer/x/linear/mean": value, "transfer/x/at_init/linear/mean": value / 2,
+                "transfer/x/pixels/linear/mean": 0.3}
+
+    rows = table_rows([("t01", scored(0.8)), ("t02", scored(0.6))], "x")
+    assert rows == [("t01", {"transfer/x/linear/mean": 0.8}),
+                    ("t01/at_init", {"transfer/x/linear/mean": 0.4}),
+                    ("t02", {"transfer/x/linear/mean": 0.6}),
+                    ("t02/at_init", {"transfer/x/linear/mean": 0.3}),
+                    ("pixels", {"transfer/x/linear/mean": 0.3})]

@@ -34,6 +34,7 @@ from raycl.config.search_config import (
 )
 from raycl.launch.checks import CONFIG_CHECKS
 from raycl.launch.feasibility import grid_size, max_reports
+from raycl.launch.unread_keys import unread_key_notices
 
 
 def with_absolute_paths(config: CoreConfig) -> CoreConfig:
@@ -339,6 +340,7 @@ def load_search(
         if grid:
             notices.append(grid)
     notices.extend(_usage_notices(config, raw))
+    notices.extend(unread_key_notices(config, source))  # searched, read by no trial
     return config
 
 

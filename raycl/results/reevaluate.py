@@ -13,8 +13,10 @@ set). The scores are logged into each trial's own MLflow run as
 ``transfer/<name>/<family>/<attribute>``, beside the sweep's metrics.
 
 Each trial is one Ray task (a GPU where the cluster has one); ``--no-ray`` scores in this
-process. :func:`score_trial` imports no Ray. ``--features-out DIR`` writes each share's
-features and labels as ``.npy`` for people who only want the embeddings.
+process. :func:`score_trial` imports no Ray. Beside the trial's encoder it scores its
+references, the untrained encoder and the raw pixels (:mod:`raycl.results.references`;
+``--no-references``: not). ``--features-out DIR`` writes each share's features, labels and image
+ids (:mod:`raycl.results.new_data`) as ``.npy`` for people who only want the embeddings.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -35,8 +37,9 @@ from raycl.config.evaluation import TransferConfig
 from raycl.config.metric_names import TEST, TRANSFER, MetricName, maybe_metric
 from raycl.config.schema import ConfigError, ConfigErrors, CoreConfig
 from raycl.config.training import DataConfig
-from raycl.data import DatasetSplits, ImageSet, stratified_subset
-from raycl.eval.transfer import TransferSet, load_transfer_sets, transfer_data_config
+from raycl.data import DatasetSplits, stratified_subset
+from raycl.eval.transfer import transfer_data_config
+from raycl.results.new_data import NewData, load_new_data
 
 if TYPE_CHECKING:
     from raycl.results.trials import FinishedTrial
@@ -64,11 +67,15 @@ class TrialScores:
         metrics: ``transfer/<name>/...`` -> score.
         features: ``train``/``test`` -> (N, D) float32 features (empty unless asked for).
         labels: ``train``/``test`` -> attribute -> (N,) int64 labels (as ``features``).
+        ids: ``train``/``test`` -> (N,) image ids, file paths or rows (as ``features``).
+        notes: references not scored, and why (one line each).
     """
 
     metrics: dict[str, float]
     features: dict[str, np.ndarray]
     labels: dict[str, dict[str, np.ndarray]]
+    ids: dict[str, np.ndarray] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
 
 def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -210,18 +217,6 @@ def embed(encoder: nn.Module, images: Any, device: torch.device) -> np.ndarray:
     return features
 
 
-def _as_splits(transfer: TransferSet, resolution: int, channels: int) -> DatasetSplits:
-    """A transfer set as the splits :func:`evaluate_features` scores: train and test (the
-    validation split is empty: nothing is selected on the new data)."""
-    attributes = list(transfer.train.labels)
-    empty = ImageSet(np.asarray(transfer.test.images[:0]),
-                     {name: labels[:0] for name, labels in transfer.test.labels.items()})
-    num_classes = {name: int(max(transfer.train.labels[name].max(),
-                                 transfer.test.labels[name].max())) + 1 for name in attributes}
-    return DatasetSplits(transfer.name, transfer.train, empty, transfer.test, attributes,
-                         num_classes, channels, resolution)
-
-
 def as_transfer(metrics: Mapping[str, float], name: str) -> dict[str, float]:
     """``test/<family>/<x>`` scores renamed ``transfer/<name>/<family>/<x>``; others dropped
     (validation scores and learning-rate diagnostics say nothing of the new data).
@@ -279,46 +274,72 @@ def _linear_sgd_scores(config: CoreConfig, encoder: nn.Module, splits: DatasetSp
     return linear_sgd_metrics(results)
 
 
-def score_encoder(config: CoreConfig, encoder: nn.Module, channels: int, device: torch.device,
+def score_encoder(config: CoreConfig, encoder: nn.Module, data: NewData, device: torch.device,
                   keep_features: bool = False) -> TrialScores:
-    """Score a frozen encoder on the config's one transfer set (the new data).
+    """Score a frozen encoder on the new data.
 
     Args:
         config: :func:`evaluation_config`'s result.
         encoder: normalised float images -> features, in eval mode, on ``device``.
-        channels: the channels of the encoder's images (the new data is converted to them).
+        data: the new data (:func:`raycl.results.new_data.load_new_data`), at the encoder's
+            channels.
         device: where embedding and the probes run.
-        keep_features: return the features and labels too (``--features-out``).
+        keep_features: return the features, labels and ids too (``--features-out``).
 
     Returns:
         The ``transfer/<name>/...`` scores (and the features when asked).
     """
     from raycl.eval.scoring import evaluate_features
 
-    (transfer,) = load_transfer_sets(config, channels)
-    if not transfer.train.labels:
-        raise UnscorableDataError(f"--set data.dataset: {transfer.name} has no labels to score "
+    splits = data.splits
+    if not splits.attributes:
+        raise UnscorableDataError(f"--set data.dataset: {data.name} has no labels to score "
                                   f"the encoder on")
-    features = {"train": embed(encoder, transfer.train.images, device),
-                "test": embed(encoder, transfer.test.images, device)}
-    splits = _as_splits(transfer, config.data.resolution, channels)
+    features = {"train": embed(encoder, splits.train.images, device),
+                "test": embed(encoder, splits.test.images, device)}
     scores = evaluate_features(config, splits, features, device=device)
     scores.update(_linear_sgd_scores(config, encoder, splits, device))
-    labels = {"train": dict(transfer.train.labels), "test": dict(transfer.test.labels)}
-    return TrialScores(as_transfer(scores, transfer.name), features if keep_features else {},
-                       labels if keep_features else {})
+    if not keep_features:
+        return TrialScores(as_transfer(scores, data.name), {}, {})
+    labels = {"train": dict(splits.train.labels), "test": dict(splits.test.labels)}
+    return TrialScores(as_transfer(scores, data.name), features, labels, data.ids)
+
+
+def with_references(scores: TrialScores, config: CoreConfig, data: NewData, channels: int,
+                    device: torch.device) -> TrialScores:
+    """``scores`` and its references' (:mod:`raycl.results.references`: the untrained encoder,
+    the pixels), each under ``transfer/<name>/<reference>/...``; one not scored is a note.
+
+    Args:
+        scores: the trial's encoder's scores.
+        config: the trial's config with the new data.
+        data: the new data, as the trial's encoder read it.
+        channels: that encoder's image channels.
+        device: where they run.
+    """
+    from raycl.results.references import reference_encoders, reference_metrics
+
+    metrics, notes = dict(scores.metrics), list(scores.notes)
+    for reference, encoder, why in reference_encoders(config, channels, data.splits):
+        if encoder is None:
+            notes.append(f"{reference}: not scored ({why})")
+            continue
+        found = score_encoder(config, encoder.to(device).eval(), data, device)
+        metrics.update(reference_metrics(found.metrics, data.name, reference))
+    return TrialScores(metrics, scores.features, scores.labels, scores.ids, tuple(notes))
 
 
 def score_trial(trial: FinishedTrial, config: CoreConfig, keep_features: bool = False,
-                device: str | None = None) -> TrialScores:
+                device: str | None = None, references: bool = True) -> TrialScores:
     """One trial's encoder, rebuilt from its last checkpoint and scored (no Ray: a Ray task
     runs this on a worker, ``--no-ray`` in this process).
 
     Args:
         trial: the finished trial.
         config: the trial's config with the new data (:func:`evaluation_config`).
-        keep_features: return the features and labels too.
+        keep_features: return the features, labels and ids too.
         device: where to run (None: the GPU when there is one).
+        references: score the untrained encoder and the pixels too (:func:`with_references`).
 
     Returns:
         Its :class:`TrialScores`.
@@ -330,7 +351,9 @@ def score_trial(trial: FinishedTrial, config: CoreConfig, keep_features: bool = 
         # Its checkpoint, else (gone) the encoder the sweep logged into its run.
         encoder, channels = evaluation_encoder(trial, Path(scratch))
     encoder = encoder.to(where).eval()
-    return score_encoder(config, encoder, channels, where, keep_features)
+    data = load_new_data(config, channels, with_ids=keep_features)  # read once for all
+    scores = score_encoder(config, encoder, data, where, keep_features)
+    return with_references(scores, config, data, channels, where) if references else scores
 
 
 def check_checkpoint(trial: FinishedTrial) -> None:
@@ -348,11 +371,15 @@ def check_checkpoint(trial: FinishedTrial) -> None:
 
 
 def write_features(scores: TrialScores, into: Path) -> None:
-    """``<into>/{train,test}_features.npy`` (float32 (N, D)) and
-    ``{train,test}_labels_<attribute>.npy`` (int64 (N,))."""
+    """``<into>/{train,test}_features.npy`` (float32 (N, D)),
+    ``{train,test}_labels_<attribute>.npy`` (int64 (N,)) and ``{train,test}_ids.npy`` (N,): row
+    ``i`` of each is image ``ids[i]``, a path relative to ``data.root`` (str) or a row of the
+    set as raycl reads it (int64)."""
     into.mkdir(parents=True, exist_ok=True)
     for split, values in scores.features.items():
         np.save(into / f"{split}_features.npy", values)
+        if split in scores.ids:  # str paths: a unicode array, read without pickle
+            np.save(into / f"{split}_ids.npy", scores.ids[split])
         for attribute, labels in scores.labels[split].items():
             np.save(into / f"{split}_labels_{attribute}.npy", np.asarray(labels, dtype=np.int64))
 
@@ -368,7 +395,7 @@ def log_scores(tracking_uri: str, run_id: str, metrics: Mapping[str, float]) -> 
 
 
 def score_with_ray(jobs: Sequence[tuple[FinishedTrial, CoreConfig]], keep_features: bool,
-                   address: str | None) -> list[TrialScores]:
+                   address: str | None, references: bool = True) -> list[TrialScores]:
     """One Ray task per trial, on a GPU where the cluster has one; Ray is joined or started
     as ``raycl.tune`` does (:func:`raycl.sweep.local_ray.init_ray`)."""
     import ray
@@ -380,7 +407,8 @@ def score_with_ray(jobs: Sequence[tuple[FinishedTrial, CoreConfig]], keep_featur
     gpus = ray.cluster_resources().get("GPU", 0) > 0
     task = ray.remote(score_trial).options(num_gpus=1 if gpus else 0, num_cpus=1)
     try:
-        return ray.get([task.remote(trial, config, keep_features) for trial, config in jobs])
+        return ray.get([task.remote(trial, config, keep_features, None, references)
+                        for trial, config in jobs])
     except ray.exceptions.RayTaskError as exc:
         # A bucket checkpoint gone, data without labels: one line, as in this process.
         if isinstance(exc.cause, TrialLookupError | UnscorableDataError):
