@@ -164,7 +164,11 @@ def test_seed_repeats_answer_with_a_mean_and_interval_not_a_best_seed(tmp_path: 
                          "3 of 5 planned seeds (one configuration, no best seed)")
     tags = client.get_run(parent).data.tags
     assert tags[REPEATS_TAG].startswith("val/linear/mean 0.62 [0.5703, 0.6697]")
-    assert "**Seed repeats**" in tags["mlflow.note.content"]
+    # The description leads with the answer; the search's own text stays below it.
+    client.set_tag(parent, "mlflow.note.content", "the search's leaderboard")
+    report_repeats(config, results, parent)
+    note = client.get_run(parent).data.tags["mlflow.note.content"]
+    assert note.startswith("**Seed repeats**") and note.endswith("the search's leaderboard")
     with open(client.download_artifacts(parent, "confirm.csv", str(tmp_path))) as handle:
         (row,) = list(csv.DictReader(handle))
     assert row["seeds"] == "7 8 9 10 11" and row["n"] == "3"
@@ -172,5 +176,6 @@ def test_seed_repeats_answer_with_a_mean_and_interval_not_a_best_seed(tmp_path: 
     assert float(row["test/linear/mean mean"]) == pytest.approx(0.5966667)
     # A resumed sweep writes its section again, not twice.
     report_repeats(config, results, parent)
-    assert client.get_run(parent).data.tags["mlflow.note.content"].count("Seed repeats") == 1
+    again = client.get_run(parent).data.tags["mlflow.note.content"]
+    assert again.count("Seed repeats") == 1 and again.endswith("the search's leaderboard")
     assert not is_seed_repeat(load_search(QUICKSTART, [METHOD_SEARCH]))

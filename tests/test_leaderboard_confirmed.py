@@ -169,9 +169,13 @@ def test_the_description_names_filters_that_show_and_hide_the_confirmation_runs(
     client = mlflow_client(store)
     experiment = client.get_experiment_by_name("confirmed").experiment_id
     (parent,) = client.search_runs([experiment], f"tags.`{ROLE_TAG}` = 'sweep'")
+    client.set_tag(parent.info.run_id, NOTE_TAG, "the search's leaderboard")
+    describe_confirmation(client, parent.info.run_id, ["seed confirmation (…):"])
+    # Written twice (a resumed confirmation): the answer leads once, the search's text below.
     describe_confirmation(client, parent.info.run_id, ["seed confirmation (…):"])
     note = client.get_run(parent.info.run_id).data.tags[NOTE_TAG]
-    assert "**Seed confirmation**" in note
+    assert note.startswith("**Seed confirmation**") and note.count("Seed confirmation") == 1
+    assert note.endswith("the search's leaderboard")
     show, hide = re.findall(r"`(tags\.[^`]+)`", note)
     confirmation = {run.info.run_id for run in client.search_runs([experiment], show)}
     others = {run.info.run_id for run in client.search_runs([experiment], hide)}

@@ -38,6 +38,7 @@ from raycl.sweep.confirmation import (
     confirm_lines,
     confirm_table,
     confirmation_seeds,
+    leading_section,
     rank_of_seed,
     ranked_by_validation,
     separation_sentence,
@@ -415,8 +416,8 @@ def mark_confirmed_winner(client: Any, config: CoreConfig, parent: str,
     return run.info.run_name or run.info.run_id
 
 
-# Where the parent's description's confirmation section starts (replaced on a resume).
-CONFIRMATION_HEADING = "\n\n**Seed confirmation**"
+# The parent's description leads with the confirmation (replaced on a resume).
+CONFIRMATION_HEADING = "**Seed confirmation**"
 # MLflow's search syntax (the runs table's search box, ``search_runs``' filter_string) for the
 # confirmation's runs only, and for every run but them: its children are tagged, no other run is.
 CONFIRM_RUNS_FILTER = f"tags.{CONFIRM_TAG} IS NOT NULL"
@@ -424,17 +425,17 @@ NOT_CONFIRM_RUNS_FILTER = f"tags.{CONFIRM_TAG} IS NULL"
 
 
 def describe_confirmation(client: Any, parent: str, lines: list[str]) -> None:
-    """The confirmation's table and verdict under the parent run's description (the search's
-    leaderboard above it stays), with the runs table's search filters that show only the
-    confirmation's runs and that hide them."""
-    note = client.get_run(parent).data.tags.get(NOTE_TAG, "").split(CONFIRMATION_HEADING)[0]
+    """The confirmation's table and verdict at the top of the parent run's description (the
+    answer first, the search's leaderboard below it), with the runs table's search filters
+    that show only the confirmation's runs and that hide them."""
+    note = client.get_run(parent).data.tags.get(NOTE_TAG, "")
     block = "\n".join(lines)
     filters = (f"In the runs table, search `{CONFIRM_RUNS_FILTER}` to see only the "
                f"confirmation's runs (tagged `{CONFIRM_TAG}` with their configuration's rank), "
                f"`{NOT_CONFIRM_RUNS_FILTER}` to hide them.")
-    client.set_tag(parent, NOTE_TAG, f"{note}{CONFIRMATION_HEADING} (paired seeds; what "
-                                     f"`--trial best` exports):\n\n```\n{block}\n```\n\n"
-                                     f"{filters}\n")
+    client.set_tag(parent, NOTE_TAG, leading_section(
+        note, CONFIRMATION_HEADING, f" (paired seeds; what `--trial best` exports):\n\n"
+                                    f"```\n{block}\n```\n\n{filters}"))
 
 
 __all__ = ["CHOICE_FILE", "CONFIRM_RUNS_FILTER", "NOT_CONFIRM_RUNS_FILTER", "ConfirmCallback",

@@ -327,6 +327,19 @@ def verdict_sentence(confirmed: Sequence[Confirmed], mode: str) -> str | None:
     return separation_sentence(confirmed, mode)
 
 
+# Where the search's own description starts below the answer a parent run leads with.
+SEARCH_HEADING = "\n\n**The search** (the trials the answer above was chosen from):\n\n"
+
+
+def leading_section(note: str, heading: str, body: str) -> str:
+    """A parent run's description that leads with the answer (``heading`` + ``body``: the
+    confirmation or the seed repeats), the search's own description (``note``) below it; an
+    earlier answer under the same heading (a resumed sweep writing it again) is replaced."""
+    if note.startswith(heading):
+        note = note.split(SEARCH_HEADING, 1)[1] if SEARCH_HEADING in note else ""
+    return f"{heading}{body}{SEARCH_HEADING}{note}"
+
+
 def write_confirm_csv(header: Sequence[str], rows: Sequence[Sequence[Any]], path: Path) -> None:
     """Write ``confirm.csv`` (floats in full precision, NaN as empty)."""
     with path.open("w", newline="") as handle:
@@ -380,6 +393,7 @@ __all__ = [
     "CONFIRM_TAG",
     "CSV_NAME",
     "DELTA",
+    "SEARCH_HEADING",
     "SEED_STRIDE",
     "Confirmed",
     "chosen_configurations",
@@ -387,6 +401,7 @@ __all__ = [
     "confirm_table",
     "confirmation_seeds",
     "intervals_overlap",
+    "leading_section",
     "paired_differences",
     "rank_of_seed",
     "ranked_by_validation",

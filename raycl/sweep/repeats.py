@@ -6,8 +6,8 @@ At the end of such a sweep :func:`report_repeats` writes the repeats as the pare
 ``confirm.csv`` (the table :func:`raycl.sweep.confirmation.confirm_table` makes: one row, its
 seeds, how many finished, validation and test mean with their intervals), a ``Seed repeats``
 section in its description and the tag ``raycl.repeats`` (one line), and returns the lines the
-terminal prints under the leaderboard. A seed that did not finish is named, never dropped
-silently.
+terminal prints under the leaderboard; the description leads with the answer. A seed that
+did not finish is named, never dropped silently.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from raycl.sweep.confirmation import (
     Confirmed,
     confirm_lines,
     confirm_table,
+    leading_section,
     t_interval,
     write_confirm_csv,
 )
@@ -30,8 +31,8 @@ from raycl.tracking.runs import NOTE_TAG, mlflow_client
 
 # The parent run's one-line answer: ``val/linear/mean 0.61 [0.58, 0.64] over 4 of 4 seeds``.
 REPEATS_TAG = "raycl.repeats"
-# Where the parent's description's repeats section starts (replaced on a resume).
-REPEATS_HEADING = "\n\n**Seed repeats**"
+# The parent's description leads with the repeats (replaced on a resume).
+REPEATS_HEADING = "**Seed repeats**"
 
 
 def is_seed_repeat(config: CoreConfig) -> bool:
@@ -99,11 +100,11 @@ def report_repeats(config: CoreConfig, results: Any, parent: str | None) -> list
         write_confirm_csv(header, rows, path)
         client.log_artifact(parent, str(path))
     client.set_tag(parent, REPEATS_TAG, sentence)
-    note = client.get_run(parent).data.tags.get(NOTE_TAG, "").split(REPEATS_HEADING)[0]
+    note = client.get_run(parent).data.tags.get(NOTE_TAG, "")
     block = "\n".join(lines)
-    client.set_tag(parent, NOTE_TAG, f"{note}{REPEATS_HEADING} (one configuration over seeds; "
-                                     f"the table above ranks seeds, not settings):\n\n"
-                                     f"```\n{block}\n```\n")
+    client.set_tag(parent, NOTE_TAG, leading_section(
+        note, REPEATS_HEADING, f" (one configuration over seeds; the search's table below "
+                               f"ranks seeds, not settings):\n\n```\n{block}\n```"))
     return lines
 
 
