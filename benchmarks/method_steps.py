@@ -24,6 +24,16 @@ hidden 4096, queue 98 304); on 2 CPU cores a step takes seconds, so 1 warm-up an
         --projector-hidden-dim 2048 --projector-dim 256 --predictor-hidden-dim 4096 \
         --queue-size 98304 --amp --out method_steps_all4one_cuda.json   # the same on a GPU
 
+A ViT beside ResNet-18 (any timm model is a backbone, ``timm/<name>``; ``--backbones`` times
+every variant on each, interleaved; ``--timm-kwargs`` is passed to timm.create_model):
+
+    .venv/bin/python benchmarks/method_steps.py --variants simclr nnclr \
+        --backbones resnet18 timm/vit_tiny_patch16_224 --timm-kwargs \
+        '{"img_size": 32, "patch_size": 4}' --batch-size 64 --warmup 1 --steps 1 --repeats 3 \
+        --out benchmarks/method_steps_vit.json
+    python benchmarks/method_steps.py --variants simclr --device cuda --resolution 224 \
+        --backbones resnet18 timm/vit_small_patch16_224 --batch-size 256 --amp   # ViT-S/16
+
 FGVR on MoCo v2 against MoCo v2 alone (the joint phase's step: the base loss, the clean image's
 features, reconstruction, Grad-CAM, the perturbed decode and the pair loss) at the fgvr_eps CPU
 config; the paper's shape is ResNet-50 at 224 px, batch 128:
@@ -65,7 +75,8 @@ VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-def build(args: argparse.Namespace, method: str, sections: dict[str, Any]) -> torch.nn.Module:
+def build(args: argparse.Namespace, method: str, sections: dict[str, Any],
+          backbone: str) -> torch.nn.Module:
     from raycl.methods import SearchConfig, build_method
 
     if method in ("nnclr", "all4one"):
@@ -79,7 +90,9 @@ def build(args: argparse.Namespace, method: str, sections: dict[str, Any]) -> to
         "name": "steps", "method": method, **sections,
         # The resolution sizes FGVR's decoder and picks the ResNet stem (model.stem: auto).
         "data": {"resolution": args.resolution},
-        "model": {"backbone": args.backbone, "width": args.width,
+        "model": {"backbone": backbone, "width": args.width,
+                  "timm_kwargs": json.loads(args.timm_kwargs) if backbone.startswith("timm/")
+                  else {},
                   "projector_hidden_dim": args.projector_hidden_dim,
                   "projector_dim": args.projector_dim}})
     torch.manual_seed(0)
@@ -124,6 +137,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backbone", default="small_cnn")
+    parser.add_argument("--backbones", nargs="+", default=None,
+                        help="time every variant on each of these backbones (labels "
+                        "'<variant> @ <backbone>'); overrides --backbone")
+    parser.add_argument("--timm-kwargs", default="{}",
+                        help="JSON keyword arguments of timm.create_model for timm/ backbones")
     parser.add_argument("--width", type=int, default=32)
     parser.add_argument("--projector-hidden-dim", type=int, default=256)
     parser.add_argument("--projector-dim", type=int, default=64)
@@ -147,7 +165,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    methods = {label: build(args, method, sections)
+    backbones = args.backbones or [args.backbone]
+    methods = {label if len(backbones) == 1 else f"{label} @ {backbone}":
+               build(args, method, sections, backbone)
+               for backbone in backbones
                for label, method, sections in VARIANTS if label in args.variants}
     for method in methods.values():
         if args.warmup:

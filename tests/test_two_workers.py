@@ -66,6 +66,12 @@ TRIALS: dict[str, dict[str, Any]] = {
     "mcl": {"mcl": {**MCL, "negatives": "sampler"}},
     "mcl_mask_soup": {"method": "mcl",
                       "mcl": {**MCL, "negatives": "mask", "integration": "soup"}},
+    # A timm ViT (one block, 4 px patches): no BatchNorm in the encoder, attention's gradients
+    # averaged over both ranks like any other.
+    "nnclr_vit": {"method": "nnclr", "nnclr": {"queue_size": 256, "predictor_hidden_dim": 32},
+                  "model": {"backbone": "timm/vit_tiny_patch16_224",
+                            "timm_kwargs": {"img_size": 16, "patch_size": 4, "depth": 1,
+                                            "embed_dim": 32, "num_heads": 2}}},
 }
 
 

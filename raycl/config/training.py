@@ -296,9 +296,19 @@ class AugmentConfig(Section):
 
 
 class ModelConfig(Section):
-    backbone: Literal["small_cnn", "resnet18", "resnet50"] = Field(
-        "small_cnn", description="Encoder: a 4-block CNN for CPU runs, or torchvision "
-        "ResNet-18/50 (stem: model.stem) for GPU runs."
+    backbone: str = Field(
+        "small_cnn", description="Encoder: small_cnn (a 4-block CNN for CPU runs), resnet18 or "
+        "resnet50 (torchvision's, stem: model.stem), or timm/<name> for any timm model "
+        "(timm/vit_small_patch16_224, timm/convnext_tiny, ...; raycl.models.timm_backbones): "
+        "timm.create_model(name, pretrained=False, num_classes=0, in_chans=<the data's "
+        "channels>, **model.timm_kwargs), whose pooled features (num_features wide) the "
+        "projector reads. Never downloads weights: model.pretrained names a local file."
+    )
+    timm_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="timm/ backbones: keyword arguments of "
+        "timm.create_model, e.g. {img_size: 32, patch_size: 4, drop_path_rate: 0.1} for a ViT "
+        "on 32 px images (its img_size must be data.resolution; checked before launch). "
+        "pretrained, num_classes and in_chans are raycl's."
     )
     stem: Literal["auto", "cifar", "imagenet"] = Field(
         "auto", description="ResNet stem: cifar = 3x3 stride-1 conv, no max-pool (small "
@@ -308,8 +318,11 @@ class ModelConfig(Section):
     )
     pretrained: str | None = Field(
         None, description="Local weights file the backbone starts from (never downloaded): a "
-        "torchvision ResNet state dict (torch.save(resnet50().state_dict()); fc.* ignored) or "
-        "a raycl checkpoint's state.pt (its backbone.* weights). Every backbone weight must be "
+        "torchvision ResNet state dict (torch.save(resnet50().state_dict()); fc.* ignored), "
+        "for a timm/ backbone a timm state dict (.safetensors or .pth, e.g. DINOv2/DINOv3 ViT "
+        "weights: the model's checkpoint_filter_fn converts names and resamples the position "
+        "embedding to img_size), or a raycl checkpoint's state.pt (its backbone.* weights). "
+        "Every backbone weight must be "
         "in it with the shape model.backbone, model.stem and the data's channels give; checked "
         "before launch. Relative paths resolve against the launch directory."
     )
@@ -323,6 +336,31 @@ class ModelConfig(Section):
         "(gloo) workers alike; false keeps each worker's own (cheaper, but a rank's statistics "
         "leak batch information to the contrastive loss). One worker: nothing to share."
     )
+
+    @field_validator("backbone")
+    @classmethod
+    def _known_backbone(cls, name: str) -> str:
+        # Whether timm knows the name is checked before launch (raycl.launch.timm_check):
+        # importing timm here would slow every config load.
+        if name in ("small_cnn", "resnet18", "resnet50") or (
+                name.startswith("timm/") and len(name) > len("timm/")):
+            return name
+        raise ValueError(f"unknown backbone {name!r}: small_cnn, resnet18, resnet50 or "
+                         f"timm/<a timm model name> (e.g. timm/vit_small_patch16_224)")
+
+    @field_validator("timm_kwargs")
+    @classmethod
+    def _timm_kwargs_for_timm(cls, kwargs: dict[str, Any],
+                              info: ValidationInfo) -> dict[str, Any]:
+        # A field validator (not the model's): the line then names model.timm_kwargs.
+        backbone = info.data.get("backbone")
+        if kwargs and isinstance(backbone, str) and not backbone.startswith("timm/"):
+            raise ValueError(f"for a timm/ backbone, not {backbone}")
+        reserved = sorted(set(kwargs) & {"pretrained", "num_classes", "in_chans"})
+        if reserved:
+            raise ValueError(f"{', '.join(reserved)} set by raycl (weights come from "
+                             f"model.pretrained, channels from the data, no classifier)")
+        return kwargs
 
 
 class TrainConfig(Section):
@@ -368,6 +406,19 @@ class TrainConfig(Section):
         "(compute capability >= 8.0, Ampere or later; no loss scaler, so no host sync per step), "
         "fp16 with a loss scaler on older GPUs, off on CPU. Evaluation passes embed in the same "
         "precision on CUDA (features cast to float32), in float32 on CPU."
+    )
+    grad_clip_norm: float | None = Field(
+        None, gt=0.0, description="Clip the global gradient norm to this before each step "
+        "(after un-scaling fp16's loss scale; the ranks' averaged gradients, so every rank "
+        "clips alike), as ViT recipes do (MoCo v3, DINO: 3.0). None: no clipping."
+    )
+    layer_decay: float | None = Field(
+        None, gt=0.0, le=1.0, description="timm/ backbones: layer-wise learning-rate decay "
+        "(BEiT, MAE fine-tuning): the backbone's last block trains at the full rate, each "
+        "block below at layer_decay times the one above, the embeddings lowest (timm's "
+        "param_groups_layer_decay, which also leaves biases and norms undecayed); the "
+        "projector and predictor at the full rate. "
+        "Useful when continuing from pretrained weights (model.pretrained). None: off."
     )
     loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per worker.")
     checkpoint_every: int = Field(1, ge=1, description="Checkpoint every N epochs (and the last).")

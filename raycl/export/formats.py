@@ -19,7 +19,8 @@ integrating module (every stage, L2 norms and concatenation) as one ``torch.expo
 ``torchvision`` / ``timm`` / ``safetensors`` write one file holding every stage's backbone, its
 keys prefixed ``stage<j>.`` (the model card's ``how_to_load`` builds the N networks and the
 concatenation); ``open_clip`` holds one model and does not fit. A format that does not fit the
-encoder is a one-line ValueError.
+encoder is a one-line ValueError. A ``timm/<name>`` backbone: ``timm`` / ``safetensors``
+(:mod:`raycl.export.timm_format`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from raycl.export.plain_torch import (
     small_cnn_architecture,
     small_cnn_lines,
 )
+from raycl.export.timm_format import timm_card, timm_how_to_load, timm_lines
 
 if TYPE_CHECKING:
     from raycl.config.schema import CoreConfig
@@ -65,6 +67,7 @@ _FITTING: dict[str, tuple[str, ...]] = {
     "resnet": ("torchvision", "timm", "safetensors"),
     "small_cnn": ("small_cnn", "safetensors"),
     "clip": ("open_clip", "safetensors"),
+    "timm": ("timm", "safetensors"),  # a timm/<name> backbone is timm's model as it is
 }
 
 
@@ -73,8 +76,9 @@ class EncoderKind:
     """What kind of encoder a trial trained, as the formats see it.
 
     Attributes:
-        kind: "resnet", "small_cnn" or "clip".
-        backbone: ``model.backbone`` (resnet18, resnet50, small_cnn) or the open_clip model.
+        kind: "resnet", "small_cnn", "clip" or "timm".
+        backbone: ``model.backbone`` (resnet18, resnet50, small_cnn, timm/<name>) or the
+            open_clip model.
         stem: "cifar" or "imagenet" for a ResNet, else None.
     """
 
@@ -86,10 +90,13 @@ class EncoderKind:
 def encoder_kind(config: CoreConfig) -> EncoderKind:
     """The kind of encoder the trial of ``config`` trains."""
     from raycl.models import resolve_stem
+    from raycl.models.timm_backbones import is_timm
 
     if base_method_name(config) == "clip":
         return EncoderKind("clip", str(config.clip.model), None)  # type: ignore[attr-defined]
     backbone = config.model.backbone
+    if is_timm(backbone):
+        return EncoderKind("timm", backbone, None)
     if backbone in RESNETS:
         return EncoderKind("resnet", backbone,
                            resolve_stem(config.model.stem, config.data.resolution))
@@ -291,6 +298,8 @@ def write_encoder(
                "mcl": ({"stages": config.num_stages, "integration": config.mcl.integration}
                        if config.num_stages > 1 else None),
                "width": config.model.width if kind.kind == "small_cnn" else None,
+               "timm": (timm_card(config, channels, preprocessing)
+                        if kind.kind == "timm" else None),
                # issue 47: how to rebuild the network the weights load into, without raycl
                "architecture": (small_cnn_architecture(channels, config.model.width)
                                 if kind.kind == "small_cnn" else None)})
@@ -328,6 +337,9 @@ def how_to_load(config: CoreConfig, export_format: str, file: str, channels: int
                           f"model = open_clip.create_model({stem + '-open_clip'!r}, "
                           f"pretrained={file!r})",
                           "features = model.encode_image(images)  # open_clip's normalisation"])
+    if kind.kind == "timm":
+        return timm_how_to_load(config, export_format, file, channels,
+                                export_preprocessing(config, channels, export_format))
     if kind.kind == "small_cnn":
         if export_format == "small_cnn":
             side = config.data.resolution
@@ -378,6 +390,8 @@ def concat_how_to_load(config: CoreConfig, export_format: str, file: str, channe
                           "CLIP (the model card's clip section)"])
     if kind.kind == "small_cnn":
         build = small_cnn_lines(channels, config.model.width)
+    elif kind.kind == "timm":
+        build = timm_lines(config, channels, export_preprocessing(config, channels, export_format))
     else:
         assert kind.stem is not None
         build = resnet_lines(kind.backbone, kind.stem, channels,
@@ -437,7 +451,7 @@ def _module_from_state(state: dict[str, Tensor], card: dict[str, Any],
     from raycl.models import build_backbone
 
     backbone, _ = build_backbone(kind.backbone, int(card["channels"]), config.model.width,
-                                 stem=kind.stem or "cifar")
+                                 stem=kind.stem or "cifar", timm_kwargs=config.model.timm_kwargs)
     backbone.load_state_dict(state, strict=True)
     return backbone.eval()
 

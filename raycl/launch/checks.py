@@ -55,6 +55,7 @@ from raycl.launch.optimizer_check import check_optimizer
 from raycl.launch.paper_check import check_paper
 from raycl.launch.pbt_check import check_pbt
 from raycl.launch.placement import check_gpu_sharing
+from raycl.launch.timm_check import check_timm
 from raycl.sweep.warm_start import check_warm_start
 
 Check = Callable[[CoreConfig], Iterator[Problem]]
@@ -333,8 +334,8 @@ def check_pretrained(config: CoreConfig) -> Iterator[Problem]:
         return
     for chosen, candidate in searched_variants(config, PRETRAINED_KEYS):
         model = candidate.model
-        if model.pretrained is None:
-            continue
+        if model.pretrained is None or model.backbone.startswith("timm/"):
+            continue  # a timm backbone's file is check_timm's
         problem = pretrained_problem(
             model.pretrained, model.backbone, CHANNELS[candidate.data.dataset], model.width,
             resolve_stem(model.stem, candidate.data.resolution))
@@ -459,7 +460,7 @@ CONFIG_CHECKS: tuple[Check, ...] = (
     check_loader, check_cache_disk, check_pretrain_unlabeled,
     check_splits, check_objectives, check_metric, check_collapse, check_linear_sgd,
     check_online_probe, check_paper,
-    check_search_space, check_pretrained,
+    check_search_space, check_pretrained, check_timm,
     check_feasible, check_gpu_sharing, check_grid, check_pbt,
 )
 ENVIRONMENT_CHECKS: tuple[Check, ...] = (check_storage, check_tracking, check_warm_start)

@@ -345,7 +345,8 @@ class Encoder:
         model = cfg.model
         backbone, feature_dim = build_backbone(
             model.backbone, in_channels, model.width,
-            stem=resolve_stem(model.stem, cfg.data.resolution), pretrained=model.pretrained)
+            stem=resolve_stem(model.stem, cfg.data.resolution), pretrained=model.pretrained,
+            timm_kwargs=model.timm_kwargs)
         return cls(backbone, feature_dim, model.projector_hidden_dim, model.projector_dim)
 
 

@@ -6,10 +6,12 @@ the user names (``model.pretrained``, see :mod:`raycl.models.weights`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from torch import nn
 
+from raycl.models.timm_backbones import build_timm, is_timm
 from raycl.models.weights import load_pretrained
 
 BACKBONES: tuple[str, ...] = ("small_cnn", "resnet18", "resnet50")
@@ -106,17 +108,21 @@ def build_backbone(
     *,
     stem: str = "cifar",
     pretrained: str | None = None,
+    timm_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[nn.Module, int]:
     """Builds a backbone, randomly initialised or from a local weights file.
 
     Args:
-        name: one of ``BACKBONES``: "small_cnn", "resnet18", "resnet50".
+        name: one of ``BACKBONES``: "small_cnn", "resnet18", "resnet50", or ``timm/<name>``
+            (any timm model: :mod:`raycl.models.timm_backbones`, with ``timm_kwargs``).
         in_channels: number of input image channels (1 for greyscale, 3 for RGB, ...).
         width: first-block width of "small_cnn"; the ResNets have fixed widths and ignore it.
         stem: the ResNets' stem, "cifar" or "imagenet" ("auto" is resolved by the caller with
-            :func:`resolve_stem`); "small_cnn" ignores it.
+            :func:`resolve_stem`); "small_cnn" and timm models ignore it.
         pretrained: path of a torchvision ResNet state dict or a raycl checkpoint's state.pt
-            whose weights the backbone starts from (see :mod:`raycl.models.weights`).
+            whose weights the backbone starts from (see :mod:`raycl.models.weights`); for a
+            timm model a timm state dict (safetensors or .pth) or a raycl checkpoint.
+        timm_kwargs: ``model.timm_kwargs``, passed to ``timm.create_model`` (timm only).
 
     Returns:
         (module mapping (B, C, H, W) -> (B, feature_dim), feature_dim).
@@ -130,6 +136,8 @@ def build_backbone(
         raise ValueError(f"in_channels must be >= 1, got {in_channels}")
     if width < 1:
         raise ValueError(f"width must be >= 1, got {width}")
+    if is_timm(name):
+        return build_timm(name, in_channels, timm_kwargs or {}, pretrained)
     if name == "small_cnn":
         model, feature_dim = small_cnn(in_channels, width)
     elif name in ("resnet18", "resnet50"):

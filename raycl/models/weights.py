@@ -74,7 +74,7 @@ def read_backbone_state(path: str | Path) -> dict[str, Tensor]:
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ValueError(f"cannot read {file} as torch weights: {first_line[:160]}") from None
     if isinstance(loaded, Mapping) and isinstance(loaded.get("model"), Mapping):
-        state = _checkpoint_backbone(loaded["model"])
+        state = checkpoint_backbone(loaded["model"])
         if not state:
             raise ValueError(f"the raycl checkpoint {file} has no backbone.* weights in 'model'")
     elif isinstance(loaded, Mapping) and loaded:
@@ -88,7 +88,7 @@ def read_backbone_state(path: str | Path) -> dict[str, Tensor]:
     return state
 
 
-def _checkpoint_backbone(model: Mapping[str, object]) -> dict[str, object]:
+def checkpoint_backbone(model: Mapping[str, object]) -> dict[str, object]:
     """The backbone's entries of a raycl method's state dict, prefix removed ({} if none)."""
     for prefix in _CHECKPOINT_PREFIXES:
         state = {str(key).removeprefix(prefix): value for key, value in model.items()
@@ -141,6 +141,7 @@ def state_problem(
     name: str,
     what: str,
     buildable: Sequence[str],
+    identify: bool = True,
 ) -> str | None:
     """Why ``state`` cannot be loaded strictly into a backbone with ``expected`` shapes.
 
@@ -151,11 +152,13 @@ def state_problem(
         name: the configured backbone name (model.backbone).
         what: :func:`describe_backbone` of the configured backbone.
         buildable: the backbone names raycl builds (model.backbone's choices), for the fix.
+        identify: name the torchvision ResNet the file holds when it is not ``name`` (off for a
+            timm backbone, whose ResNets share torchvision's key names).
 
     Returns:
         One line, or None when every weight is present with its shape and nothing is extra.
     """
-    guess = guess_backbone(set(state))
+    guess = guess_backbone(set(state)) if identify else None
     if guess is not None and guess != name:
         fix = (f"; set model.backbone: {guess}" if guess in buildable
                else f" (raycl builds {', '.join(buildable)})")

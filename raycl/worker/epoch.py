@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import clip_grad_norm_
 
 from raycl.data.augment import BatchAugment, to_float
 from raycl.distributed import any_rank
@@ -87,6 +88,8 @@ class PhaseRun:
         model: the method, wrapped for data parallelism with several ranks.
         optimizer: the phase's optimizer.
         schedule: the phase's learning rate per step.
+        clip_norm: the global gradient norm each step is clipped to (``train.grad_clip_norm``;
+            None: not clipped).
     """
 
     index: int
@@ -97,6 +100,7 @@ class PhaseRun:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     schedule: LrSchedule
+    clip_norm: float | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,10 @@ def run_epoch(
             outputs = model(batch)
         optimizer.zero_grad(set_to_none=True)
         parts.scaler.scale(outputs["loss"]).backward()
+        if run.clip_norm is not None:  # on true gradients: fp16's scale taken out first
+            parts.scaler.unscale_(optimizer)
+            clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]],
+                            run.clip_norm)
         parts.scaler.step(optimizer)
         parts.scaler.update()
         if probe is not None:  # its heads' own step, on the features the forward captured

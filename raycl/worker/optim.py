@@ -70,7 +70,7 @@ def build_optimizer(
     """
     base_lr = effective_lr(config, phase)
     groups = []
-    for group in method.param_groups():
+    for group in layer_decay_groups(method, config.train.layer_decay, config.train.weight_decay):
         group = dict(group)
         group["lr"] = float(group.pop("lr", base_lr)) * float(group.pop("lr_scale", 1.0))
         group["initial_lr"] = group["lr"]
@@ -85,6 +85,36 @@ def build_optimizer(
         return torch.optim.SGD(groups, lr=base_lr, momentum=train.momentum,
                                weight_decay=train.weight_decay)
     return torch.optim.AdamW(groups, lr=base_lr, weight_decay=train.weight_decay)
+
+
+def layer_decay_groups(method: Method, layer_decay: float | None,
+                       weight_decay: float) -> list[dict[str, Any]]:
+    """``method.param_groups()``, with ``train.layer_decay`` on a timm backbone: its weights
+    taken out of their groups and put in timm's per-layer groups (the last block at
+    ``lr_scale`` 1, each lower one ``layer_decay`` times the one above, the embeddings lowest;
+    biases and norms without weight decay), each also scaled by the group it came from.
+    Unchanged without layer decay or a timm backbone (one with timm's ``group_matcher``)."""
+    groups = method.param_groups()
+    backbone = getattr(method, "backbone", None)
+    if layer_decay is None or backbone is None or not hasattr(backbone, "group_matcher"):
+        return groups
+    from timm.optim import param_groups_layer_decay
+
+    # The rate scale each backbone parameter had in the method's own groups.
+    owner = {id(param): float(group.get("lr_scale", 1.0))
+             for group in groups for param in group["params"]}
+    layered = []
+    for index, group in enumerate(param_groups_layer_decay(
+            backbone, weight_decay=weight_decay, layer_decay=layer_decay)):
+        params = [param for param in group["params"] if id(param) in owner]
+        if params:
+            layered.append({"params": params, "name": f"backbone_layer_{index}",
+                            "weight_decay": group["weight_decay"],
+                            "lr_scale": group["lr_scale"] * owner[id(params[0])]})
+    taken = {id(param) for group in layered for param in group["params"]}
+    rest = [{**group, "params": [p for p in group["params"] if id(p) not in taken]}
+            for group in groups]
+    return [group for group in rest if group["params"]] + layered
 
 
 @dataclass(frozen=True)

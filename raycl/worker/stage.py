@@ -237,7 +237,8 @@ def _start_phase(
     epochs = phase.epoch_count(config.train.epochs)
     schedule = LrSchedule.for_phase(config, phase, epochs, len(stage.parts.loader))
     return PhaseRun(index=index, phase=phase, offset=offset, epochs=epochs,
-                    start_epoch=start_epoch, model=model, optimizer=optimizer, schedule=schedule)
+                    start_epoch=start_epoch, model=model, optimizer=optimizer, schedule=schedule,
+                    clip_norm=config.train.grad_clip_norm)
 
 
 def data_parallel(method: Method, session: Session, sync_bn: bool = False) -> nn.Module:
