@@ -48,6 +48,9 @@ def vit_config(method: str, **sections: dict[str, Any]) -> SearchConfig:
     ("simclr", {"train": {"grad_clip_norm": 1.0, "layer_decay": 0.5}}),
     ("mocov2", {"mocov2": {"queue_size": 128}}),
     ("nnclr", {"nnclr": {"queue_size": 256, "predictor_hidden_dim": 32}}),
+    # MCL over SimCLR: a fresh ViT per stage, the stages' features concatenated.
+    ("mcl", {"mcl": {"base": "simclr", "stages": 2, "clusters": 2, "kmeans_iterations": 10},
+             "train": {"epochs": 1}}),
 ])
 def test_a_vit_trains_and_evaluates_with_each_method(
         method: str, section: dict[str, Any], tmp_path: Path, one_torch_thread: None,
@@ -71,10 +74,14 @@ def test_a_vit_trains_and_evaluates_with_each_method(
     # over 2 epochs), never otherwise.
     assert clipped == ([1.0] * len(clipped) if config.train.grad_clip_norm else [])
     assert bool(clipped) == bool(config.train.grad_clip_norm)
-    assert [report["epoch"] for report in session.reports] == [1, 2]
+    assert [(report["stage"], report["epoch"]) for report in session.reports] == \
+        ([(0, 1), (1, 1)] if method == "mcl" else [(0, 1), (0, 2)])
     final = session.reports[-1]
     assert math.isfinite(final["train/loss"]) and 0.0 <= final["val/linear/mean"] <= 1.0
     assert "test/linear/mean" in final
+    if method == "mcl":  # the integrated encoder: both stages' ViT features side by side
+        assert final["stage"] == 1 and "stage1/test/linear/mean" in final
+        return
     # The ViT's weights are what trained: the checkpoint's attention weights moved.
     (checkpoint,) = sorted((tmp_path / "run").glob("checkpoint_*"))[-1:]
     state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=True)["model"]
