@@ -17,8 +17,8 @@ import sys
 
 from raycl.config.sweep import add_tracking_uri_option
 from raycl.results.compare import CompareRefused, compare_sweeps, comparison_lines
-from raycl.tracking.closed_stdout import CLOSED_EXIT_CODE, stdout_closed
-from raycl.tracking.retry import RETRY_ENV, TrackingUnavailableError
+from raycl.tracking.closed_stdout import reading_command
+from raycl.tracking.retry import RETRY_ENV
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,21 +35,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # A person waiting at a terminal: a store that is away is said within seconds.
     os.environ.setdefault(RETRY_ENV, "10")
-    try:
-        lines = comparison_lines(compare_sweeps(args.tracking_uri, args.first, args.second,
-                                                args.metric))
+
+    def compare() -> int:
+        try:
+            lines = comparison_lines(compare_sweeps(args.tracking_uri, args.first, args.second,
+                                                    args.metric))
+        except CompareRefused as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         print("\n".join(lines))
-        sys.stdout.flush()  # here, not at exit: a closed pipe is caught below
-    except CompareRefused as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        stdout_closed()
-        return CLOSED_EXIT_CODE
-    except TrackingUnavailableError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        return 0
+
+    return reading_command(compare)
 
 
 if __name__ == "__main__":

@@ -25,9 +25,9 @@ import os
 import sys
 
 from raycl.config.sweep import add_tracking_uri_option, resolve_tracking_uri
-from raycl.tracking.closed_stdout import CLOSED_EXIT_CODE, stdout_closed
+from raycl.tracking.closed_stdout import reading_command
 from raycl.tracking.confirm_summary import print_confirmed_answer
-from raycl.tracking.retry import RETRY_ENV, TrackingUnavailableError
+from raycl.tracking.retry import RETRY_ENV
 from raycl.tracking.runs import ROLE_TAG, mlflow_client
 from raycl.tracking.trial_table import ColumnChoice, print_leaderboard
 
@@ -35,16 +35,7 @@ from raycl.tracking.trial_table import ColumnChoice, print_leaderboard
 def main(argv: list[str] | None = None) -> int:
     """``python -m raycl.leaderboard`` (and ``raycl-leaderboard``); returns the exit code. Piped
     into a reader that stops early (``| head``), it stops quietly."""
-    try:
-        code = _main(argv)
-        sys.stdout.flush()  # here, not at exit: a closed pipe is caught below
-    except BrokenPipeError:
-        stdout_closed()
-        return CLOSED_EXIT_CODE
-    except TrackingUnavailableError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return code
+    return reading_command(lambda: _main(argv))
 
 
 def _main(argv: list[str] | None) -> int:

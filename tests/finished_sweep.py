@@ -86,16 +86,32 @@ def write_folder(root: Path) -> None:
             Image.fromarray(image.transpose(1, 2, 0)).save(root / name / f"{row}.png")
 
 
-def make_sweep(tmp: Path, experiment: str = EXPERIMENT, backbone: str = "resnet18",
-               log_encoders: bool = True) -> Sweep:
-    """A finished sweep of :data:`TRIALS` in ``tmp`` (its trials train ``backbone``; a ResNet
-    with the CIFAR stem at 16 px), each ended trial's encoder logged into its run when
-    ``log_encoders``, and a new image folder."""
+def sweep_store(tmp: Path, experiment: str) -> tuple[str, MlflowClient, str, str]:
+    """``(uri, client, experiment id, parent run id)``: a sqlite store in ``tmp`` with the
+    sweep's parent run, tagged as the sweep's callback tags it (objective METRIC, max)."""
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
     experiment_id = get_or_create_experiment(client, experiment, uri)
     parent = client.create_run(experiment_id, run_name=experiment, tags={
         ROLE_TAG: "sweep", "raycl.metric": METRIC, "raycl.mode": "max"}).info.run_id
+    return uri, client, experiment_id, parent
+
+
+def log_trial_config(client: MlflowClient, run_id: str, tmp: Path, trial_id: str,
+                     config: SearchConfig) -> None:
+    """The trial's resolved config as its run's ``config.yaml`` artifact, as the sweep logs it."""
+    path = tmp / trial_id / "config.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    client.log_artifact(run_id, str(path))
+
+
+def make_sweep(tmp: Path, experiment: str = EXPERIMENT, backbone: str = "resnet18",
+               log_encoders: bool = True) -> Sweep:
+    """A finished sweep of :data:`TRIALS` in ``tmp`` (its trials train ``backbone``; a ResNet
+    with the CIFAR stem at 16 px), each ended trial's encoder logged into its run when
+    ``log_encoders``, and a new image folder."""
+    uri, client, experiment_id, parent = sweep_store(tmp, experiment)
     run_ids, checkpoints = {}, {}
     config = None
     for index, (name, trial_id, objective, kept, ended) in enumerate(TRIALS):
@@ -113,10 +129,7 @@ def make_sweep(tmp: Path, experiment: str = EXPERIMENT, backbone: str = "resnet1
         run_id = run.info.run_id
         client.log_metric(run_id, METRIC, objective)
         client.log_metric(run_id, "test/linear/mean", objective - 0.05)
-        path = tmp / trial_id / "config.yaml"
-        path.parent.mkdir()
-        path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-        client.log_artifact(run_id, str(path))
+        log_trial_config(client, run_id, tmp, trial_id, config)
         if kept in ("tag", "gone"):
             client.set_tag(run_id, CHECKPOINT_TAG, str(directory))
         if kept in (None, "gone"):

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 from mlflow import MlflowClient
 from test_reliability import TINY, StoredSession
 from test_timm_backbones import VIT, VIT_KWARGS, vit_config
@@ -39,17 +38,15 @@ from raycl.tracking.runs import (
     PARENT_TAG,
     ROLE_TAG,
     TRIAL_TAG,
-    get_or_create_experiment,
 )
 from raycl.worker.context import TrialContext
 from raycl.worker.loop import run_trial_loop
-from tests.finished_sweep import write_folder
+from tests.finished_sweep import METRIC, log_trial_config, sweep_store, write_folder
 from tests.test_export_formats import tiny_config
 
 timm = pytest.importorskip("timm")
 
 EXPERIMENT = "vit-export"
-METRIC = "val/linear/mean"
 RESOLUTION = 16
 
 
@@ -67,19 +64,12 @@ def record_trial(tmp: Path, config: Any, checkpoint: Path) -> str:
     """An MLflow store holding the trial's run as the sweep's callbacks leave it (parent run,
     tags, objective, ``config.yaml``, checkpoint tag, the encoder logged into the run); returns
     its URI."""
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    client = MlflowClient(tracking_uri=uri)
-    experiment_id = get_or_create_experiment(client, EXPERIMENT, uri)
-    parent = client.create_run(experiment_id, run_name=EXPERIMENT, tags={
-        ROLE_TAG: "sweep", "raycl.metric": METRIC, "raycl.mode": "max"}).info.run_id
+    uri, client, experiment_id, parent = sweep_store(tmp, EXPERIMENT)
     run_id = client.create_run(experiment_id, run_name="t01", tags={
         PARENT_TAG: parent, ROLE_TAG: "trial", TRIAL_TAG: "vit01", ENDED_TAG: "completed",
         CHECKPOINT_TAG: str(checkpoint)}).info.run_id
     client.log_metric(run_id, METRIC, 0.5)
-    path = tmp / "vit01" / "config.yaml"
-    path.parent.mkdir()
-    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-    client.log_artifact(run_id, str(path))
+    log_trial_config(client, run_id, tmp, "vit01", config)
     client.set_terminated(run_id)
     client.set_terminated(parent)
     # As the sweep's driver does when the trial ends: its encoder logged into its run.

@@ -71,8 +71,7 @@ def timm_problems(config: CoreConfig, channels: int) -> Iterator[Problem]:
 
 def _pretrained_problem(path: str, name: str, channels: int, kwargs: dict[str, Any]) -> str | None:
     """Why the timm backbone could not start from ``path`` (None: it can)."""
-    from raycl.models.timm_backbones import create, read_timm_state
-    from raycl.models.weights import state_problem
+    from raycl.models.timm_backbones import create, read_timm_state, timm_state_problem
 
     model = create(name, channels, kwargs)  # real tensors: the filter resamples against them
     try:
@@ -81,9 +80,7 @@ def _pretrained_problem(path: str, name: str, channels: int, kwargs: dict[str, A
         return str(exc)
     except Exception as exc:  # the model's checkpoint filter refused the file
         return f"{path} does not fit {name}: {_first_line(exc)}"
-    expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
-    return state_problem(state, expected, str(path), name, f"the {name} backbone", (),
-                         identify=False)
+    return timm_state_problem(state, model, str(path), name)
 
 
 def check_timm(config: CoreConfig) -> Iterator[Problem]:

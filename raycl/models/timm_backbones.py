@@ -129,17 +129,27 @@ def build_timm(name: str, in_channels: int, kwargs: Mapping[str, Any],
         raise ValueError(problem)
     model = create(name, in_channels, kwargs)
     if pretrained is not None:
-        from raycl.models.weights import state_problem
-
         state = read_timm_state(pretrained, model)
-        expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
-        problem = state_problem(state, expected, str(pretrained), name, f"the {name} backbone",
-                                (), identify=False)
+        problem = timm_state_problem(state, model, str(pretrained), name)
         if problem:
             raise ValueError(problem)
         model.load_state_dict(state, strict=False)  # checked above; counters exempt
     return model, int(model.num_features)
 
 
+def timm_state_problem(state: Mapping[str, Tensor], model: nn.Module, source: str,
+                       name: str) -> str | None:
+    """Why ``state`` (:func:`read_timm_state`) does not load strictly into ``model``, the
+    ``name`` backbone; None when it does. One line, as :func:`raycl.models.weights.state_problem`
+    words it."""
+    from raycl.models.weights import state_problem
+
+    expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+    # No ResNet guess: timm's ResNets share torchvision's key names.
+    return state_problem(state, expected, source, name, f"the {name} backbone", (),
+                         identify=False)
+
+
 __all__ = ["RESERVED_KWARGS", "TIMM_PREFIX", "build_timm", "create", "is_timm",
-           "is_transformer", "read_timm_state", "timm_name", "unknown_name_problem"]
+           "is_transformer", "read_timm_state", "timm_name", "timm_state_problem",
+           "unknown_name_problem"]

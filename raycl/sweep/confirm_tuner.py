@@ -338,6 +338,20 @@ def seed_ending(result: Any, metric: str) -> str | None:
     return ending
 
 
+def record_seed(item: Confirmed, seed: int, result: Any, metric: str,
+                test_metric: str | None) -> None:
+    """Add one seed's ``result`` to ``item``: its objective and test counterpart when it
+    finished, else how it ended (a seed that did not finish is named, never left out
+    silently)."""
+    ending = seed_ending(result, metric)
+    if ending is not None:
+        item.dropped[seed] = ending
+        return
+    metrics = result.metrics or {}
+    test = metrics.get(test_metric) if test_metric else None
+    item.add(seed, float(metrics[metric]), float(test) if isinstance(test, (int, float)) else None)
+
+
 def confirmed(config: CoreConfig, choice: dict[str, Any], results: ResultGrid) -> list[Confirmed]:
     """Each chosen configuration with the objective (and its test counterpart) of its finished
     seeds, and how each other planned seed ended (``not run``: no result at all)."""
@@ -351,16 +365,7 @@ def confirmed(config: CoreConfig, choice: dict[str, Any], results: ResultGrid) -
             continue
         rank = case_rank(result.config, choice, config.seed)
         seen.add((rank, int(seed)))
-        item = items[rank - 1]
-        # A seed that did not finish is named with its ending, never left out silently.
-        ending = seed_ending(result, config.tune.metric)
-        if ending is not None:
-            item.dropped[int(seed)] = ending
-            continue
-        metrics = result.metrics or {}
-        test = metrics.get(test_metric) if test_metric else None
-        item.add(int(seed), float(metrics[config.tune.metric]),
-                 float(test) if isinstance(test, (int, float)) else None)
+        record_seed(items[rank - 1], int(seed), result, config.tune.metric, test_metric)
     for item in items:
         item.dropped.update({seed: "not run" for seed in item.seeds
                              if (item.rank, seed) not in seen})
@@ -440,4 +445,5 @@ def describe_confirmation(client: Any, parent: str, lines: list[str]) -> None:
 
 __all__ = ["CHOICE_FILE", "CONFIRM_RUNS_FILTER", "NOT_CONFIRM_RUNS_FILTER", "ConfirmCallback",
            "PinnedValue", "confirm_path", "confirm_space", "confirmation_tuner",
-           "confirmed", "report_confirmation", "seed_ending", "sweep_parent_run"]
+           "confirmed", "record_seed", "report_confirmation", "seed_ending",
+           "sweep_parent_run"]

@@ -48,7 +48,7 @@ def repeated(config: CoreConfig, results: Any) -> Confirmed:
         config: the sweep's config.
         results: its Tune results (each trial's config holds its ``seed``).
     """
-    from raycl.sweep.confirm_tuner import seed_ending
+    from raycl.sweep.confirm_tuner import record_seed
 
     seeds = [config.seed + index for index in range(config.tune.num_samples)]
     item = Confirmed(1, {}, seeds)
@@ -56,17 +56,9 @@ def repeated(config: CoreConfig, results: Any) -> Confirmed:
     seen: set[int] = set()
     for result in results:
         seed = (result.config or {}).get("seed")
-        if seed is None:
-            continue
-        seen.add(int(seed))
-        ending = seed_ending(result, metric)
-        if ending is not None:
-            item.dropped[int(seed)] = ending
-            continue
-        metrics = result.metrics or {}
-        test = metrics.get(test_metric) if test_metric else None
-        item.add(int(seed), float(metrics[metric]),
-                 float(test) if isinstance(test, (int, float)) else None)
+        if seed is not None:
+            seen.add(int(seed))
+            record_seed(item, int(seed), result, metric, test_metric)
     item.dropped.update({seed: "not run" for seed in seeds if seed not in seen})
     return item
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 # The exit code Python's documentation uses for output nobody reads any more.
 CLOSED_EXIT_CODE = 1
@@ -27,4 +28,23 @@ def stdout_closed() -> None:
         pass
 
 
-__all__ = ["CLOSED_EXIT_CODE", "stdout_closed"]
+def reading_command(command: Callable[[], int]) -> int:
+    """Run a command that reads a sweep back and prints it (``raycl.leaderboard``,
+    ``raycl.compare``) and return its exit code: piped into a reader that stops early
+    (``| head``), it stops quietly (:data:`CLOSED_EXIT_CODE`); a tracking store that is away is
+    one ``error:`` line, exit 1."""
+    from raycl.tracking.retry import TrackingUnavailableError
+
+    try:
+        code = command()
+        sys.stdout.flush()  # here, not at exit: a closed pipe is caught below
+    except BrokenPipeError:
+        stdout_closed()
+        return CLOSED_EXIT_CODE
+    except TrackingUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return code
+
+
+__all__ = ["CLOSED_EXIT_CODE", "reading_command", "stdout_closed"]
