@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # On your own machine override, e.g. `make test TORCH_SPEC="torch torchvision"`.
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install data browser demo test lint bench bench-gpu clean clean-results server
+.PHONY: install data browser demo test lint bench bench-gpu fidelity clean clean-results server
 
 install: $(VENV)/.installed
 
@@ -77,6 +77,13 @@ bench: install
 # on a bare GPU machine `python benchmarks/gpu.py` does the same.
 bench-gpu: install
 	$(PY) benchmarks/gpu.py
+
+# Each seed paper's claim over 3 paired seeds with a 95 % interval, about an hour on 2 cores
+# (docs/benchmarks.md, "Fidelity"); FIDELITY="--quick" for the 2-minute smoke, "--scale gpu
+# --device cuda" on a GPU. Needs torch, not Ray: python benchmarks/fidelity.py on a bare machine.
+FIDELITY ?= --scale cpu
+fidelity: install data
+	$(PY) benchmarks/fidelity.py $(FIDELITY) --json-out fidelity.jsonl
 
 # Only what is rebuilt by itself: caches, build files, the UI test's screenshots. Never results.
 clean:

@@ -41,6 +41,8 @@ NOT_RUN: dict[str, str] = {
                    "here with --dry-run; checked to exist",
     "make bench": "benchmarks for minutes; checked to exist",
     "make bench-gpu": "benchmarks on a GPU for minutes; checked to exist",
+    "make fidelity": "an hour of paired trials; one claim of its --quick scale runs in "
+                     "tests/test_fidelity.py; checked to exist",
     "make clean": "deletes this checkout's caches; checked to exist",
     "make clean-results": "lists this checkout's results; checked to exist",
     "make clean-results CONFIRM=1": "deletes this checkout's results; checked to exist",

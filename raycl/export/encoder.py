@@ -17,6 +17,9 @@ weights), its ``state.pt`` loaded to the CPU, and
   ``state.pt``, the earlier stages' from ``stage_weights.pt`` (each finished stage's backbone,
   kept since raycl keeps them; a checkpoint of an older raycl has none: a one-line ValueError).
 
+:func:`at_init_encoder` is the same encoder before any training (the reference a trial's number
+is read against: ``python -m raycl.evaluate``'s ``at_init``, ``benchmarks/fidelity.py``).
+
 :func:`load_encoder` reads back what :mod:`raycl.export.formats` wrote (the file and its model
 card) or a checkpoint directory with a config beside it.
 """
@@ -28,6 +31,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -122,6 +126,32 @@ def _embedding_module(method: Method) -> nn.Module:
     if type(method).embed is Method.embed:
         return method.backbone
     return MethodEmbedding(method)
+
+
+def at_init_encoder(config: CoreConfig, channels: int) -> nn.Module:
+    """The trial's encoder before training: each stage's method built and seeded as
+    :func:`raycl.worker.stage.build_stage_method` builds it (an MCL ``concat`` trial: every
+    stage, concatenated as its trained encoder is), on the CPU, in eval mode.
+
+    Args:
+        config: the trial's config.
+        channels: the image channels of its trained encoder.
+
+    Returns:
+        Normalised float images -> features.
+    """
+    from raycl.methods import build_method, method_class
+
+    same_start = method_class(config).stages_share_initial_weights \
+        or config.mcl.integration == "soup"
+    concat = config.num_stages > 1 and config.mcl.integration == "concat"
+    stages = []
+    for stage in range(config.num_stages if concat else 1):
+        np.random.seed(config.seed)  # as the trial's rank 0 (raycl.sweep.baseline too)
+        torch.manual_seed(config.seed if same_start else config.seed + 1000 * stage)
+        stages.append(_embedding_module(build_method(config, channels).eval()))
+    # A soup of stages that start alike is that start: one stage.
+    return (concat_encoder(stages) if concat else stages[0]).eval()
 
 
 def checkpoint_stage(checkpoint_dir: Path, config: CoreConfig) -> int:
@@ -246,7 +276,7 @@ def _local_path(path_or_uri: str) -> Path:
     return Path(text).expanduser()
 
 
-__all__ = ["MethodEmbedding", "Preprocessing", "StageConcat", "base_method_name",
-           "checkpoint_channels", "checkpoint_stage", "concat_encoder", "load_encoder",
-           "raycl_preprocessing", "read_config", "read_state", "trained_encoder",
+__all__ = ["MethodEmbedding", "Preprocessing", "StageConcat", "at_init_encoder",
+           "base_method_name", "checkpoint_channels", "checkpoint_stage", "concat_encoder",
+           "load_encoder", "raycl_preprocessing", "read_config", "read_state", "trained_encoder",
            "trained_method"]

@@ -22,12 +22,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import torch
 from torch import Tensor, nn
 
 from raycl.config.metric_names import TRANSFER
 from raycl.config.schema import CoreConfig
 from raycl.data import DatasetSplits
+from raycl.export.encoder import at_init_encoder
 
 AT_INIT = "at_init"
 PIXELS = "pixels"
@@ -45,43 +45,6 @@ class Pixels(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         return images.flatten(1)
-
-
-def _embedding_module(method: nn.Module) -> nn.Module:
-    """The module computing ``method.embed``, as :mod:`raycl.export.encoder` takes it."""
-    from raycl.export.modules import MethodEmbedding
-    from raycl.methods.base import Method
-
-    if type(method).embed is Method.embed:
-        return method.backbone  # type: ignore[return-value]
-    return MethodEmbedding(method)  # type: ignore[arg-type]
-
-
-def at_init_encoder(config: CoreConfig, channels: int) -> nn.Module:
-    """The trial's encoder before training: each stage's method built and seeded as
-    :func:`raycl.worker.stage.build_stage_method` builds it (an MCL ``concat`` trial: every
-    stage, concatenated as its trained encoder is), on the CPU, in eval mode.
-
-    Args:
-        config: the trial's config.
-        channels: the image channels of its trained encoder.
-
-    Returns:
-        Normalised float images -> features.
-    """
-    from raycl.export.modules import concat_encoder
-    from raycl.methods import build_method, method_class
-
-    same_start = method_class(config).stages_share_initial_weights \
-        or config.mcl.integration == "soup"
-    concat = config.num_stages > 1 and config.mcl.integration == "concat"
-    stages = []
-    for stage in range(config.num_stages if concat else 1):
-        np.random.seed(config.seed)  # as the trial's rank 0 (raycl.sweep.baseline too)
-        torch.manual_seed(config.seed if same_start else config.seed + 1000 * stage)
-        stages.append(_embedding_module(build_method(config, channels).eval()))
-    # A soup of stages that start alike is that start: one stage.
-    return (concat_encoder(stages) if concat else stages[0]).eval()
 
 
 def pixels_skipped(splits: DatasetSplits) -> str | None:

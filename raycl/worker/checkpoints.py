@@ -37,10 +37,9 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import ray.train
 import torch
 
 from raycl.distributed import broadcast_from_rank0, single_rank_section
@@ -61,6 +60,9 @@ from raycl.worker.stage_integration import (
     StageWeights,
 )
 from raycl.worker.storage import StorageUnreachable, StoredDirectory, download
+
+if TYPE_CHECKING:  # a checkpoint to resume comes from Ray; a run without Ray resumes none
+    import ray.train
 
 logger = logging.getLogger(__name__)
 
@@ -199,6 +201,7 @@ def checkpoint_candidates(latest: ray.train.Checkpoint) -> list[ray.train.Checkp
     directories so that names sort in the order they were written.
     """
     import pyarrow.fs
+    import ray.train
 
     path = latest.path.rstrip("/")
     parent, name = posixpath.dirname(path), posixpath.basename(path)

@@ -5,16 +5,16 @@ and how a model is wrapped for data parallelism.
 :class:`InProcessSession` runs the same loop inside the trial process (``num_workers: 0``), or
 in a process of a group set up by hand (``torch.distributed.init_process_group``, e.g. the
 two-worker tests), whose rank and world size it takes.
+
+Ray is imported only where a Ray Train or Tune session is used: the in-process session runs
+the loop on a machine without Ray (``benchmarks/fidelity.py`` on a bare GPU machine).
 """
 
 from __future__ import annotations
 
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ray
-import ray.train
-import ray.train.torch
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -22,6 +22,9 @@ from torch.nn.parallel import DistributedDataParallel
 from raycl import distributed
 from raycl.models.sync_batchnorm import convert_batchnorm
 from raycl.worker.storage import StoredDirectory, persist_checkpoint
+
+if TYPE_CHECKING:
+    import ray.train
 
 
 def sync_batchnorm(model: nn.Module, device: torch.device, world_size: int) -> nn.Module:
@@ -46,17 +49,24 @@ class RayTrainSession:
     """The loop's view of Ray Train: rank, device, reports and the checkpoint to resume from."""
 
     def __init__(self) -> None:
+        import ray.train
+        import ray.train.torch
+
         context = ray.train.get_context()
         self.rank = context.get_world_rank()
         self.world_size = context.get_world_size()
         self.device = ray.train.torch.get_device()
 
     def latest_checkpoint(self) -> ray.train.Checkpoint | None:
+        import ray.train
+
         return ray.train.get_checkpoint()
 
     def run_storage(self) -> StoredDirectory | None:
         """The directory of the run's storage its checkpoints are persisted into (the run's
         experiment directory: Ray Train 2.60 names each ``<it>/checkpoint_<timestamp>``)."""
+        import ray.train
+
         storage = ray.train.get_context().get_storage()
         return StoredDirectory(storage.storage_filesystem, storage.experiment_fs_path)
 
@@ -65,9 +75,13 @@ class RayTrainSession:
         global batch first when ``sync_bn`` (:func:`sync_batchnorm`)."""
         if sync_bn:
             sync_batchnorm(model, self.device, self.world_size)
+        import ray.train.torch
+
         return ray.train.torch.prepare_model(model)
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
+        import ray.train
+
         checkpoint = (ray.train.Checkpoint.from_directory(checkpoint_dir)
                       if checkpoint_dir else None)
         # Ray's upload, waiting out a storage outage rather than failing the worker group.
@@ -89,13 +103,11 @@ class InProcessSession:
     def __init__(
         self, device: torch.device, resume_from: ray.train.Checkpoint | None = None
     ) -> None:
-        from ray.tune.trainable.trainable_fn_utils import _in_tune_session
-
         # 0 and 1 unless this process joined a process group (no group inside a Tune trial).
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         self.device = device
         self.resume_from = resume_from
-        self.in_tune = _in_tune_session()
+        self.in_tune = _in_tune_session()  # False without Ray
         self.last_checkpoint_dir: str | None = None
         self.last_report: dict[str, Any] = {}
 
@@ -139,3 +151,12 @@ class InProcessSession:
 
 
 Session = RayTrainSession | InProcessSession
+
+
+def _in_tune_session() -> bool:
+    """Whether this process runs a Tune trial; False where Ray is not installed."""
+    try:
+        from ray.tune.trainable.trainable_fn_utils import _in_tune_session as in_session
+    except ImportError:
+        return False
+    return in_session()
