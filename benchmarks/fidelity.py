@@ -18,7 +18,8 @@ fixed settings, and test is reported (validation beside it).
 
 One JSON line per claim (stdout and ``--json-out``): ``claim``, ``method``, ``baseline``,
 ``dataset``, ``metric``, ``split`` (test), ``method_mean``, ``baseline_mean``, ``delta``,
-``ci95`` (of the paired delta), ``seeds``, the per-seed values, ``val_delta``/``val_ci95``,
+``ci95`` (of the paired delta), ``seeds``, the per-seed values (``method_values``,
+``baseline_val_values``, ...), ``val_delta``/``val_ci95``,
 ``paper_delta`` and ``paper``, ``at_init_mean`` (the method's encoder before training, scored
 by the same probe: what a number is read against), ``per_attribute`` (MCL's shape and texture
 each), ``verdict`` (``reproduced`` when the interval excludes 0 in the
@@ -281,6 +282,9 @@ def paired_summary(seeds: Sequence[int], method: Sequence[tuple[float, float]],
             out["method_mean"] = _rounded(t_interval(sides[0].test)[0])
             out["baseline_mean"] = _rounded(t_interval(sides[1].test)[0])
             out["verdict"] = verdict(low, high, paper_delta)
+    for name, values in (("method", method), ("baseline", baseline)):  # in ``seeds``' order
+        out[f"{name}_values"] = [_rounded(test) for _, test in values]
+        out[f"{name}_val_values"] = [_rounded(val) for val, _ in values]
     return out
 
 
@@ -382,9 +386,6 @@ def run_claim(claim: Claim, shared: list[str], seeds: Sequence[int], runner: _Ru
     line = {"claim": claim.name, "method": claim.method.label, "baseline": claim.baseline.label,
             "dataset": _dataset(shared, claim), "metric": claim.metric("test"), "split": "test",
             **_compare(claim, claim.baseline, reports, seeds), "seeds": list(seeds),
-            **{f"{side}_values": [_rounded(claim.value(report, arm, "test"))
-                                  for report in reports[arm.label]]
-               for side, arm in (("method", claim.method), ("baseline", claim.baseline))},
             "paper_delta": round(claim.paper_delta, 4), "paper": claim.paper}
     if reports[AT_INIT]:  # how far training moved either arm from a random (or pretrained) start
         untrained = Arm(AT_INIT)

@@ -48,6 +48,9 @@ def test_paired_interval_on_hand_computed_seeds() -> None:
     # Validation: differences 0.00, 0.01, 0.02 -> mean 0.01, interval holds 0.
     assert line["val_delta"] == pytest.approx(0.01)
     assert line["val_ci95"][0] < 0 < line["val_ci95"][1]
+    # Each seed's numbers, as measured (the failed seed's as None).
+    assert line["method_values"] == [0.70, 0.72, 0.74, 0.75]
+    assert line["baseline_val_values"] == [0.60, 0.60, 0.60, None]
     # Against a paper that reports a drop, the same interval is the opposite.
     assert fidelity.paired_summary([0, 1, 2, 3], method, baseline, -0.01)["verdict"] == \
         "opposite"
