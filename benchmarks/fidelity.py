@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ SEARCHES = REPO / "searches"
 SCALES = ("quick", "cpu", "gpu")
 DEFAULT_SEEDS = {"quick": 2, "cpu": 3, "gpu": 3}
 DATA_SEED = 0  # every arm and seed trains and is scored on the same data (paired seeds)
+FIXED = "tune.search_space={}"  # every arm runs its file's settings: nothing is searched
 REPRODUCED, OPPOSITE, INCONCLUSIVE = "reproduced", "opposite", "inconclusive"
 LINEAR = "linear"  # the probe family of every claim but CLIP's (MMVP)
 AT_INIT = "at init"  # the reports of the method's encoder before training
@@ -126,7 +127,6 @@ class Settings:
     clip_single_epochs: int
     fgvr: tuple[str, ...] = ()
     all4one: tuple[str, ...] = ()
-    common: tuple[str, ...] = field(default_factory=lambda: ("tune.search_space={}",))
 
 
 def scale_settings(scale: str) -> Settings:
@@ -230,14 +230,17 @@ def claims(settings: Settings) -> list[Claim]:
     ]
 
 
-def claim_overrides(claim: Claim, settings: Settings, images: tuple[str, ...]) -> list[str]:
-    """The claim's ``--set`` lines shared by its arms (and its pretraining)."""
+def claim_overrides(claim: Claim, settings: Settings, roots: dict[str, str | None]
+                    ) -> list[str]:
+    """The claim's ``--set`` lines shared by its arms (and its pretraining); ``roots``: where
+    CIFAR-10/100 and Fashion-MNIST lie (:func:`image_data_for`)."""
     if claim.search == "mcl_shape_texture.yaml":
-        return [*settings.common, "tune.objectives=null", "tune.metric=val/linear/mean",
-                "tune.mode=max", *settings.trifeature, *settings.mcl]
+        return [FIXED, "tune.objectives=null", "tune.metric=val/linear/mean", "tune.mode=max",
+                *settings.trifeature, *settings.mcl]
     if claim.search == "clip_mcl.yaml":
-        return [*settings.common, *settings.clip]
-    return [*settings.common, *images]
+        return [FIXED, *settings.clip]
+    return [FIXED, "tune.compare=null", "tune.confirm=null", *settings.images,
+            *image_data_for(claim, roots)]
 
 
 def verdict(low: float, high: float, paper_delta: float) -> str:
@@ -327,8 +330,10 @@ class _Runner:
                     for name in ("train", "val", "test")}
         return evaluate_features(config, splits, features, device=self.device)
 
-    def trial(self, search: str, overrides: Sequence[str]) -> tuple[dict[str, float], Path]:
-        """The trial's metrics and the directory of its last checkpoint."""
+    def trial(self, search: str, overrides: Sequence[str], keep_checkpoint: bool = False
+              ) -> tuple[dict[str, float], Path | None]:
+        """The trial's metrics, and the directory of its last checkpoint when
+        ``keep_checkpoint`` (the others are deleted as the trial ends)."""
         from raycl.worker.context import TrialContext
         from raycl.worker.loop import run_trial_loop
         from raycl.worker.outcome import FAILED_KEY
@@ -348,12 +353,16 @@ class _Runner:
         started = time.perf_counter()
         run_trial_loop(TrialContext(config=config), session)
         self.log(f"  {time.perf_counter() - started:6.1f} s  {' '.join(overrides[-4:])}")
+        last = session.last_checkpoint_dir
         if metrics.get(FAILED_KEY):
             self.log(f"  failed: {metrics}")
-            return {}, Path()
+            metrics = {}
+        if not (keep_checkpoint and metrics and last):
+            if last:
+                shutil.rmtree(last, ignore_errors=True)
+            return metrics, None
         kept = self.workdir / f"checkpoint_{len(list(self.workdir.glob('checkpoint_*')))}"
-        if session.last_checkpoint_dir:
-            shutil.move(session.last_checkpoint_dir, kept)
+        shutil.move(last, kept)
         return metrics, kept
 
 
@@ -365,8 +374,9 @@ def run_claim(claim: Claim, shared: list[str], seeds: Sequence[int], runner: _Ru
     base = [*shared, f"data.seed={DATA_SEED}"]
     if claim.pretrain:
         runner.log(f"{claim.name}: pretraining")
-        metrics, checkpoint = runner.trial(claim.search, [*base, "seed=0", *claim.pretrain])
-        if not metrics:  # every arm would start from nothing: stop here, not in each arm
+        _, checkpoint = runner.trial(claim.search, [*base, "seed=0", *claim.pretrain],
+                                     keep_checkpoint=True)
+        if checkpoint is None:  # every arm would start from nothing: stop here, not in each arm
             raise RuntimeError(f"{claim.name}: the pretraining run failed (its report above)")
         base.append(f"{claim.pretrained_key}={checkpoint / 'state.pt'}")
     arms = [claim.method, claim.baseline, *claim.others]
@@ -384,7 +394,8 @@ def run_claim(claim: Claim, shared: list[str], seeds: Sequence[int], runner: _Ru
             reports[AT_INIT].append(runner.at_init(
                 claim.search, [*base, f"seed={seed}", *claim.method.overrides]))
     line = {"claim": claim.name, "method": claim.method.label, "baseline": claim.baseline.label,
-            "dataset": _dataset(shared, claim), "metric": claim.metric("test"), "split": "test",
+            "dataset": runner.config(claim.search, base).data.dataset,
+            "metric": claim.metric("test"), "split": "test",
             **_compare(claim, claim.baseline, reports, seeds), "seeds": list(seeds),
             "paper_delta": round(claim.paper_delta, 4), "paper": claim.paper}
     if reports[AT_INIT]:  # how far training moved either arm from a random (or pretrained) start
@@ -411,13 +422,6 @@ def _compare(claim: Claim, baseline: Arm, reports: dict[str, list[dict[str, floa
                 for report in reports[arm.label]]
 
     return paired_summary(seeds, values(claim.method), values(baseline), claim.paper_delta)
-
-
-def _dataset(shared: Sequence[str], claim: Claim) -> str:
-    for line in shared:
-        if line.startswith("data.dataset="):
-            return line.split("=", 1)[1]
-    return "trifeature" if "mcl" in claim.search else "fashion_mnist"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -453,9 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      lambda text: print(text, file=sys.stderr, flush=True))
     try:
         for claim in chosen:
-            images = ("tune.compare=null", "tune.confirm=null", *settings.images,
-                      *image_data_for(claim, roots))
-            line = run_claim(claim, claim_overrides(claim, settings, images), seeds, runner)
+            line = run_claim(claim, claim_overrides(claim, settings, roots), seeds, runner)
             line.update(scale=scale, device=args.device)
             if scale == "quick":  # 143 test images, one epoch: a 0-width interval happens
                 line["note"] = "quick: toy sizes; a smoke test, its verdict is no evidence"

@@ -65,9 +65,7 @@ def test_every_arm_of_every_claim_is_a_valid_config_at_every_scale() -> None:
         chosen = fidelity.claims(settings)
         assert len(chosen) == 5
         for claim in chosen:
-            images = ("tune.compare=null", "tune.confirm=null", *settings.images,
-                      *fidelity.image_data_for(claim, roots))
-            shared = [*fidelity.claim_overrides(claim, settings, images), "data.seed=0",
+            shared = [*fidelity.claim_overrides(claim, settings, roots), "data.seed=0",
                       "seed=1"]
             started = [f"{claim.pretrained_key}=/x/state.pt"] if claim.pretrain else []
             configs = [load_search(fidelity.SEARCHES / claim.search,
